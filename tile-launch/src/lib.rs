@@ -1,1 +1,80 @@
-//! placeholder
+//! Launch CUDA kernels on DLPack tensors, and keep every consumed tensor alive until the GPU
+//! work that uses it has finished.
+//!
+//! # Contract
+//!
+//! - [`Stream::launch`] checks a launch completely (configuration against the device's limits,
+//!   argument count and kinds, dtypes, devices, writability of outputs, scalar ranges) before it
+//!   consumes any tensor. When a check fails, nothing is consumed and nothing is launched.
+//! - Consumed tensors ([`tile_dlpack::Used`]) are owned by the returned [`LaunchHandle`]. Their
+//!   deleters run exactly once, and never before the launched work has completed: after
+//!   [`LaunchHandle::retire`] has waited, when [`LaunchHandle::try_retire`] or the stream's release
+//!   queue has seen the work complete, or when a dropped handle has waited. A failed wait leaks
+//!   the tensors (counted in [`Stream::stats`]) rather than risk freeing memory in use.
+//!   Soundness never depends on `Drop`: a forgotten handle leaks.
+//! - Completion is tracked with CUDA events, amortised: one event covers every launch enqueued
+//!   on the stream before it, so deferred launches record an event only every
+//!   [`ReleaseConfig::marker_every`] launches. The queue is bounded in guards and bytes; past
+//!   the bound, a launch first waits for the oldest work.
+//! - A tensor whose data is written on another stream is ordered with
+//!   [`TensorArg::ready_on`]: the launch stream waits on the device, the host never blocks.
+//! - The stream's context is made current for the launch and restored afterwards.
+//!
+//! # Layering
+//!
+//! Depends on `cuda-sys` (raw driver API), `tile-dlpack` (ownership states and validation),
+//! `thiserror` and `log`; optionally `cudarc` (features `cudarc`, `nvrtc`). It knows nothing of
+//! Python. The release queue ([`release`]) is written against the [`release::Timeline`] trait so
+//! that it is tested on the CPU with a manual-completion fake.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use tile_launch::{Context, Library, LaunchConfig, Param, ScalarType, Signature, Stream};
+//! use tile_dlpack::DType;
+//! # fn tensors() -> (tile_dlpack::Used, tile_dlpack::Used, tile_dlpack::Used) { unimplemented!() }
+//! # fn main() -> Result<(), tile_launch::Error> {
+//! let ctx = Context::new(0)?;
+//! let stream = Stream::new(&ctx)?;
+//! let lib = Library::from_file("vector_add.ptx")?;
+//! let kernel = lib.kernel(
+//!     "vector_add",
+//!     Signature::new([
+//!         Param::input(DType::F32),
+//!         Param::input(DType::F32),
+//!         Param::output(DType::F32),
+//!         Param::scalar(ScalarType::U64),
+//!     ]),
+//! )?;
+//! let (a, b, c) = tensors();
+//! let n = a.view().numel();
+//! let handle = stream.launch(
+//!     &kernel,
+//!     &LaunchConfig::for_elements(n, 256),
+//!     [a.into(), b.into(), c.into(), n.into()],
+//! )?;
+//! handle.retire()?; // waits, then runs the three deleters
+//! # Ok(())
+//! # }
+//! ```
+
+mod context;
+mod error;
+mod launch;
+mod module;
+pub mod release;
+mod stream;
+mod sync;
+
+#[cfg(feature = "cudarc")]
+pub mod cudarc_interop;
+
+pub use context::{Context, ContextGuard, DeviceLimits};
+pub use error::{Error, Result};
+pub use launch::{Arg, Dim3, Guard, LaunchConfig, LaunchHandle, Scalar, TensorArg, TensorSource};
+pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
+pub use release::{ReleaseConfig, Retired, Stats};
+pub use stream::{CudaTimeline, Event, Stream};
+
+pub use cuda_sys;
+pub use tile_dlpack;

@@ -1,0 +1,239 @@
+//! Devices and their primary contexts.
+
+use std::ffi::c_int;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cuda_sys::{CUcontext, CUdevice, CUdevice_attribute, CuResultExt, CudaError, Driver, driver};
+
+use crate::error::Result;
+
+/// Limits of a device that launch configurations are checked against, read once with
+/// `cuDeviceGetAttribute` when the context is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceLimits {
+    /// Largest `block.x`, `block.y`, `block.z` (threads).
+    pub max_block: [u32; 3],
+    /// Largest number of threads in one block.
+    pub max_threads_per_block: u32,
+    /// Largest `grid.x`, `grid.y`, `grid.z` (blocks).
+    pub max_grid: [u32; 3],
+    /// Dynamic shared memory a block may use without opting in, in bytes.
+    pub max_shared_mem_per_block: u32,
+    /// Dynamic shared memory a block may use after opting in, in bytes.
+    pub max_shared_mem_per_block_optin: u32,
+    /// Compute capability as `(major, minor)`.
+    pub compute_capability: (u32, u32),
+    /// Number of streaming multiprocessors.
+    pub multiprocessor_count: u32,
+    /// Whether the device supports cooperative launches.
+    pub cooperative_launch: bool,
+    /// Whether the device supports thread block clusters.
+    pub cluster_launch: bool,
+}
+
+/// A device's primary context, retained for as long as this value (and every stream, library
+/// and launch that uses it) lives.
+///
+/// This is the same context the CUDA runtime, PyTorch, CuPy and `cudarc` use for the device, so
+/// pointers and streams from those libraries are valid in it.
+#[derive(Debug)]
+pub struct Context {
+    ordinal: i32,
+    device: CUdevice,
+    raw: CUcontext,
+    limits: DeviceLimits,
+}
+
+// SAFETY: a CUDA context handle may be used from any thread (the driver API is thread-safe);
+// `Context` holds no thread-affine state.
+unsafe impl Send for Context {}
+// SAFETY: as above; all methods take `&self` and call thread-safe driver functions.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Retains the primary context of device `ordinal` (`cuDevicePrimaryCtxRetain`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) when no driver is installed, and
+    /// [`Error::Cuda`](crate::Error::Cuda) for an invalid ordinal (`CUDA_ERROR_INVALID_DEVICE`).
+    #[doc(alias = "cuDevicePrimaryCtxRetain")]
+    pub fn new(ordinal: i32) -> Result<Arc<Context>> {
+        let d = driver()?;
+        let mut device: CUdevice = 0;
+        // SAFETY: out-pointer to a local; the driver is initialised by `driver()`.
+        unsafe { (d.cuDeviceGet)(&mut device, ordinal) }.check("cuDeviceGet")?;
+        let mut raw: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
+        unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
+            .check("cuDevicePrimaryCtxRetain")?;
+        let ctx = Context {
+            ordinal,
+            device,
+            raw,
+            limits: DeviceLimits::default(),
+        };
+        let limits = ctx.read_limits(d)?;
+        Ok(Arc::new(Context { limits, ..ctx }))
+    }
+
+    fn read_limits(&self, d: &Driver) -> Result<DeviceLimits> {
+        use CUdevice_attribute as A;
+        let get = |a: CUdevice_attribute| -> Result<u32> {
+            let mut v: c_int = 0;
+            // SAFETY: out-pointer to a local; `self.device` is a valid device handle.
+            unsafe { (d.cuDeviceGetAttribute)(&mut v, a, self.device) }
+                .check("cuDeviceGetAttribute")?;
+            Ok(u32::try_from(v).unwrap_or(0))
+        };
+        Ok(DeviceLimits {
+            max_block: [
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+            ],
+            max_threads_per_block: get(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            max_grid: [
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+            ],
+            max_shared_mem_per_block: get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
+            max_shared_mem_per_block_optin: get(
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )?,
+            compute_capability: (
+                get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            multiprocessor_count: get(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            cooperative_launch: get(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
+            cluster_launch: get(A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? != 0,
+        })
+    }
+
+    /// Number of CUDA devices (`cuDeviceGetCount`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) when no driver is installed.
+    #[doc(alias = "cuDeviceGetCount")]
+    pub fn device_count() -> Result<i32> {
+        let d = driver()?;
+        let mut n: c_int = 0;
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuDeviceGetCount)(&mut n) }.check("cuDeviceGetCount")?;
+        Ok(n)
+    }
+
+    /// The device ordinal this context belongs to.
+    pub fn ordinal(&self) -> i32 {
+        self.ordinal
+    }
+
+    /// The raw `CUcontext` handle.
+    pub fn raw(&self) -> CUcontext {
+        self.raw
+    }
+
+    /// The device's limits, read when the context was created.
+    pub fn limits(&self) -> &DeviceLimits {
+        &self.limits
+    }
+
+    /// The device's name, e.g. `NVIDIA H200` (`cuDeviceGetName`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`](crate::Error::Cuda) if the driver call fails.
+    #[doc(alias = "cuDeviceGetName")]
+    pub fn name(&self) -> Result<String> {
+        let d = driver()?;
+        let mut buf = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer is 256 bytes long and the length passed says so.
+        unsafe { (d.cuDeviceGetName)(buf.as_mut_ptr(), buf.len() as c_int, self.device) }
+            .check("cuDeviceGetName")?;
+        // SAFETY: the driver writes a NUL-terminated string into the buffer.
+        let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        Ok(name.to_string_lossy().into_owned())
+    }
+
+    /// Makes this context current on the calling thread until the guard is dropped, restoring
+    /// the previous one then. Costs one `cuCtxGetCurrent` when this context is already current.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`](crate::Error::Cuda) if the context cannot be made current.
+    #[doc(alias = "cuCtxPushCurrent")]
+    pub fn bind(&self) -> Result<ContextGuard<'_>> {
+        Ok(self.bind_with(driver()?)?)
+    }
+
+    pub(crate) fn bind_with(&self, d: &'static Driver) -> Result<ContextGuard<'_>, CudaError> {
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
+        let pushed = current != self.raw;
+        if pushed {
+            // SAFETY: `self.raw` is a retained primary context.
+            unsafe { (d.cuCtxPushCurrent)(self.raw) }.check("cuCtxPushCurrent")?;
+        }
+        Ok(ContextGuard {
+            d,
+            pushed,
+            _ctx: PhantomData,
+        })
+    }
+}
+
+impl Default for DeviceLimits {
+    fn default() -> Self {
+        DeviceLimits {
+            max_block: [0; 3],
+            max_threads_per_block: 0,
+            max_grid: [0; 3],
+            max_shared_mem_per_block: 0,
+            max_shared_mem_per_block_optin: 0,
+            compute_capability: (0, 0),
+            multiprocessor_count: 0,
+            cooperative_launch: false,
+            cluster_launch: false,
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if let Ok(d) = driver() {
+            // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
+            let r = unsafe { (d.cuDevicePrimaryCtxRelease)(self.device) };
+            if let Err(e) = r.check("cuDevicePrimaryCtxRelease") {
+                log::error!("{e}");
+            }
+        }
+    }
+}
+
+/// Keeps a context current on this thread; restores the previous one when dropped.
+#[must_use = "the context is current only while the guard lives"]
+pub struct ContextGuard<'a> {
+    d: &'static Driver,
+    pushed: bool,
+    // Borrows the context and is tied to this thread (the context stack is per thread).
+    _ctx: PhantomData<(&'a Context, *const ())>,
+}
+
+impl Drop for ContextGuard<'_> {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: pops the context this guard pushed on this thread.
+            let r = unsafe { (self.d.cuCtxPopCurrent)(&mut popped) };
+            if let Err(e) = r.check("cuCtxPopCurrent") {
+                log::error!("{e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! Launch configuration, arguments, and the launch itself.
+
+use std::ffi::c_void;
+use std::fmt;
+
+use cuda_sys::{
+    CUfunction, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+    CUstream, CuResultExt,
+};
+use tile_dlpack::{Unused, Used};
+
+use crate::context::DeviceLimits;
+use crate::error::{Error, Result};
+use crate::module::{Kernel, Param, ScalarType};
+use crate::release::{Pending, Retired};
+use crate::stream::{CudaTimeline, Stream};
+
+/// Grid, block or cluster dimensions `(x, y, z)`, each at least 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dim3 {
+    /// Extent along x.
+    pub x: u32,
+    /// Extent along y.
+    pub y: u32,
+    /// Extent along z.
+    pub z: u32,
+}
+
+impl Dim3 {
+    /// `(x, y, z)`.
+    pub const fn new(x: u32, y: u32, z: u32) -> Dim3 {
+        Dim3 { x, y, z }
+    }
+    /// The product `x * y * z`.
+    pub fn volume(&self) -> u64 {
+        u64::from(self.x) * u64::from(self.y) * u64::from(self.z)
+    }
+}
+
+impl From<u32> for Dim3 {
+    fn from(x: u32) -> Dim3 {
+        Dim3::new(x, 1, 1)
+    }
+}
+impl From<(u32, u32)> for Dim3 {
+    fn from((x, y): (u32, u32)) -> Dim3 {
+        Dim3::new(x, y, 1)
+    }
+}
+impl From<(u32, u32, u32)> for Dim3 {
+    fn from((x, y, z): (u32, u32, u32)) -> Dim3 {
+        Dim3::new(x, y, z)
+    }
+}
+
+/// How to launch: grid and block dimensions, dynamic shared memory and launch attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    /// Number of blocks along each axis.
+    pub grid: Dim3,
+    /// Number of threads per block along each axis.
+    pub block: Dim3,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+    /// Thread block cluster dimensions, in blocks (`CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`).
+    /// Each grid dimension must be a multiple of the cluster's.
+    pub cluster: Option<Dim3>,
+    /// A cooperative launch, whose blocks may synchronise across the grid
+    /// (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`).
+    pub cooperative: bool,
+    /// Programmatic dependent launch: this kernel may start before the previous kernel on the
+    /// stream finishes, up to its `griddepcontrol.wait`
+    /// (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`).
+    pub programmatic_dependent_launch: bool,
+}
+
+impl LaunchConfig {
+    /// A plain launch of `grid` blocks of `block` threads.
+    pub fn new(grid: impl Into<Dim3>, block: impl Into<Dim3>) -> LaunchConfig {
+        LaunchConfig {
+            grid: grid.into(),
+            block: block.into(),
+            shared_mem_bytes: 0,
+            cluster: None,
+            cooperative: false,
+            programmatic_dependent_launch: false,
+        }
+    }
+
+    /// One thread per element for `n` elements in blocks of `block` threads (grid rounded up).
+    pub fn for_elements(n: u64, block: u32) -> LaunchConfig {
+        let blocks = n.div_ceil(u64::from(block.max(1))).max(1);
+        LaunchConfig::new(u32::try_from(blocks).unwrap_or(u32::MAX), block)
+    }
+
+    /// Checks the configuration against CUDA's rules and the device's limits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the value and the limit it breaks.
+    pub fn validate(&self, limits: &DeviceLimits) -> Result<()> {
+        let check = |what, value: u64, limit: u64| {
+            if value == 0 {
+                Err(Error::InvalidConfig { what, value, limit: 1 })
+            } else if value > limit {
+                Err(Error::InvalidConfig { what, value, limit })
+            } else {
+                Ok(())
+            }
+        };
+        let g = self.grid;
+        let b = self.block;
+        check("grid.x", g.x.into(), limits.max_grid[0].into())?;
+        check("grid.y", g.y.into(), limits.max_grid[1].into())?;
+        check("grid.z", g.z.into(), limits.max_grid[2].into())?;
+        check("block.x", b.x.into(), limits.max_block[0].into())?;
+        check("block.y", b.y.into(), limits.max_block[1].into())?;
+        check("block.z", b.z.into(), limits.max_block[2].into())?;
+        check(
+            "block size (x*y*z)",
+            b.volume(),
+            limits.max_threads_per_block.into(),
+        )?;
+        if self.shared_mem_bytes > limits.max_shared_mem_per_block {
+            return Err(Error::InvalidConfig {
+                what: "shared_mem_bytes",
+                value: self.shared_mem_bytes.into(),
+                limit: limits.max_shared_mem_per_block.into(),
+            });
+        }
+        if let Some(c) = self.cluster {
+            if !limits.cluster_launch {
+                return Err(Error::InvalidConfig {
+                    what: "cluster (device has no cluster launch)",
+                    value: c.volume(),
+                    limit: 0,
+                });
+            }
+            check("cluster.x", c.x.into(), g.x.into())?;
+            check("cluster.y", c.y.into(), g.y.into())?;
+            check("cluster.z", c.z.into(), g.z.into())?;
+            check("cluster size (x*y*z, portable limit)", c.volume(), 8)?;
+            for (what, gd, cd) in [
+                ("grid.x % cluster.x", g.x, c.x),
+                ("grid.y % cluster.y", g.y, c.y),
+                ("grid.z % cluster.z", g.z, c.z),
+            ] {
+                if gd % cd != 0 {
+                    return Err(Error::InvalidConfig { what, value: (gd % cd).into(), limit: 0 });
+                }
+            }
+        }
+        if self.cooperative && !limits.cooperative_launch {
+            return Err(Error::InvalidConfig {
+                what: "cooperative (device has no cooperative launch)",
+                value: 1,
+                limit: 0,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A scalar kernel argument, passed by value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Scalar {
+    /// `bool`.
+    Bool(bool),
+    /// Any integer, converted to the parameter's integer type if it fits.
+    Int(i128),
+    /// Any float, converted to the parameter's float type (`f64` → `f32` rounds).
+    Float(f64),
+}
+
+macro_rules! scalar_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for Scalar {
+            fn from(x: $t) -> Scalar { Scalar::$v(x.into()) }
+        }
+        impl From<$t> for Arg<'_> {
+            fn from(x: $t) -> Self { Arg::Scalar(Scalar::$v(x.into())) }
+        }
+    )*};
+}
+scalar_from!(bool => Bool, i8 => Int, i16 => Int, i32 => Int, i64 => Int, u8 => Int, u16 => Int,
+    u32 => Int, u64 => Int, f32 => Float, f64 => Float);
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Bool(b) => write!(f, "bool {b}"),
+            Scalar::Int(i) => write!(f, "integer {i}"),
+            Scalar::Float(x) => write!(f, "float {x}"),
+        }
+    }
+}
+
+impl Scalar {
+    /// The value's bytes as the kernel receives it (little-endian, in the low bytes of a `u64`).
+    fn encode(&self, ty: ScalarType) -> Option<u64> {
+        use ScalarType as T;
+        Some(match (*self, ty) {
+            (Scalar::Bool(b), T::Bool) => u64::from(b),
+            (Scalar::Int(i), T::I8) => i8::try_from(i).ok()? as u8 as u64,
+            (Scalar::Int(i), T::I16) => i16::try_from(i).ok()? as u16 as u64,
+            (Scalar::Int(i), T::I32) => i32::try_from(i).ok()? as u32 as u64,
+            (Scalar::Int(i), T::I64) => i64::try_from(i).ok()? as u64,
+            (Scalar::Int(i), T::U8) => u8::try_from(i).ok()?.into(),
+            (Scalar::Int(i), T::U16) => u16::try_from(i).ok()?.into(),
+            (Scalar::Int(i), T::U32) => u32::try_from(i).ok()?.into(),
+            (Scalar::Int(i), T::U64) => u64::try_from(i).ok()?,
+            (Scalar::Float(x), T::F32) => u64::from((x as f32).to_bits()),
+            (Scalar::Float(x), T::F64) => x.to_bits(),
+            _ => return None,
+        })
+    }
+}
+
+/// Where a tensor argument comes from.
+#[derive(Debug)]
+pub enum TensorSource<'a> {
+    /// A producer's tensor that is not consumed yet; it is consumed only once every argument of
+    /// the launch has been checked.
+    Unused(Unused<'a>),
+    /// A tensor already owned by the caller (e.g. exported from `cudarc`).
+    Used(Used),
+}
+
+/// A tensor argument, with the stream on which its data becomes ready (if any).
+#[derive(Debug)]
+pub struct TensorArg<'a> {
+    source: TensorSource<'a>,
+    ready_on: Option<CUstream>,
+}
+
+impl<'a> TensorArg<'a> {
+    /// Declares that the tensor's data is written by work enqueued on `producer`: the launch
+    /// stream then waits for that work on the device (`cuStreamWaitEvent`) before the kernel
+    /// runs. Nothing is inserted when `producer` is the launch stream.
+    ///
+    /// # Safety
+    ///
+    /// `producer` must be a valid stream of the launch stream's context (null means the legacy
+    /// default stream) until the launch returns.
+    pub unsafe fn ready_on(mut self, producer: CUstream) -> Self {
+        self.ready_on = Some(producer);
+        self
+    }
+}
+
+/// One kernel argument: a tensor or a scalar.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    /// A tensor, passed as a pointer to its first element.
+    Tensor(TensorArg<'a>),
+    /// A scalar, passed by value.
+    Scalar(Scalar),
+}
+
+impl<'a> From<Unused<'a>> for TensorArg<'a> {
+    fn from(t: Unused<'a>) -> Self {
+        TensorArg { source: TensorSource::Unused(t), ready_on: None }
+    }
+}
+impl From<Used> for TensorArg<'_> {
+    fn from(t: Used) -> Self {
+        TensorArg { source: TensorSource::Used(t), ready_on: None }
+    }
+}
+impl<'a> From<TensorArg<'a>> for Arg<'a> {
+    fn from(t: TensorArg<'a>) -> Self {
+        Arg::Tensor(t)
+    }
+}
+impl<'a> From<Unused<'a>> for Arg<'a> {
+    fn from(t: Unused<'a>) -> Self {
+        Arg::Tensor(t.into())
+    }
+}
+impl From<Used> for Arg<'_> {
+    fn from(t: Used) -> Self {
+        Arg::Tensor(t.into())
+    }
+}
+impl From<Scalar> for Arg<'_> {
+    fn from(s: Scalar) -> Self {
+        Arg::Scalar(s)
+    }
+}
+
+/// What a launch keeps alive until its work is done: a consumed tensor, or any other owner
+/// (e.g. a Python object) whose lifetime the kernel's memory depends on.
+pub enum Guard {
+    /// A consumed DLPack tensor; releasing it runs its deleter.
+    Tensor(Used),
+    /// Any value whose drop releases memory the kernel uses.
+    Owner(Box<dyn Send>),
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Guard::Tensor(t) => f.debug_tuple("Tensor").field(&t.view().data_ptr()).finish(),
+            Guard::Owner(_) => f.write_str("Owner(..)"),
+        }
+    }
+}
+
+/// The work of one launch and everything it keeps alive.
+///
+/// It must be retired: [`retire`](LaunchHandle::retire) waits and releases,
+/// [`try_retire`](LaunchHandle::try_retire) releases only if the work is done,
+/// [`defer`](LaunchHandle::defer) hands the tensors to the stream's release queue (released
+/// at later launches, [`Stream::poll`], [`Stream::synchronize`] or when the stream is dropped).
+/// Dropping an unretired handle blocks until the work is done, then releases: never earlier.
+/// `mem::forget` leaks the tensors; it never frees them early.
+#[must_use = "the launch's tensors stay alive until the handle is retired, deferred or dropped \
+              (dropping blocks until the GPU work is done)"]
+pub struct LaunchHandle {
+    pending: Pending<CudaTimeline, Guard>,
+}
+
+impl fmt::Debug for LaunchHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LaunchHandle").field("seq", &self.pending.seq()).finish()
+    }
+}
+
+impl LaunchHandle {
+    /// Whether the launched work has completed (`cuEventQuery`; records an event if none covers
+    /// this launch yet).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the query fails (e.g. the context is poisoned by a kernel fault).
+    #[doc(alias = "cuEventQuery")]
+    pub fn is_complete(&self) -> Result<bool> {
+        Ok(self.pending.is_complete()?)
+    }
+
+    /// Blocks until the work is done (`cuEventSynchronize`), then releases this launch's
+    /// tensors, and any deferred tensors of earlier launches, in launch order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the wait fails. The tensors are then leaked, never released, since
+    /// their work may still be running; the stream's [`stats`](Stream::stats) count them.
+    #[doc(alias = "cuEventSynchronize")]
+    pub fn retire(self) -> Result<Retired> {
+        self.pending.retire().map_err(|e| Error::Cuda(e.into_cuda()))
+    }
+
+    /// Releases the tensors if the work is done, else gives the handle back.
+    pub fn try_retire(self) -> Result<Retired, LaunchHandle> {
+        self.pending.try_retire().map_err(|pending| LaunchHandle { pending })
+    }
+
+    /// Hands the tensors to the stream's release queue and returns at once.
+    pub fn defer(self) {
+        self.pending.defer()
+    }
+}
+
+struct Checked {
+    value: u64,
+}
+
+impl Stream {
+    /// Launches `kernel` on this stream (`cuLaunchKernelEx`).
+    ///
+    /// Every argument is checked against the kernel's [`Signature`](crate::Signature) (count,
+    /// kind, dtype, device, writability of outputs, scalar range) and the configuration against
+    /// the device's limits before any tensor is consumed; nothing is consumed or launched when a
+    /// check fails. Then the tensors are consumed, the stream is made to wait for the streams
+    /// their data is ready on, and the kernel is launched. The returned handle owns the tensors
+    /// until the work is done.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
+    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::Descriptor`] from the checks
+    /// (nothing consumed, nothing launched); [`Error::Cuda`] if a wait or the launch fails (the
+    /// consumed tensors are released before the error returns: nothing was enqueued that uses
+    /// them).
+    #[doc(alias = "cuLaunchKernelEx")]
+    pub fn launch<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<LaunchHandle> {
+        let ctx = self.context();
+        config.validate(ctx.limits())?;
+        let args: Vec<Arg<'a>> = args.into_iter().collect();
+        let params = kernel.signature().params();
+        if args.len() != params.len() {
+            return Err(Error::ArgumentCount {
+                kernel: kernel.name().to_owned(),
+                expected: params.len(),
+                got: args.len(),
+            });
+        }
+        // 1. Check everything without consuming anything.
+        let mut checked = Vec::with_capacity(args.len());
+        for (index, (arg, param)) in args.iter().zip(params).enumerate() {
+            checked.push(check_arg(index, arg, param, ctx.ordinal())?);
+        }
+        // 2. Consume. A failure here releases what was consumed so far (nothing is launched).
+        let mut guards = Vec::with_capacity(args.len());
+        let mut waits = Vec::new();
+        let mut bytes = 0u64;
+        for (index, arg) in args.into_iter().enumerate() {
+            let Arg::Tensor(t) = arg else { continue };
+            let used = match t.source {
+                TensorSource::Unused(u) => {
+                    u.consume().map_err(|source| Error::Descriptor { index, source })?
+                }
+                TensorSource::Used(u) => u,
+            };
+            bytes = bytes.saturating_add(used.view().nbytes_spanned());
+            guards.push(Guard::Tensor(used));
+            if let Some(s) = t.ready_on.filter(|s| *s != self.raw()) {
+                waits.push(s);
+            }
+        }
+        // 3. Parameters: one 8-byte slot per argument, pointed to by the parameter array.
+        let mut values: Vec<u64> = checked.iter().map(|c| c.value).collect();
+        let mut ptrs: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|v| (v as *mut u64).cast::<c_void>())
+            .collect();
+        // 4. Order after the producers, then launch.
+        let d = cuda_sys::driver()?;
+        let _bound = ctx.bind_with(d)?;
+        for s in waits {
+            // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context.
+            unsafe { self.wait_for_raw(s) }?;
+        }
+        let mut attrs = launch_attributes(config);
+        let cfg = CUlaunchConfig {
+            gridDimX: config.grid.x,
+            gridDimY: config.grid.y,
+            gridDimZ: config.grid.z,
+            blockDimX: config.block.x,
+            blockDimY: config.block.y,
+            blockDimZ: config.block.z,
+            sharedMemBytes: config.shared_mem_bytes,
+            hStream: self.raw(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        let pending = self.tracker().launch(guards, bytes, || {
+            // SAFETY: `cfg` points at live attributes; `ptrs` has one pointer per declared
+            // parameter, each to an 8-byte slot holding a value of the declared size (checked
+            // against `cuKernelGetParamInfo` when the kernel was loaded); the tensors the
+            // pointers address are owned by `guards` until the launched work completes.
+            unsafe {
+                (d.cuLaunchKernelEx)(
+                    &cfg,
+                    kernel.raw() as CUfunction,
+                    ptrs.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .check("cuLaunchKernelEx")
+        })?;
+        Ok(LaunchHandle { pending })
+    }
+}
+
+fn check_arg(index: usize, arg: &Arg<'_>, param: &Param, ordinal: i32) -> Result<Checked> {
+    match (arg, param) {
+        (Arg::Tensor(t), Param::Tensor { dtype, intent }) => {
+            let view = match &t.source {
+                TensorSource::Unused(u) => {
+                    u.peek().map_err(|source| Error::Descriptor { index, source })?
+                }
+                TensorSource::Used(u) => u.view(),
+            };
+            if view.dtype() != *dtype {
+                return Err(Error::DtypeMismatch { index, expected: *dtype, got: view.dtype() });
+            }
+            let dev = view.device();
+            let device_ok = if dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAHOST {
+                true
+            } else {
+                (dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA
+                    || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAMANAGED)
+                    && dev.device_id == ordinal
+            };
+            if !device_ok {
+                return Err(Error::DeviceMismatch { index, tensor: dev, stream_device: ordinal });
+            }
+            if intent.writes() {
+                view.check_writable().map_err(|source| Error::Descriptor { index, source })?;
+            }
+            Ok(Checked { value: view.data_ptr() })
+        }
+        (Arg::Scalar(s), Param::Scalar(ty)) => match s.encode(*ty) {
+            Some(value) => Ok(Checked { value }),
+            None => Err(Error::ArgumentKind {
+                index,
+                expected: param.to_string(),
+                got: format!("{s} (wrong type or out of range)"),
+            }),
+        },
+        (Arg::Tensor(_), p) => Err(Error::ArgumentKind {
+            index,
+            expected: p.to_string(),
+            got: "a tensor".into(),
+        }),
+        (Arg::Scalar(s), p) => Err(Error::ArgumentKind {
+            index,
+            expected: p.to_string(),
+            got: s.to_string(),
+        }),
+    }
+}
+
+fn launch_attributes(config: &LaunchConfig) -> Vec<CUlaunchAttribute> {
+    let mut attrs = Vec::new();
+    let mut push = |id: CUlaunchAttributeID, set: &dyn Fn(&mut CUlaunchAttributeValue)| {
+        // SAFETY: `CUlaunchAttribute` is a plain C struct for which all-zero bytes are valid.
+        let mut a: CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = id;
+        set(&mut a.value);
+        attrs.push(a);
+    };
+    if let Some(c) = config.cluster {
+        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &|v| {
+            // SAFETY: writes plain integers into the union member this attribute id selects.
+            unsafe {
+                v.clusterDim.x = c.x;
+                v.clusterDim.y = c.y;
+                v.clusterDim.z = c.z;
+            }
+        });
+    }
+    if config.cooperative {
+        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &|v| v.cooperative = 1);
+    }
+    if config.programmatic_dependent_launch {
+        push(
+            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            &|v| v.programmaticStreamSerializationAllowed = 1,
+        );
+    }
+    attrs
+}

@@ -1,0 +1,384 @@
+//! Loading device code (cubin, fatbin, PTX, CUDA C++) and declaring kernel signatures.
+
+use std::ffi::{CString, c_void};
+use std::fmt;
+use std::sync::Arc;
+
+use cuda_sys::{CUkernel, CUlibrary, CUresult, CuResultExt, Driver, driver};
+use tile_dlpack::DType;
+
+use crate::error::{Error, Result};
+
+/// How a kernel uses a tensor parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Intent {
+    /// The kernel only reads the tensor.
+    Read,
+    /// The kernel only writes the tensor. A read-only or self-overlapping tensor is refused.
+    Write,
+    /// The kernel reads and writes the tensor. Checked as [`Intent::Write`].
+    ReadWrite,
+}
+
+impl Intent {
+    /// Whether the kernel writes through this parameter.
+    pub fn writes(self) -> bool {
+        matches!(self, Intent::Write | Intent::ReadWrite)
+    }
+}
+
+/// The C type of a scalar kernel parameter, passed by value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ScalarType {
+    /// `bool` (one byte).
+    Bool,
+    /// `int8_t`.
+    I8,
+    /// `int16_t`.
+    I16,
+    /// `int32_t` / `int`.
+    I32,
+    /// `int64_t` / `long long`.
+    I64,
+    /// `uint8_t`.
+    U8,
+    /// `uint16_t`.
+    U16,
+    /// `uint32_t` / `unsigned`.
+    U32,
+    /// `uint64_t`.
+    U64,
+    /// `float`.
+    F32,
+    /// `double`.
+    F64,
+}
+
+impl ScalarType {
+    /// Size in bytes of the parameter.
+    pub fn size(self) -> usize {
+        match self {
+            ScalarType::Bool | ScalarType::I8 | ScalarType::U8 => 1,
+            ScalarType::I16 | ScalarType::U16 => 2,
+            ScalarType::I32 | ScalarType::U32 | ScalarType::F32 => 4,
+            ScalarType::I64 | ScalarType::U64 | ScalarType::F64 => 8,
+        }
+    }
+
+    /// The C-like name, e.g. `i32`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScalarType::Bool => "bool",
+            ScalarType::I8 => "i8",
+            ScalarType::I16 => "i16",
+            ScalarType::I32 => "i32",
+            ScalarType::I64 => "i64",
+            ScalarType::U8 => "u8",
+            ScalarType::U16 => "u16",
+            ScalarType::U32 => "u32",
+            ScalarType::U64 => "u64",
+            ScalarType::F32 => "f32",
+            ScalarType::F64 => "f64",
+        }
+    }
+}
+
+impl fmt::Display for ScalarType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One declared kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Param {
+    /// A tensor, passed to the kernel as a pointer to its first element (`data + byte_offset`).
+    /// Strides and shape, if the kernel needs them, are separate scalar parameters.
+    Tensor {
+        /// Element type the kernel expects.
+        dtype: DType,
+        /// Whether the kernel reads, writes or does both.
+        intent: Intent,
+    },
+    /// A scalar passed by value.
+    Scalar(ScalarType),
+}
+
+impl Param {
+    /// A tensor the kernel reads.
+    pub fn input(dtype: DType) -> Param {
+        Param::Tensor { dtype, intent: Intent::Read }
+    }
+    /// A tensor the kernel writes.
+    pub fn output(dtype: DType) -> Param {
+        Param::Tensor { dtype, intent: Intent::Write }
+    }
+    /// A tensor the kernel reads and writes.
+    pub fn inout(dtype: DType) -> Param {
+        Param::Tensor { dtype, intent: Intent::ReadWrite }
+    }
+    /// A scalar passed by value.
+    pub fn scalar(ty: ScalarType) -> Param {
+        Param::Scalar(ty)
+    }
+
+    /// Size in bytes of the parameter as the kernel receives it.
+    pub fn size(&self) -> usize {
+        match self {
+            Param::Tensor { .. } => std::mem::size_of::<u64>(),
+            Param::Scalar(t) => t.size(),
+        }
+    }
+}
+
+impl fmt::Display for Param {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Param::Tensor { dtype, intent } => {
+                let how = match intent {
+                    Intent::Read => "input",
+                    Intent::Write => "output",
+                    Intent::ReadWrite => "in-out",
+                };
+                write!(f, "{how} tensor of {dtype}")
+            }
+            Param::Scalar(t) => write!(f, "scalar {t}"),
+        }
+    }
+}
+
+/// The declared parameter list of a kernel, checked against the compiled kernel when it is
+/// loaded and against every launch's arguments before anything is consumed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Signature {
+    params: Vec<Param>,
+}
+
+impl Signature {
+    /// A signature from its parameters, in order.
+    pub fn new(params: impl IntoIterator<Item = Param>) -> Signature {
+        Signature { params: params.into_iter().collect() }
+    }
+
+    /// The parameters, in order.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+}
+
+struct LibraryInner {
+    d: &'static Driver,
+    raw: CUlibrary,
+}
+
+// SAFETY: library handles are context-independent and usable from any thread.
+unsafe impl Send for LibraryInner {}
+// SAFETY: as above.
+unsafe impl Sync for LibraryInner {}
+
+impl Drop for LibraryInner {
+    fn drop(&mut self) {
+        // SAFETY: every kernel of this library holds an `Arc` to it, so none is alive.
+        if let Err(e) = unsafe { (self.d.cuLibraryUnload)(self.raw) }.check("cuLibraryUnload") {
+            log::error!("{e}");
+        }
+    }
+}
+
+/// Loaded device code (`cuLibraryLoadData`): a cubin, a fatbin or PTX text. Libraries are not
+/// tied to a context; a kernel from one can be launched on any device the code was built for.
+#[derive(Clone)]
+pub struct Library {
+    inner: Arc<LibraryInner>,
+}
+
+impl fmt::Debug for Library {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Library").field("raw", &self.inner.raw).finish()
+    }
+}
+
+impl Library {
+    /// Loads a cubin or fatbin image, or PTX text (`cuLibraryLoadData`); the driver tells them
+    /// apart by their headers. PTX is compiled for the current device by the driver.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] without a driver; [`Error::Cuda`] when the driver rejects the image
+    /// (e.g. `CUDA_ERROR_INVALID_IMAGE`, `CUDA_ERROR_INVALID_PTX`,
+    /// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`).
+    #[doc(alias = "cuLibraryLoadData")]
+    pub fn from_image(image: &[u8]) -> Result<Library> {
+        let d = driver()?;
+        // The driver reads text images up to a NUL, so make sure there is one.
+        let mut owned;
+        let bytes = if image.last() == Some(&0) {
+            image
+        } else {
+            owned = Vec::with_capacity(image.len() + 1);
+            owned.extend_from_slice(image);
+            owned.push(0);
+            &owned
+        };
+        let mut raw: CUlibrary = std::ptr::null_mut();
+        // SAFETY: `bytes` outlives the call and is NUL-terminated; no JIT or library options.
+        unsafe {
+            (d.cuLibraryLoadData)(
+                &mut raw,
+                bytes.as_ptr().cast::<c_void>(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        }
+        .check("cuLibraryLoadData")?;
+        Ok(Library { inner: Arc::new(LibraryInner { d, raw }) })
+    }
+
+    /// Loads PTX text. See [`Library::from_image`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Library::from_image`].
+    pub fn from_ptx(ptx: &str) -> Result<Library> {
+        Self::from_image(ptx.as_bytes())
+    }
+
+    /// Reads a cubin, fatbin or PTX file and loads it. See [`Library::from_image`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Module`] if the file cannot be read; otherwise as [`Library::from_image`].
+    pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Library> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::Module(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_image(&bytes)
+    }
+
+    /// Compiles CUDA C++ source to PTX with NVRTC and loads it. Kernels should be declared
+    /// `extern "C"` so their names are not mangled. `options` are passed to NVRTC as given
+    /// (e.g. `-arch=compute_90`, `-std=c++17`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Module`] with NVRTC's log if compilation fails (or NVRTC cannot be loaded);
+    /// otherwise as [`Library::from_image`].
+    #[cfg(feature = "nvrtc")]
+    pub fn from_cuda_source(source: &str, options: &[&str]) -> Result<Library> {
+        // Probe the driver first: cudarc panics when CUDA libraries are absent.
+        driver()?;
+        let opts = cudarc::nvrtc::CompileOptions {
+            options: options.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts))
+            .map_err(|_| Error::Module("NVRTC (libnvrtc.so) could not be loaded".into()))?
+            .map_err(|e| Error::Module(format!("NVRTC compilation failed: {e:?}")))?;
+        Self::from_ptx(&ptx.to_src())
+    }
+
+    /// Looks up kernel `name` (`cuLibraryGetKernel`) and checks `signature` against the
+    /// parameters the compiled kernel declares (`cuKernelGetParamInfo`): same count, and each
+    /// parameter of the declared size.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] with `CUDA_ERROR_NOT_FOUND` if there is no such kernel;
+    /// [`Error::Signature`] if the declared parameters do not match the compiled ones.
+    #[doc(alias = "cuLibraryGetKernel")]
+    pub fn kernel(&self, name: &str, signature: Signature) -> Result<Kernel> {
+        let d = self.inner.d;
+        let cname = CString::new(name)
+            .map_err(|_| Error::Module(format!("kernel name {name:?} contains a NUL byte")))?;
+        let mut raw: CUkernel = std::ptr::null_mut();
+        // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
+        unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
+            .check("cuLibraryGetKernel")?;
+        check_param_info(d, raw, name, &signature)?;
+        Ok(Kernel {
+            raw,
+            name: name.to_owned(),
+            signature: Arc::new(signature),
+            _library: self.clone(),
+        })
+    }
+}
+
+fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> Result<()> {
+    let mismatch = |reason: String| Error::Signature { kernel: name.to_owned(), reason };
+    for (i, p) in sig.params().iter().enumerate() {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: out-pointers to locals; `raw` is a kernel of a loaded library.
+        let r = unsafe { (d.cuKernelGetParamInfo)(raw, i, &mut offset, &mut size) };
+        if r == CUresult::CUDA_ERROR_INVALID_VALUE {
+            return Err(mismatch(format!(
+                "the signature declares {} parameters but the kernel takes {i}",
+                sig.params().len()
+            )));
+        }
+        r.check("cuKernelGetParamInfo")?;
+        if size != p.size() {
+            return Err(mismatch(format!(
+                "parameter {i} is declared as {p} ({} bytes) but the kernel's is {size} bytes",
+                p.size()
+            )));
+        }
+    }
+    let (mut offset, mut size) = (0usize, 0usize);
+    let n = sig.params().len();
+    // SAFETY: as above.
+    let r = unsafe { (d.cuKernelGetParamInfo)(raw, n, &mut offset, &mut size) };
+    if r == CUresult::CUDA_SUCCESS {
+        return Err(mismatch(format!(
+            "the signature declares {n} parameters but the kernel takes more"
+        )));
+    }
+    Ok(())
+}
+
+/// A kernel of a loaded [`Library`] with its declared [`Signature`]. Cheap to clone; keeps the
+/// library loaded.
+#[derive(Clone)]
+pub struct Kernel {
+    raw: CUkernel,
+    name: String,
+    signature: Arc<Signature>,
+    _library: Library,
+}
+
+// SAFETY: `CUkernel` handles are context-independent and usable from any thread.
+unsafe impl Send for Kernel {}
+// SAFETY: as above.
+unsafe impl Sync for Kernel {}
+
+impl fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Kernel")
+            .field("name", &self.name)
+            .field("signature", &self.signature)
+            .finish()
+    }
+}
+
+impl Kernel {
+    /// The kernel's name in the library.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The declared parameters.
+    pub fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    /// The raw `CUkernel` handle.
+    pub fn raw(&self) -> CUkernel {
+        self.raw
+    }
+}

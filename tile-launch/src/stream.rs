@@ -1,0 +1,313 @@
+//! Streams, the events that mark progress on them, and their release queues.
+
+use std::sync::{Arc, Mutex};
+
+use cuda_sys::{
+    CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CuResultExt, CudaError, Driver, driver,
+};
+
+use crate::context::Context;
+use crate::error::Result;
+use crate::launch::Guard;
+use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
+
+/// A CUDA event used as a completion marker (`CU_EVENT_DISABLE_TIMING`).
+#[derive(Debug)]
+pub struct Event(CUevent);
+
+// SAFETY: an event handle may be recorded, queried and destroyed from any thread.
+unsafe impl Send for Event {}
+
+/// The CUDA side of a stream's release queue: records events on the stream, queries and waits
+/// on them, and keeps finished events in a pool for reuse.
+pub struct CudaTimeline {
+    d: &'static Driver,
+    raw: CUstream,
+    owned: bool,
+    ctx: Arc<Context>,
+    pool: Mutex<Vec<Event>>,
+    // Whatever keeps a borrowed stream alive (e.g. another library's stream object); dropped
+    // after the events are destroyed.
+    _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+// SAFETY: the stream handle is used only through thread-safe driver calls; the pool is behind a
+// mutex.
+unsafe impl Send for CudaTimeline {}
+// SAFETY: as above.
+unsafe impl Sync for CudaTimeline {}
+
+impl CudaTimeline {
+    fn event(&self) -> Result<Event, CudaError> {
+        if let Some(e) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(e);
+        }
+        let d = self.d;
+        let _bound = self.ctx.bind_with(d)?;
+        let mut ev: CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the stream's context is current.
+        unsafe { (d.cuEventCreate)(&mut ev, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
+            .check("cuEventCreate")?;
+        Ok(Event(ev))
+    }
+
+    /// The raw stream handle.
+    pub fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// Makes this stream wait, on the device, for all work enqueued so far on `producer`
+    /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent`). The host does not block.
+    fn wait_for(&self, producer: CUstream) -> Result<(), CudaError> {
+        let d = self.d;
+        let ev = self.event()?;
+        // SAFETY: `ev` is a live event of this stream's context; `producer` is a stream handle the
+        // caller vouched for.
+        let r = unsafe { (d.cuEventRecord)(ev.0, producer) }.check("cuEventRecord");
+        // SAFETY: as above; the wait captures the event's state now, so the event may be reused.
+        let r = r.and_then(|()| {
+            unsafe { (d.cuStreamWaitEvent)(self.raw, ev.0, 0) }.check("cuStreamWaitEvent")
+        });
+        self.recycle(ev);
+        r
+    }
+}
+
+impl Timeline for CudaTimeline {
+    type Marker = Event;
+    type Error = CudaError;
+
+    fn record(&self) -> Result<Event, Self::Error> {
+        let d = self.d;
+        let ev = self.event()?;
+        // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
+        match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                self.recycle(ev);
+                Err(e)
+            }
+        }
+    }
+
+    fn query(&self, marker: &Event) -> Result<bool, Self::Error> {
+        let d = self.d;
+        // SAFETY: `marker` is a live event.
+        let r = unsafe { (d.cuEventQuery)(marker.0) };
+        if r == CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        r.check("cuEventQuery").map(|()| true)
+    }
+
+    fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
+        let d = self.d;
+        // SAFETY: `marker` is a live event.
+        unsafe { (d.cuEventSynchronize)(marker.0) }.check("cuEventSynchronize")
+    }
+
+    fn synchronize(&self) -> Result<(), Self::Error> {
+        let d = self.d;
+        // SAFETY: `self.raw` is a live stream.
+        unsafe { (d.cuStreamSynchronize)(self.raw) }.check("cuStreamSynchronize")
+    }
+
+    fn recycle(&self, marker: Event) {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(marker);
+    }
+}
+
+impl Drop for CudaTimeline {
+    fn drop(&mut self) {
+        let d = self.d;
+        let events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for ev in events {
+            // SAFETY: the event is ours and no longer used.
+            if let Err(e) = unsafe { (d.cuEventDestroy)(ev.0) }.check("cuEventDestroy") {
+                log::error!("{e}");
+            }
+        }
+        if self.owned {
+            // SAFETY: we created this stream and nothing refers to it any more (every tracker
+            // handle that could record on it is gone).
+            if let Err(e) = unsafe { (d.cuStreamDestroy)(self.raw) }.check("cuStreamDestroy") {
+                log::error!("{e}");
+            }
+        }
+    }
+}
+
+type StreamTracker = Tracker<CudaTimeline, Guard>;
+
+/// A CUDA stream together with its release queue.
+///
+/// Cloning is cheap and shares the stream. A stream created by [`Stream::new`] is destroyed
+/// when the last clone, and the last launch handle on it, is gone; a borrowed stream
+/// ([`Stream::from_raw`]) is never destroyed by us. Dropping the last clone drains the release
+/// queue: it waits for the stream's work and releases every deferred tensor.
+#[derive(Clone)]
+pub struct Stream {
+    inner: Arc<StreamInner>,
+}
+
+struct StreamInner {
+    tracker: Arc<StreamTracker>,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        self.tracker.shutdown();
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("raw", &self.raw())
+            .field("device", &self.context().ordinal())
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Creates a stream that does not synchronise with the legacy default stream
+    /// (`cuStreamCreate` with `CU_STREAM_NON_BLOCKING`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) without a driver; [`Error::Cuda`](crate::Error::Cuda)
+    /// if the driver refuses.
+    #[doc(alias = "cuStreamCreate")]
+    pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
+        Self::with_config(ctx, ReleaseConfig::default())
+    }
+
+    /// As [`Stream::new`], with explicit release-queue bounds.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::new`].
+    pub fn with_config(ctx: &Arc<Context>, config: ReleaseConfig) -> Result<Stream> {
+        let d = driver()?;
+        let _bound = ctx.bind()?;
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the context is current.
+        unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
+            .check("cuStreamCreate")?;
+        Ok(Self::wrap(d, ctx, raw, true, None, config))
+    }
+
+    /// Wraps a stream created by another library (PyTorch, CuPy, `cudarc`, ...). The stream is
+    /// not destroyed by us; the caller keeps it alive for as long as this value and any launch on
+    /// it lives. A null handle means the legacy default stream.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a valid stream of `ctx` (or null) and stay valid while this `Stream`, its
+    /// clones, or any [`LaunchHandle`](crate::LaunchHandle) from it exist.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) without a driver.
+    pub unsafe fn from_raw(ctx: &Arc<Context>, raw: CUstream) -> Result<Stream> {
+        Ok(Self::wrap(driver()?, ctx, raw, false, None, ReleaseConfig::default()))
+    }
+
+    /// As [`Stream::from_raw`], holding `owner` (the other library's stream object) until the
+    /// stream is no longer used.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a valid stream of `ctx` (or null) for as long as `owner` lives.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) without a driver.
+    pub unsafe fn from_raw_keeping(
+        ctx: &Arc<Context>,
+        raw: CUstream,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Stream> {
+        Ok(Self::wrap(driver()?, ctx, raw, false, Some(owner), ReleaseConfig::default()))
+    }
+
+    fn wrap(
+        d: &'static Driver,
+        ctx: &Arc<Context>,
+        raw: CUstream,
+        owned: bool,
+        keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+        config: ReleaseConfig,
+    ) -> Stream {
+        let timeline = CudaTimeline {
+            d,
+            raw,
+            owned,
+            ctx: Arc::clone(ctx),
+            pool: Mutex::new(Vec::new()),
+            _keep: keep,
+        };
+        Stream {
+            inner: Arc::new(StreamInner {
+                tracker: Tracker::new(timeline, config),
+            }),
+        }
+    }
+
+    /// The raw `CUstream` handle.
+    pub fn raw(&self) -> CUstream {
+        self.inner.tracker.timeline().raw
+    }
+
+    /// The context this stream belongs to.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.inner.tracker.timeline().ctx
+    }
+
+    pub(crate) fn tracker(&self) -> &Arc<StreamTracker> {
+        &self.inner.tracker
+    }
+
+    /// Makes this stream wait, on the device, for all work enqueued so far on `producer`
+    /// (`cuEventRecord` + `cuStreamWaitEvent`); the host does not block. Use it when a tensor's
+    /// data is still being written on the stream that produced it.
+    ///
+    /// # Safety
+    ///
+    /// `producer` must be a valid stream of this stream's context (or null for the legacy
+    /// default stream).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`](crate::Error::Cuda) if recording or waiting fails.
+    #[doc(alias = "cuStreamWaitEvent")]
+    pub unsafe fn wait_for_raw(&self, producer: CUstream) -> Result<()> {
+        if producer == self.raw() {
+            return Ok(());
+        }
+        let _bound = self.context().bind()?;
+        Ok(self.inner.tracker.timeline().wait_for(producer)?)
+    }
+
+    /// Blocks until all work on the stream is done, then releases every deferred tensor
+    /// (`cuEventRecord` + `cuEventSynchronize`, or `cuStreamSynchronize`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`](crate::Error::Cuda) if the wait fails; nothing is released then.
+    #[doc(alias = "cuStreamSynchronize")]
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.inner.tracker.synchronize()?)
+    }
+
+    /// Releases deferred tensors whose work has completed, without blocking. Returns how many
+    /// were released.
+    pub fn poll(&self) -> usize {
+        self.inner.tracker.poll()
+    }
+
+    /// Counters of the release queue: pending guards and bytes, released and leaked totals.
+    pub fn stats(&self) -> Stats {
+        self.inner.tracker.stats()
+    }
+}
