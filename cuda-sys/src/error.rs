@@ -129,7 +129,7 @@ pub enum LoadError {
     /// The driver was loaded but failed to initialise (`cuInit` or `cuDriverGetVersion` failed,
     /// e.g. with `CUDA_ERROR_NO_DEVICE`).
     #[error("the CUDA driver failed to initialise: {0}")]
-    Init(#[source] CudaError),
+    Init(CudaError),
 }
 
 /// Why a symbol was not resolved; part of [`LoadError::MissingSymbol`].
