@@ -8,9 +8,11 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use tile_dlpack::Used;
-use tile_dlpack::dlpark::{DlpackElement, ffi::DLManagedTensorVersioned, interop::cudarc as dl};
+use tile_dlpack::dlpark::ffi::{DLDevice, DLManagedTensorVersioned};
+use tile_dlpack::dlpark::metadata::Dynamic;
+use tile_dlpack::dlpark::{DlpackElement, interop::cudarc as dl};
 
 use crate::error::{Error, Result};
 use crate::launch::TensorArg;
@@ -64,6 +66,41 @@ pub fn strided_tensor<T: DlpackElement>(
     let raw = ready_on.cu_stream() as cuda_sys::CUstream;
     // SAFETY: the slice, now owned by `used`'s deleter context, holds an `Arc` to its stream,
     // so the stream outlives the launch that consumes this argument.
+    Ok(unsafe { TensorArg::from(used).ready_on(raw) })
+}
+
+/// A tensor argument that borrows `slice` instead of taking it: releasing it frees nothing.
+/// Use it for outputs that the caller reads back after the launch is retired.
+///
+/// # Safety
+///
+/// `slice` must not be dropped, freed or reused until the launch that consumes this argument is
+/// retired (or its stream synchronised): the GPU may still be writing to it.
+///
+/// # Errors
+///
+/// As [`export`].
+pub unsafe fn borrowed<T: DlpackElement>(slice: &CudaSlice<T>) -> Result<TensorArg<'static>> {
+    let n = i64::try_from(slice.len())
+        .map_err(|_| Error::Module("CudaSlice length does not fit in i64".into()))?;
+    let stream = slice.stream();
+    let (ptr, sync) = slice.device_ptr(stream);
+    drop(sync);
+    let device = i32::try_from(stream.context().ordinal())
+        .map_err(|_| Error::Module("device ordinal does not fit in i32".into()))?;
+    let mut init = Dynamic::new([n], [1i64])
+        .prepare_as::<DLManagedTensorVersioned>()
+        .map_err(|e| Error::Module(format!("cannot describe CudaSlice as DLPack: {e}")))?
+        .initialize(Box::new(()));
+    init.set_data(ptr as usize as *mut std::ffi::c_void)
+        .set_device(DLDevice::cuda(device))
+        .set_dtype(T::DTYPE);
+    // SAFETY: every field is set; the caller keeps the memory alive (this function's contract).
+    let managed = unsafe { init.finish() };
+    let used = Used::from_managed_versioned(managed)
+        .map_err(|source| Error::Descriptor { index: 0, source })?;
+    let raw = stream.cu_stream() as cuda_sys::CUstream;
+    // SAFETY: the caller keeps the slice, and so its stream, alive until the launch is retired.
     Ok(unsafe { TensorArg::from(used).ready_on(raw) })
 }
 

@@ -1,19 +1,25 @@
 //! Build tasks for the tile workspace.
 //!
-//! `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings,
-//! `cargo xtask test` runs everything that needs no GPU, `cargo xtask gpu-bundle` builds the
-//! self-contained folder that runs the GPU tests on a machine without Rust, and
-//! `cargo xtask bench` runs the benchmarks (on a GPU machine, from the bundle).
+//! - `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings.
+//! - `cargo xtask test` runs everything that needs no GPU: formatting, clippy, the codegen
+//!   freshness check, and every test (GPU tests are listed as ignored).
+//! - `cargo xtask gpu-bundle` builds `target/gpu-bundle/`: release test binaries, the example,
+//!   the kernels and a `run.sh` that runs it all on a GPU machine without Rust or network.
 
+mod bundle;
 mod codegen;
 
-use anyhow::{Result, bail};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
     match args.first().map(String::as_str) {
         Some("codegen") => codegen::run(rest.contains(&"--check")),
+        Some("test") => test(),
+        Some("gpu-bundle") => bundle::run(),
         Some(other) => bail!("unknown task `{other}`\n\n{USAGE}"),
         None => {
             println!("{USAGE}");
@@ -26,6 +32,47 @@ const USAGE: &str = "usage: cargo xtask <task>
 
 tasks:
   codegen [--check]   regenerate cuda-sys bindings from the pinned cuda.h (--check: fail on any difference)
-  test                run every test that needs no GPU (formatting, clippy, codegen check, unit and doc tests)
-  gpu-bundle          build target/gpu-bundle/ (release test binaries, example, run.sh) for a GPU machine
-  bench               print how to run the benchmarks from the bundle";
+  test                run everything that needs no GPU: fmt, clippy, codegen --check, all tests
+  gpu-bundle          build target/gpu-bundle/ (release test binaries, example, run.sh) for a GPU machine";
+
+/// Runs a command from the workspace root, failing with the command line if it fails.
+pub(crate) fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let line = format!("{cmd:?}");
+    eprintln!("$ {line}");
+    let status = cmd
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("cannot start {line}"))?;
+    if !status.success() {
+        bail!("{line} failed with {status}");
+    }
+    Ok(())
+}
+
+pub(crate) fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_path_buf()
+}
+
+pub(crate) fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn test() -> Result<()> {
+    run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+    run_cmd(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    codegen::run(true)?;
+    run_cmd(cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]))?;
+    println!("xtask test: all passed (GPU tests are listed above as ignored; run them from the GPU bundle)");
+    Ok(())
+}

@@ -1,0 +1,329 @@
+//! GPU tests: run on a machine with an NVIDIA GPU (`cargo xtask gpu-bundle`, then the bundle's
+//! `run.sh`). On a machine without one they are ignored, never passed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use tile_dlpack::Used;
+use tile_dlpack::dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
+use tile_dlpack::dlpark::metadata::Dynamic;
+use tile_dlpack::DType;
+use tile_launch::{Context, Kernel, LaunchConfig, Library, Param, ScalarType, Signature, Stream, TensorArg};
+
+const KERNELS: &str = include_str!("../kernels/vector_add.cu");
+
+/// Everything a test needs: our context and streams, a cudarc producer stream, and kernels.
+struct Fixture {
+    ctx: Arc<Context>,
+    producer: Arc<CudaStream>,
+    add: Kernel,
+    spin: Kernel,
+}
+
+fn fixture() -> Result<Fixture> {
+    // Probe through cuda-sys first: cudarc panics when libcuda is missing.
+    cuda_sys::driver().context("no CUDA driver")?;
+    let ctx = Context::new(0)?;
+    let cu = CudaContext::new(0)?;
+    let producer = cu.new_stream()?;
+    let lib = Library::from_cuda_source(KERNELS, &[])?;
+    let add = lib.kernel(
+        "vector_add",
+        Signature::new([
+            Param::input(DType::F32),
+            Param::scalar(ScalarType::I64),
+            Param::input(DType::F32),
+            Param::scalar(ScalarType::I64),
+            Param::output(DType::F32),
+            Param::scalar(ScalarType::I64),
+            Param::scalar(ScalarType::U64),
+        ]),
+    )?;
+    let spin = lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?;
+    Ok(Fixture { ctx, producer, add, spin })
+}
+
+/// Counts deleter calls.
+#[derive(Clone, Default)]
+struct Count(Arc<AtomicUsize>);
+impl Count {
+    fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The producer's side of a tensor: the slice (freed, stream-ordered, when dropped) and a
+/// counter bumped after the free.
+struct Owner {
+    slice: Option<CudaSlice<f32>>,
+    count: Count,
+}
+impl Drop for Owner {
+    fn drop(&mut self) {
+        drop(self.slice.take());
+        self.count.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Exports `slice` as a versioned DLPack tensor whose deleter frees the slice and counts.
+fn counted(
+    slice: CudaSlice<f32>,
+    shape: &[i64],
+    strides: &[i64],
+    byte_offset: u64,
+) -> Result<(TensorArg<'static>, Count)> {
+    let count = Count::default();
+    let stream = slice.stream().clone();
+    let (ptr, sync) = slice.device_ptr(&stream);
+    drop(sync);
+    let ready = stream.cu_stream() as cuda_sys::CUstream;
+    let mut init = Dynamic::new(shape, strides)
+        .prepare_as::<DLManagedTensorVersioned>()?
+        .initialize(Box::new(Owner { slice: Some(slice), count: count.clone() }));
+    init.set_data(ptr as usize as *mut std::ffi::c_void)
+        .set_device(DLDevice::cuda(0))
+        .set_dtype(DLDataType { code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT, bits: 32, lanes: 1 })
+        .set_byte_offset(byte_offset);
+    // SAFETY: every field is set; the slice owned by the deleter context keeps the data valid.
+    let managed = unsafe { init.finish() };
+    let used = Used::from_managed_versioned(managed)?;
+    // SAFETY: the slice (inside the tensor's deleter context) holds its stream alive.
+    Ok((unsafe { TensorArg::from(used).ready_on(ready) }, count))
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 200.0 - 100.0
+        })
+        .collect()
+}
+
+/// a + b on a launch stream other than the producer's, for a layout given by element stride
+/// and element offset of each vector inside its buffer; checks against the CPU.
+fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
+    let launch = Stream::new(&f.ctx)?;
+    let len = offset + n.saturating_sub(1) * stride + 1;
+    let ha = random(len, n as u64 + 1);
+    let hb = random(len, n as u64 + 2);
+    let poison = vec![f32::NAN; len];
+    let a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let c = f.producer.clone_htod(&poison)?;
+    let bo = (offset * 4) as u64;
+    let (ta, ca) = counted(a, &[n as i64], &[stride as i64], bo)?;
+    let (tb, cb) = counted(b, &[n as i64], &[stride as i64], bo)?;
+    // The output is written through a view too; keep its slice to read it back afterwards.
+    let out = f.producer.alloc_zeros::<f32>(len)?;
+    let mut out = out;
+    f.producer.memcpy_htod(&poison, &mut out)?;
+    let out_ptr = { let (p, s) = out.device_ptr(&f.producer); drop(s); p };
+    let _ = c;
+    let out_tensor = borrowed_view(out_ptr, n, stride, bo)?;
+    let s = stride as i64;
+    let h = launch.launch(
+        &f.add,
+        &LaunchConfig::for_elements(n as u64, 256),
+        [ta.into(), s.into(), tb.into(), s.into(), out_tensor.0.into(), s.into(), (n as u64).into()],
+    )?;
+    h.retire()?;
+    ensure!(ca.get() == 1 && cb.get() == 1 && out_tensor.1.get() == 1, "deleters: {} {} {}", ca.get(), cb.get(), out_tensor.1.get());
+    let hc = f.producer.clone_dtoh(&out)?;
+    f.producer.synchronize()?;
+    for i in 0..len {
+        let in_view = i >= offset && (i - offset) % stride == 0 && (i - offset) / stride < n;
+        if in_view {
+            let want = ha[i] + hb[i];
+            ensure!(hc[i] == want, "n={n} stride={stride} offset={offset}: c[{i}] = {} want {want}", hc[i]);
+        } else {
+            ensure!(hc[i].is_nan(), "element {i} outside the view was written");
+        }
+    }
+    Ok(())
+}
+
+/// A DLPack view of memory we keep owning (its deleter only counts).
+fn borrowed_view(ptr: u64, n: usize, stride: usize, byte_offset: u64) -> Result<(TensorArg<'static>, Count)> {
+    let count = Count::default();
+    struct Counter(Count);
+    impl Drop for Counter {
+        fn drop(&mut self) {
+            self.0.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let mut init = Dynamic::new([n as i64], [stride as i64])
+        .prepare_as::<DLManagedTensorVersioned>()?
+        .initialize(Box::new(Counter(count.clone())));
+    init.set_data(ptr as usize as *mut std::ffi::c_void)
+        .set_device(DLDevice::cuda(0))
+        .set_dtype(DLDataType { code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT, bits: 32, lanes: 1 })
+        .set_byte_offset(byte_offset);
+    // SAFETY: the caller keeps the memory alive until the launch is retired.
+    let managed = unsafe { init.finish() };
+    Ok((TensorArg::from(Used::from_managed_versioned(managed)?), count))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn vector_add_contiguous_sizes() -> Result<()> {
+    let f = fixture()?;
+    for n in [1usize, 255, 256, 4097, 1 << 20, 3_000_001] {
+        add_case(&f, n, 1, 0)?;
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn vector_add_strided_and_offset_views() -> Result<()> {
+    let f = fixture()?;
+    for (n, stride, offset) in [(1000usize, 2usize, 0usize), (4096, 3, 5), (77777, 1, 13), (1 << 16, 7, 1)] {
+        add_case(&f, n, stride, offset)?;
+    }
+    Ok(())
+}
+
+/// The cuTile failure, made visible: the launch stream is held busy, the producer's memory is
+/// freed (stream-ordered) when its deleter runs, and right after `launch` returns the producer
+/// allocates and writes a sentinel on its own stream. Releasing before the kernel ran would let
+/// the sentinel land in the inputs' memory before the kernel reads it.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn premature_release_is_not_possible() -> Result<()> {
+    let f = fixture()?;
+    let n = 1usize << 24;
+    for trial in 0..3 {
+        let launch = Stream::new(&f.ctx)?;
+        let ha = random(n, 100 + trial);
+        let hb = random(n, 200 + trial);
+        let a = f.producer.clone_htod(&ha)?;
+        let b = f.producer.clone_htod(&hb)?;
+        let mut c = f.producer.alloc_zeros::<f32>(n)?;
+        f.producer.memcpy_htod(&vec![f32::NAN; n], &mut c)?;
+        let c_ptr = { let (p, s) = c.device_ptr(&f.producer); drop(s); p };
+        let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
+        let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
+        let (tc, cc) = borrowed_view(c_ptr, n, 1, 0)?;
+        // Hold the launch stream for 200 ms.
+        launch.launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?.defer();
+        let h = launch.launch(
+            &f.add,
+            &LaunchConfig::for_elements(n as u64, 256),
+            [ta.into(), 1i64.into(), tb.into(), 1i64.into(), tc.into(), 1i64.into(), (n as u64).into()],
+        )?;
+        // Right after launch: the producer allocates and writes a sentinel on its own stream.
+        let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
+        let mut s2 = f.producer.alloc_zeros::<f32>(n)?;
+        f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s1)?;
+        f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s2)?;
+        f.producer.synchronize()?;
+        ensure!(!h.is_complete()?, "the spin kernel should still be running");
+        for _ in 0..100 {
+            launch.poll();
+        }
+        ensure!((ca.get(), cb.get(), cc.get()) == (0, 0, 0), "released before the kernel finished");
+        h.retire()?;
+        ensure!((ca.get(), cb.get(), cc.get()) == (1, 1, 1), "deleters after retire: {} {} {}", ca.get(), cb.get(), cc.get());
+        let hc = f.producer.clone_dtoh(&c)?;
+        f.producer.synchronize()?;
+        let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
+        ensure!(wrong == 0, "trial {trial}: {wrong} of {n} elements wrong");
+        drop((s1, s2));
+    }
+    Ok(())
+}
+
+/// Stream ordering: the producer's write is still pending on its own stream (queued behind a
+/// spin) when the launch happens on another stream; the kernel must see the finished write.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn kernel_sees_pending_producer_write() -> Result<()> {
+    let f = fixture()?;
+    let n = 1usize << 22;
+    let launch = Stream::new(&f.ctx)?;
+    let producer = Stream::from_cudarc(&f.ctx, &f.producer)?;
+    let ha = random(n, 7);
+    let hb = random(n, 8);
+    let mut a = f.producer.alloc_zeros::<f32>(n)?;
+    let b = f.producer.clone_htod(&hb)?;
+    f.producer.synchronize()?;
+    // Hold the producer stream, then queue the real data behind the spin.
+    producer.launch(&f.spin, &LaunchConfig::new(1, 1), [100_000_000u64.into()])?.defer();
+    f.producer.memcpy_htod(&ha, &mut a)?;
+    let c = f.producer.alloc_zeros::<f32>(n)?;
+    let c_ptr = { let (p, s) = c.device_ptr(&f.producer); drop(s); p };
+    let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
+    let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
+    let (tc, cc) = borrowed_view(c_ptr, n, 1, 0)?;
+    let h = launch.launch(
+        &f.add,
+        &LaunchConfig::for_elements(n as u64, 256),
+        [ta.into(), 1i64.into(), tb.into(), 1i64.into(), tc.into(), 1i64.into(), (n as u64).into()],
+    )?;
+    ensure!(!h.is_complete()?, "the launch must wait for the producer's spin");
+    h.retire()?;
+    ensure!((ca.get(), cb.get(), cc.get()) == (1, 1, 1), "deleters after retire");
+    let hc = f.producer.clone_dtoh(&c)?;
+    f.producer.synchronize()?;
+    let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
+    ensure!(wrong == 0, "{wrong} of {n} elements did not see the producer's write");
+    drop(producer);
+    Ok(())
+}
+
+/// Deferred launches are released by later launches and by synchronize, each exactly once.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn deferred_release_exactly_once() -> Result<()> {
+    let f = fixture()?;
+    let launch = Stream::new(&f.ctx)?;
+    let n = 4096usize;
+    let mut counts = Vec::new();
+    for i in 0..500u64 {
+        let a = f.producer.clone_htod(&random(n, i))?;
+        let b = f.producer.clone_htod(&random(n, i + 1000))?;
+        let c = f.producer.alloc_zeros::<f32>(n)?;
+        let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
+        let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
+        let (tc, cc) = counted(c, &[n as i64], &[1], 0)?;
+        launch
+            .launch(&f.add, &LaunchConfig::for_elements(n as u64, 256),
+                [ta.into(), 1i64.into(), tb.into(), 1i64.into(), tc.into(), 1i64.into(), (n as u64).into()])?
+            .defer();
+        counts.extend([ca, cb, cc]);
+    }
+    launch.synchronize()?;
+    std::thread::sleep(Duration::from_millis(1));
+    let stats = launch.stats();
+    ensure!(counts.iter().all(|c| c.get() == 1), "some deleter did not run exactly once");
+    ensure!(stats.pending_guards == 0, "pending after synchronize: {}", stats.pending_guards);
+    ensure!(stats.released == 1500, "released {}", stats.released);
+    Ok(())
+}
+
+/// Argument checks fail before anything is consumed or launched.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bad_arguments_consume_nothing() -> Result<()> {
+    let f = fixture()?;
+    let launch = Stream::new(&f.ctx)?;
+    let a = f.producer.clone_htod(&random(16, 1))?;
+    let (ta, ca) = counted(a, &[16], &[1], 0)?;
+    // Wrong count.
+    let e = launch.launch(&f.add, &LaunchConfig::new(1, 16), [ta.into()]).unwrap_err();
+    ensure!(e.to_string().contains("expects 7 arguments"), "{e}");
+    // `ta` was a Used (owned) tensor: the failed launch released it at once (nothing launched).
+    ensure!(ca.get() == 1, "owned tensor released once on a failed launch, got {}", ca.get());
+    // Block too large.
+    let e = launch.launch(&f.spin, &LaunchConfig::new(1, 2048), [1u64.into()]).unwrap_err();
+    ensure!(e.to_string().contains("block"), "{e}");
+    ensure!(launch.stats().launches == 0, "nothing launched");
+    Ok(())
+}

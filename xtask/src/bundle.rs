@@ -1,0 +1,137 @@
+//! `cargo xtask gpu-bundle`: everything the GPU tests need, built here, runnable on a GPU
+//! machine that has no Rust toolchain and no network.
+
+use std::fs;
+use std::io::BufRead;
+use std::path::Path;
+use std::process::Stdio;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, run_cmd, workspace_root};
+
+/// Test binaries that need a Rust toolchain at run time and so stay out of the bundle.
+const NEEDS_TOOLCHAIN: &[&str] = &["compile_fail"];
+
+pub fn run() -> Result<()> {
+    let root = workspace_root();
+    let out = root.join("target/gpu-bundle");
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("cannot clear {}", out.display()))?;
+    }
+    fs::create_dir_all(out.join("tests"))?;
+    fs::create_dir_all(out.join("examples"))?;
+
+    // Release test binaries of every crate, with every feature (the GPU tests need cudarc).
+    let mut child = cargo()
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--all-features",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(&root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start cargo test --no-run")?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut copied = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else { continue };
+        let target = msg["target"]["name"].as_str().unwrap_or("test");
+        if NEEDS_TOOLCHAIN.contains(&target) {
+            continue;
+        }
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
+        let krate = msg["package_id"].as_str().unwrap_or("");
+        let krate = package_name(krate);
+        let name = if kind == "lib" { format!("{krate}-unit") } else { format!("{krate}-{target}") };
+        fs::copy(exe, out.join("tests").join(&name))
+            .with_context(|| format!("cannot copy {exe}"))?;
+        copied.push(name);
+    }
+    if !child.wait()?.success() {
+        bail!("cargo test --no-run failed");
+    }
+    if copied.is_empty() {
+        bail!("no test binaries were built");
+    }
+
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "tile-launch",
+        "--features",
+        "cudarc,nvrtc",
+        "--example",
+        "vector_add",
+    ]))?;
+    fs::copy(
+        root.join("target/release/examples/vector_add"),
+        out.join("examples/vector_add"),
+    )?;
+    copy_dir(&root.join("tile-launch/kernels"), &out.join("kernels"))?;
+    fs::write(out.join("run.sh"), RUN_SH)?;
+    copied.sort();
+    println!("gpu-bundle: {} test binaries, example vector_add, kernels", copied.len());
+    for c in &copied {
+        println!("  tests/{c}");
+    }
+    println!("run it on a GPU machine: bash target/gpu-bundle/run.sh");
+    Ok(())
+}
+
+/// `registry+...#name@1.0` or `path+file:///.../name#0.1.0` → `name`.
+fn package_name(id: &str) -> String {
+    let tail = id.rsplit('/').next().unwrap_or(id);
+    let name = tail.split(['#', '@']).next().unwrap_or(tail);
+    // `path+file:///work/tile-launch#0.1.0` has no `@name`; `...#tile-launch@0.1.0` does.
+    match tail.split_once('#') {
+        Some((_, rest)) if rest.contains('@') => rest.split('@').next().unwrap_or(name).into(),
+        _ => name.into(),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        fs::copy(entry.path(), to.join(entry.file_name()))?;
+    }
+    Ok(())
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Runs the GPU bundle: every test binary with the GPU tests included, then the example.
+# Fails if no NVIDIA GPU is found. Usage: bash run.sh
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then
+    echo "run.sh: no NVIDIA GPU found (nvidia-smi and /dev/nvidia0 are missing)" >&2
+    exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+# NVRTC for the kernels compiled at run time: the CUDA toolkit's, if there is one.
+for d in "${CUDA_HOME:-}" /usr/local/cuda; do
+    if [ -n "$d" ] && [ -d "$d/lib64" ]; then export LD_LIBRARY_PATH="$d/lib64:${LD_LIBRARY_PATH:-}"; break; fi
+done
+status=0
+failed=()
+for t in "$here"/tests/*; do
+    name=$(basename "$t")
+    echo "== $name"
+    if ! "$t" --include-ignored --test-threads=1; then status=1; failed+=("$name"); fi
+done
+echo "== example vector_add"
+if ! "$here/examples/vector_add"; then status=1; failed+=("vector_add"); fi
+if [ $status -ne 0 ]; then echo "run.sh: FAILED: ${failed[*]}"; else echo "run.sh: all passed"; fi
+exit $status
+"#;
