@@ -1,0 +1,5 @@
+use tile_dlpack::Released;
+
+fn main() {
+    let _forged = Released { _private: () };
+}
