@@ -116,15 +116,17 @@ impl<'a> Unused<'a> {
                 // SAFETY: non-null, so valid and unchanged for 'a (`from_legacy`'s contract).
                 Ok((unsafe { &(*ptr).dl_tensor }, None))
             }
-            Raw::Versioned(ptr) if !ptr.is_null() => {
-                check_version(self.raw_version().ok_or(DescriptorError::NullPointer)?)?;
+            Raw::Versioned(ptr) => {
+                // `None` exactly when the pointer is null.
+                let version = self.raw_version().ok_or(DescriptorError::NullPointer)?;
+                check_version(version)?;
                 // SAFETY: non-null and of major version 1, so it has the layout of
                 // `DLManagedTensorVersioned` and is valid and unchanged for 'a
                 // (`from_versioned`'s contract).
                 let managed = unsafe { &*ptr };
                 Ok((&managed.dl_tensor, Some(managed.flags)))
             }
-            _ => Err(DescriptorError::NullPointer),
+            Raw::Legacy(_) => Err(DescriptorError::NullPointer),
         }
     }
 
@@ -166,6 +168,7 @@ impl<'a> Unused<'a> {
     /// - any validation error: nothing was launched, so the deleter has run before the error
     ///   is returned.
     pub fn consume(self) -> Result<Used, DescriptorError> {
+        let version = self.raw_version();
         let meta = self.meta.into_inner();
         match self.raw {
             Raw::Legacy(ptr) => {
@@ -177,12 +180,8 @@ impl<'a> Unused<'a> {
                 Used::with_meta(Owned::Legacy(managed), meta)
             }
             Raw::Versioned(ptr) => {
-                if ptr.is_null() {
-                    return Err(DescriptorError::NullPointer);
-                }
-                // SAFETY: non-null, so valid (`from_versioned`'s contract); version is the
-                // first field in every major version.
-                let version = unsafe { (*ptr).version };
+                // `None` exactly when the pointer is null.
+                let version = version.ok_or(DescriptorError::NullPointer)?;
                 // SAFETY: as for the legacy case. For a major version other than dlpark's,
                 // `from_raw` calls the deleter (through the ABI-stable prefix) and returns
                 // an error.

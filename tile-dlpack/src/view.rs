@@ -111,11 +111,10 @@ impl Meta {
         let extent = if numel == 0 {
             ByteExtent::default()
         } else {
-            byte_extent(shape, strides, dtype.itemsize()).ok_or(DescriptorError::Overflow {
-                what: "byte extent",
-            })?
-        };
-        if numel > 0 {
+            let extent =
+                byte_extent(shape, strides, dtype.itemsize()).ok_or(DescriptorError::Overflow {
+                    what: "byte extent",
+                })?;
             let in_address_space = data_ptr.checked_add_signed(extent.start).is_some()
                 && data_ptr.checked_add(extent.end.unsigned_abs()).is_some();
             if !in_address_space {
@@ -131,7 +130,8 @@ impl Meta {
                     dtype,
                 });
             }
-        }
+            extent
+        };
 
         Ok(Self {
             ndim,
