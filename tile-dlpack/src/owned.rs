@@ -39,6 +39,9 @@ enum Raw {
 /// over as a [`Used`].
 ///
 /// A successful `peek` is remembered, so a following `consume` does not validate again.
+///
+/// `Unused` is neither `Send` nor `Sync`: it is a borrowed raw pointer whose producer may be
+/// tied to a thread (a Python capsule, under the GIL). [`Used`] is both.
 #[must_use = "an Unused tensor does nothing unless it is peeked at or consumed"]
 pub struct Unused<'a> {
     raw: Raw,

@@ -1,4 +1,10 @@
 //! Descriptor validation ([`Meta`]) and the borrowed view it hands out ([`TensorView`]).
+//!
+//! The checks are written here rather than taken from dlpark's `Managed::validate` /
+//! `TensorRef::from_raw`: those accept any dtype and device, have no rank limit, no alignment
+//! rule for dtypes without a Rust element type, no byte extent for arbitrary strides, reject
+//! null strides for DLPack >= 1.2, and their errors do not carry the values our error table
+//! promises.
 
 use std::fmt;
 
@@ -201,7 +207,8 @@ fn element_count(shape: &[i64]) -> Option<u64> {
 
 /// Row-major compact strides: `strides[i]` is the product of `shape[i + 1..]`. `None` when
 /// one of them overflows `i64` (each is computed from the next, so an overflow means that
-/// stride's exact value does not fit).
+/// stride's exact value does not fit). dlpark's `compact_strides` also multiplies in the
+/// leading dimension, so it fails on strides that fit (shape `[2^62, 2]`).
 fn compact_strides(shape: &[i64]) -> Option<Box<[i64]>> {
     let mut strides = vec![1i64; shape.len()].into_boxed_slice();
     for axis in (1..shape.len()).rev() {
