@@ -10,7 +10,7 @@ use crate::error::Result;
 
 /// Limits of a device that launch configurations are checked against, read once with
 /// `cuDeviceGetAttribute` when the context is created.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct DeviceLimits {
     /// Largest `block.x`, `block.y`, `block.z` (threads).
@@ -185,22 +185,6 @@ impl Context {
             pushed,
             _ctx: PhantomData,
         })
-    }
-}
-
-impl Default for DeviceLimits {
-    fn default() -> Self {
-        DeviceLimits {
-            max_block: [0; 3],
-            max_threads_per_block: 0,
-            max_grid: [0; 3],
-            max_shared_mem_per_block: 0,
-            max_shared_mem_per_block_optin: 0,
-            compute_capability: (0, 0),
-            multiprocessor_count: 0,
-            cooperative_launch: false,
-            cluster_launch: false,
-        }
     }
 }
 

@@ -11,7 +11,7 @@ use tile_dlpack::{Unused, Used};
 
 use crate::context::DeviceLimits;
 use crate::error::{Error, Result};
-use crate::module::{Kernel, Param, ScalarType};
+use crate::module::{Kernel, Param, ScalarType, Signature};
 use crate::release::{Pending, Retired};
 use crate::stream::{CudaTimeline, Stream};
 
@@ -101,7 +101,11 @@ impl LaunchConfig {
     pub fn validate(&self, limits: &DeviceLimits) -> Result<()> {
         let check = |what, value: u64, limit: u64| {
             if value == 0 {
-                Err(Error::InvalidConfig { what, value, limit: 1 })
+                Err(Error::InvalidConfig {
+                    what,
+                    value,
+                    limit: 1,
+                })
             } else if value > limit {
                 Err(Error::InvalidConfig { what, value, limit })
             } else {
@@ -146,7 +150,11 @@ impl LaunchConfig {
                 ("grid.z % cluster.z", g.z, c.z),
             ] {
                 if gd % cd != 0 {
-                    return Err(Error::InvalidConfig { what, value: (gd % cd).into(), limit: 0 });
+                    return Err(Error::InvalidConfig {
+                        what,
+                        value: (gd % cd).into(),
+                        limit: 0,
+                    });
                 }
             }
         }
@@ -260,12 +268,18 @@ pub enum Arg<'a> {
 
 impl<'a> From<Unused<'a>> for TensorArg<'a> {
     fn from(t: Unused<'a>) -> Self {
-        TensorArg { source: TensorSource::Unused(t), ready_on: None }
+        TensorArg {
+            source: TensorSource::Unused(t),
+            ready_on: None,
+        }
     }
 }
 impl From<Used> for TensorArg<'_> {
     fn from(t: Used) -> Self {
-        TensorArg { source: TensorSource::Used(t), ready_on: None }
+        TensorArg {
+            source: TensorSource::Used(t),
+            ready_on: None,
+        }
     }
 }
 impl<'a> From<TensorArg<'a>> for Arg<'a> {
@@ -323,7 +337,9 @@ pub struct LaunchHandle {
 
 impl fmt::Debug for LaunchHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LaunchHandle").field("seq", &self.pending.seq()).finish()
+        f.debug_struct("LaunchHandle")
+            .field("seq", &self.pending.seq())
+            .finish()
     }
 }
 
@@ -348,12 +364,16 @@ impl LaunchHandle {
     /// their work may still be running; the stream's [`stats`](Stream::stats) count them.
     #[doc(alias = "cuEventSynchronize")]
     pub fn retire(self) -> Result<Retired> {
-        self.pending.retire().map_err(|e| Error::Cuda(e.into_cuda()))
+        self.pending
+            .retire()
+            .map_err(|e| Error::Cuda(e.into_error()))
     }
 
     /// Releases the tensors if the work is done, else gives the handle back.
     pub fn try_retire(self) -> Result<Retired, LaunchHandle> {
-        self.pending.try_retire().map_err(|pending| LaunchHandle { pending })
+        self.pending
+            .try_retire()
+            .map_err(|pending| LaunchHandle { pending })
     }
 
     /// Hands the tensors to the stream's release queue and returns at once.
@@ -390,22 +410,36 @@ impl Stream {
         config: &LaunchConfig,
         args: impl IntoIterator<Item = Arg<'a>>,
     ) -> Result<LaunchHandle> {
+        self.launch_with(kernel, config, args, |_, used| Guard::Tensor(used), [])
+    }
+
+    /// As [`Stream::launch`], for callers that must control how each consumed tensor is held
+    /// and released (e.g. a Python binding whose deleters must run with the interpreter
+    /// attached), or that must keep more values alive until the work is done.
+    ///
+    /// `guard(index, used)` is called once for each tensor argument, in argument order, at the
+    /// moment it is consumed (after every check has passed), and returns what the launch holds
+    /// for it; a caller can tell from these calls which arguments were consumed when an error
+    /// comes back. `owners` are held, like the tensors' guards, until the launched work has
+    /// completed (dropped at once on an error before the launch was enqueued).
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::launch`].
+    #[doc(alias = "cuLaunchKernelEx")]
+    pub fn launch_with<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+        mut guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+    ) -> Result<LaunchHandle> {
         let ctx = self.context();
         config.validate(ctx.limits())?;
         let args: Vec<Arg<'a>> = args.into_iter().collect();
-        let params = kernel.signature().params();
-        if args.len() != params.len() {
-            return Err(Error::ArgumentCount {
-                kernel: kernel.name().to_owned(),
-                expected: params.len(),
-                got: args.len(),
-            });
-        }
         // 1. Check everything without consuming anything.
-        let mut checked = Vec::with_capacity(args.len());
-        for (index, (arg, param)) in args.iter().zip(params).enumerate() {
-            checked.push(check_arg(index, arg, param, ctx.ordinal())?);
-        }
+        let checked = check_all(kernel.name(), kernel.signature(), &args, ctx.ordinal())?;
         // 2. Consume. A failure here releases what was consumed so far (nothing is launched).
         let mut guards = Vec::with_capacity(args.len());
         let mut waits = Vec::new();
@@ -413,17 +447,18 @@ impl Stream {
         for (index, arg) in args.into_iter().enumerate() {
             let Arg::Tensor(t) = arg else { continue };
             let used = match t.source {
-                TensorSource::Unused(u) => {
-                    u.consume().map_err(|source| Error::Descriptor { index, source })?
-                }
+                TensorSource::Unused(u) => u
+                    .consume()
+                    .map_err(|source| Error::Descriptor { index, source })?,
                 TensorSource::Used(u) => u,
             };
             bytes = bytes.saturating_add(used.view().nbytes_spanned());
-            guards.push(Guard::Tensor(used));
+            guards.push(guard(index, used));
             if let Some(s) = t.ready_on.filter(|s| *s != self.raw()) {
                 waits.push(s);
             }
         }
+        guards.extend(owners);
         // 3. Parameters: one 8-byte slot per argument, pointed to by the parameter array.
         let mut values: Vec<u64> = checked.iter().map(|c| c.value).collect();
         let mut ptrs: Vec<*mut c_void> = values
@@ -469,17 +504,59 @@ impl Stream {
     }
 }
 
+/// Checks `args` against `signature` exactly as [`Stream::launch`] does before consuming
+/// anything (count, kind, dtype, device `device_ordinal`, writability of outputs, scalar range),
+/// without a stream or a driver. Nothing is consumed; `Unused` tensors are only peeked at.
+///
+/// # Errors
+///
+/// [`Error::ArgumentCount`], [`Error::ArgumentKind`], [`Error::DtypeMismatch`],
+/// [`Error::DeviceMismatch`], [`Error::Descriptor`], each naming the argument index.
+pub fn check_args(
+    kernel_name: &str,
+    signature: &Signature,
+    args: &[Arg<'_>],
+    device_ordinal: i32,
+) -> Result<()> {
+    check_all(kernel_name, signature, args, device_ordinal).map(drop)
+}
+
+fn check_all(
+    kernel_name: &str,
+    signature: &Signature,
+    args: &[Arg<'_>],
+    ordinal: i32,
+) -> Result<Vec<Checked>> {
+    let params = signature.params();
+    if args.len() != params.len() {
+        return Err(Error::ArgumentCount {
+            kernel: kernel_name.to_owned(),
+            expected: params.len(),
+            got: args.len(),
+        });
+    }
+    let mut checked = Vec::with_capacity(args.len());
+    for (index, (arg, param)) in args.iter().zip(params).enumerate() {
+        checked.push(check_arg(index, arg, param, ordinal)?);
+    }
+    Ok(checked)
+}
+
 fn check_arg(index: usize, arg: &Arg<'_>, param: &Param, ordinal: i32) -> Result<Checked> {
     match (arg, param) {
         (Arg::Tensor(t), Param::Tensor { dtype, intent }) => {
             let view = match &t.source {
-                TensorSource::Unused(u) => {
-                    u.peek().map_err(|source| Error::Descriptor { index, source })?
-                }
+                TensorSource::Unused(u) => u
+                    .peek()
+                    .map_err(|source| Error::Descriptor { index, source })?,
                 TensorSource::Used(u) => u.view(),
             };
             if view.dtype() != *dtype {
-                return Err(Error::DtypeMismatch { index, expected: *dtype, got: view.dtype() });
+                return Err(Error::DtypeMismatch {
+                    index,
+                    expected: *dtype,
+                    got: view.dtype(),
+                });
             }
             let dev = view.device();
             let device_ok = if dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAHOST {
@@ -490,12 +567,19 @@ fn check_arg(index: usize, arg: &Arg<'_>, param: &Param, ordinal: i32) -> Result
                     && dev.device_id == ordinal
             };
             if !device_ok {
-                return Err(Error::DeviceMismatch { index, tensor: dev, stream_device: ordinal });
+                return Err(Error::DeviceMismatch {
+                    index,
+                    tensor: dev,
+                    stream_device: ordinal,
+                });
             }
             if intent.writes() {
-                view.check_writable().map_err(|source| Error::Descriptor { index, source })?;
+                view.check_writable()
+                    .map_err(|source| Error::Descriptor { index, source })?;
             }
-            Ok(Checked { value: view.data_ptr() })
+            Ok(Checked {
+                value: view.data_ptr(),
+            })
         }
         (Arg::Scalar(s), Param::Scalar(ty)) => match s.encode(*ty) {
             Some(value) => Ok(Checked { value }),
@@ -528,17 +612,20 @@ fn launch_attributes(config: &LaunchConfig) -> Vec<CUlaunchAttribute> {
         attrs.push(a);
     };
     if let Some(c) = config.cluster {
-        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &|v| {
-            // SAFETY: writes plain integers into the union member this attribute id selects.
-            unsafe {
+        push(
+            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            &|v| {
+                // Assigning to a union field is safe; this selects the member the id names.
                 v.clusterDim.x = c.x;
                 v.clusterDim.y = c.y;
                 v.clusterDim.z = c.z;
-            }
-        });
+            },
+        );
     }
     if config.cooperative {
-        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &|v| v.cooperative = 1);
+        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &|v| {
+            v.cooperative = 1
+        });
     }
     if config.programmatic_dependent_launch {
         push(

@@ -3,7 +3,8 @@
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::{
-    CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CuResultExt, CudaError, Driver, driver,
+    CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CuResultExt, CudaError, Driver,
+    driver,
 };
 
 use crate::context::Context;
@@ -17,6 +18,9 @@ pub struct Event(CUevent);
 
 // SAFETY: an event handle may be recorded, queried and destroyed from any thread.
 unsafe impl Send for Event {}
+// SAFETY: every operation on the handle is a thread-safe driver call; `Event` has no interior
+// state of its own.
+unsafe impl Sync for Event {}
 
 /// The CUDA side of a stream's release queue: records events on the stream, queries and waits
 /// on them, and keeps finished events in a pool for reuse.
@@ -64,8 +68,9 @@ impl CudaTimeline {
         // SAFETY: `ev` is a live event of this stream's context; `producer` is a stream handle the
         // caller vouched for.
         let r = unsafe { (d.cuEventRecord)(ev.0, producer) }.check("cuEventRecord");
-        // SAFETY: as above; the wait captures the event's state now, so the event may be reused.
         let r = r.and_then(|()| {
+            // SAFETY: as above; the wait captures the event's state now, so the event may be
+            // reused right after.
             unsafe { (d.cuStreamWaitEvent)(self.raw, ev.0, 0) }.check("cuStreamWaitEvent")
         });
         self.recycle(ev);
@@ -113,7 +118,10 @@ impl Timeline for CudaTimeline {
     }
 
     fn recycle(&self, marker: Event) {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(marker);
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(marker);
     }
 }
 
@@ -210,7 +218,14 @@ impl Stream {
     ///
     /// [`Error::Driver`](crate::Error::Driver) without a driver.
     pub unsafe fn from_raw(ctx: &Arc<Context>, raw: CUstream) -> Result<Stream> {
-        Ok(Self::wrap(driver()?, ctx, raw, false, None, ReleaseConfig::default()))
+        Ok(Self::wrap(
+            driver()?,
+            ctx,
+            raw,
+            false,
+            None,
+            ReleaseConfig::default(),
+        ))
     }
 
     /// As [`Stream::from_raw`], holding `owner` (the other library's stream object) until the
@@ -228,7 +243,14 @@ impl Stream {
         raw: CUstream,
         owner: Box<dyn std::any::Any + Send + Sync>,
     ) -> Result<Stream> {
-        Ok(Self::wrap(driver()?, ctx, raw, false, Some(owner), ReleaseConfig::default()))
+        Ok(Self::wrap(
+            driver()?,
+            ctx,
+            raw,
+            false,
+            Some(owner),
+            ReleaseConfig::default(),
+        ))
     }
 
     fn wrap(

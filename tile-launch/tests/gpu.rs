@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use tile_dlpack::DType;
 use tile_dlpack::Used;
 use tile_dlpack::dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
 use tile_dlpack::dlpark::metadata::Dynamic;
-use tile_dlpack::DType;
-use tile_launch::{Context, Kernel, LaunchConfig, Library, Param, ScalarType, Signature, Stream, TensorArg};
+use tile_launch::{
+    Context, Kernel, LaunchConfig, Library, Param, ScalarType, Signature, Stream, TensorArg,
+};
 
 const KERNELS: &str = include_str!("../kernels/vector_add.cu");
 
@@ -43,7 +45,12 @@ fn fixture() -> Result<Fixture> {
         ]),
     )?;
     let spin = lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?;
-    Ok(Fixture { ctx, producer, add, spin })
+    Ok(Fixture {
+        ctx,
+        producer,
+        add,
+        spin,
+    })
 }
 
 /// Counts deleter calls.
@@ -82,10 +89,17 @@ fn counted(
     let ready = stream.cu_stream() as cuda_sys::CUstream;
     let mut init = Dynamic::new(shape, strides)
         .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(Owner { slice: Some(slice), count: count.clone() }));
+        .initialize(Box::new(Owner {
+            slice: Some(slice),
+            count: count.clone(),
+        }));
     init.set_data(ptr as usize as *mut std::ffi::c_void)
         .set_device(DLDevice::cuda(0))
-        .set_dtype(DLDataType { code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT, bits: 32, lanes: 1 })
+        .set_dtype(DLDataType {
+            code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT,
+            bits: 32,
+            lanes: 1,
+        })
         .set_byte_offset(byte_offset);
     // SAFETY: every field is set; the slice owned by the deleter context keeps the data valid.
     let managed = unsafe { init.finish() };
@@ -95,7 +109,9 @@ fn counted(
 }
 
 fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             x ^= x << 13;
@@ -116,32 +132,52 @@ fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
     let poison = vec![f32::NAN; len];
     let a = f.producer.clone_htod(&ha)?;
     let b = f.producer.clone_htod(&hb)?;
-    let c = f.producer.clone_htod(&poison)?;
     let bo = (offset * 4) as u64;
     let (ta, ca) = counted(a, &[n as i64], &[stride as i64], bo)?;
     let (tb, cb) = counted(b, &[n as i64], &[stride as i64], bo)?;
     // The output is written through a view too; keep its slice to read it back afterwards.
-    let out = f.producer.alloc_zeros::<f32>(len)?;
-    let mut out = out;
+    let mut out = f.producer.alloc_zeros::<f32>(len)?;
     f.producer.memcpy_htod(&poison, &mut out)?;
-    let out_ptr = { let (p, s) = out.device_ptr(&f.producer); drop(s); p };
-    let _ = c;
+    let out_ptr = {
+        let (p, s) = out.device_ptr(&f.producer);
+        drop(s);
+        p
+    };
     let out_tensor = borrowed_view(out_ptr, n, stride, bo)?;
     let s = stride as i64;
     let h = launch.launch(
         &f.add,
         &LaunchConfig::for_elements(n as u64, 256),
-        [ta.into(), s.into(), tb.into(), s.into(), out_tensor.0.into(), s.into(), (n as u64).into()],
+        [
+            ta.into(),
+            s.into(),
+            tb.into(),
+            s.into(),
+            out_tensor.0.into(),
+            s.into(),
+            (n as u64).into(),
+        ],
     )?;
     h.retire()?;
-    ensure!(ca.get() == 1 && cb.get() == 1 && out_tensor.1.get() == 1, "deleters: {} {} {}", ca.get(), cb.get(), out_tensor.1.get());
+    ensure!(
+        ca.get() == 1 && cb.get() == 1 && out_tensor.1.get() == 1,
+        "deleters: {} {} {}",
+        ca.get(),
+        cb.get(),
+        out_tensor.1.get()
+    );
     let hc = f.producer.clone_dtoh(&out)?;
     f.producer.synchronize()?;
     for i in 0..len {
-        let in_view = i >= offset && (i - offset) % stride == 0 && (i - offset) / stride < n;
+        let in_view =
+            i >= offset && (i - offset).is_multiple_of(stride) && (i - offset) / stride < n;
         if in_view {
             let want = ha[i] + hb[i];
-            ensure!(hc[i] == want, "n={n} stride={stride} offset={offset}: c[{i}] = {} want {want}", hc[i]);
+            ensure!(
+                hc[i] == want,
+                "n={n} stride={stride} offset={offset}: c[{i}] = {} want {want}",
+                hc[i]
+            );
         } else {
             ensure!(hc[i].is_nan(), "element {i} outside the view was written");
         }
@@ -150,7 +186,12 @@ fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
 }
 
 /// A DLPack view of memory we keep owning (its deleter only counts).
-fn borrowed_view(ptr: u64, n: usize, stride: usize, byte_offset: u64) -> Result<(TensorArg<'static>, Count)> {
+fn borrowed_view(
+    ptr: u64,
+    n: usize,
+    stride: usize,
+    byte_offset: u64,
+) -> Result<(TensorArg<'static>, Count)> {
     let count = Count::default();
     struct Counter(Count);
     impl Drop for Counter {
@@ -163,11 +204,18 @@ fn borrowed_view(ptr: u64, n: usize, stride: usize, byte_offset: u64) -> Result<
         .initialize(Box::new(Counter(count.clone())));
     init.set_data(ptr as usize as *mut std::ffi::c_void)
         .set_device(DLDevice::cuda(0))
-        .set_dtype(DLDataType { code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT, bits: 32, lanes: 1 })
+        .set_dtype(DLDataType {
+            code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT,
+            bits: 32,
+            lanes: 1,
+        })
         .set_byte_offset(byte_offset);
     // SAFETY: the caller keeps the memory alive until the launch is retired.
     let managed = unsafe { init.finish() };
-    Ok((TensorArg::from(Used::from_managed_versioned(managed)?), count))
+    Ok((
+        TensorArg::from(Used::from_managed_versioned(managed)?),
+        count,
+    ))
 }
 
 #[test]
@@ -184,7 +232,12 @@ fn vector_add_contiguous_sizes() -> Result<()> {
 #[ignore = "needs a CUDA device"]
 fn vector_add_strided_and_offset_views() -> Result<()> {
     let f = fixture()?;
-    for (n, stride, offset) in [(1000usize, 2usize, 0usize), (4096, 3, 5), (77777, 1, 13), (1 << 16, 7, 1)] {
+    for (n, stride, offset) in [
+        (1000usize, 2usize, 0usize),
+        (4096, 3, 5),
+        (77777, 1, 13),
+        (1 << 16, 7, 1),
+    ] {
         add_case(&f, n, stride, offset)?;
     }
     Ok(())
@@ -207,16 +260,30 @@ fn premature_release_is_not_possible() -> Result<()> {
         let b = f.producer.clone_htod(&hb)?;
         let mut c = f.producer.alloc_zeros::<f32>(n)?;
         f.producer.memcpy_htod(&vec![f32::NAN; n], &mut c)?;
-        let c_ptr = { let (p, s) = c.device_ptr(&f.producer); drop(s); p };
+        let c_ptr = {
+            let (p, s) = c.device_ptr(&f.producer);
+            drop(s);
+            p
+        };
         let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
         let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
         let (tc, cc) = borrowed_view(c_ptr, n, 1, 0)?;
         // Hold the launch stream for 200 ms.
-        launch.launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?.defer();
+        launch
+            .launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?
+            .defer();
         let h = launch.launch(
             &f.add,
             &LaunchConfig::for_elements(n as u64, 256),
-            [ta.into(), 1i64.into(), tb.into(), 1i64.into(), tc.into(), 1i64.into(), (n as u64).into()],
+            [
+                ta.into(),
+                1i64.into(),
+                tb.into(),
+                1i64.into(),
+                tc.into(),
+                1i64.into(),
+                (n as u64).into(),
+            ],
         )?;
         // Right after launch: the producer allocates and writes a sentinel on its own stream.
         let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
@@ -228,9 +295,18 @@ fn premature_release_is_not_possible() -> Result<()> {
         for _ in 0..100 {
             launch.poll();
         }
-        ensure!((ca.get(), cb.get(), cc.get()) == (0, 0, 0), "released before the kernel finished");
+        ensure!(
+            (ca.get(), cb.get(), cc.get()) == (0, 0, 0),
+            "released before the kernel finished"
+        );
         h.retire()?;
-        ensure!((ca.get(), cb.get(), cc.get()) == (1, 1, 1), "deleters after retire: {} {} {}", ca.get(), cb.get(), cc.get());
+        ensure!(
+            (ca.get(), cb.get(), cc.get()) == (1, 1, 1),
+            "deleters after retire: {} {} {}",
+            ca.get(),
+            cb.get(),
+            cc.get()
+        );
         let hc = f.producer.clone_dtoh(&c)?;
         f.producer.synchronize()?;
         let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
@@ -255,25 +331,48 @@ fn kernel_sees_pending_producer_write() -> Result<()> {
     let b = f.producer.clone_htod(&hb)?;
     f.producer.synchronize()?;
     // Hold the producer stream, then queue the real data behind the spin.
-    producer.launch(&f.spin, &LaunchConfig::new(1, 1), [100_000_000u64.into()])?.defer();
+    producer
+        .launch(&f.spin, &LaunchConfig::new(1, 1), [100_000_000u64.into()])?
+        .defer();
     f.producer.memcpy_htod(&ha, &mut a)?;
     let c = f.producer.alloc_zeros::<f32>(n)?;
-    let c_ptr = { let (p, s) = c.device_ptr(&f.producer); drop(s); p };
+    let c_ptr = {
+        let (p, s) = c.device_ptr(&f.producer);
+        drop(s);
+        p
+    };
     let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
     let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
     let (tc, cc) = borrowed_view(c_ptr, n, 1, 0)?;
     let h = launch.launch(
         &f.add,
         &LaunchConfig::for_elements(n as u64, 256),
-        [ta.into(), 1i64.into(), tb.into(), 1i64.into(), tc.into(), 1i64.into(), (n as u64).into()],
+        [
+            ta.into(),
+            1i64.into(),
+            tb.into(),
+            1i64.into(),
+            tc.into(),
+            1i64.into(),
+            (n as u64).into(),
+        ],
     )?;
-    ensure!(!h.is_complete()?, "the launch must wait for the producer's spin");
+    ensure!(
+        !h.is_complete()?,
+        "the launch must wait for the producer's spin"
+    );
     h.retire()?;
-    ensure!((ca.get(), cb.get(), cc.get()) == (1, 1, 1), "deleters after retire");
+    ensure!(
+        (ca.get(), cb.get(), cc.get()) == (1, 1, 1),
+        "deleters after retire"
+    );
     let hc = f.producer.clone_dtoh(&c)?;
     f.producer.synchronize()?;
     let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
-    ensure!(wrong == 0, "{wrong} of {n} elements did not see the producer's write");
+    ensure!(
+        wrong == 0,
+        "{wrong} of {n} elements did not see the producer's write"
+    );
     drop(producer);
     Ok(())
 }
@@ -294,16 +393,34 @@ fn deferred_release_exactly_once() -> Result<()> {
         let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
         let (tc, cc) = counted(c, &[n as i64], &[1], 0)?;
         launch
-            .launch(&f.add, &LaunchConfig::for_elements(n as u64, 256),
-                [ta.into(), 1i64.into(), tb.into(), 1i64.into(), tc.into(), 1i64.into(), (n as u64).into()])?
+            .launch(
+                &f.add,
+                &LaunchConfig::for_elements(n as u64, 256),
+                [
+                    ta.into(),
+                    1i64.into(),
+                    tb.into(),
+                    1i64.into(),
+                    tc.into(),
+                    1i64.into(),
+                    (n as u64).into(),
+                ],
+            )?
             .defer();
         counts.extend([ca, cb, cc]);
     }
     launch.synchronize()?;
     std::thread::sleep(Duration::from_millis(1));
     let stats = launch.stats();
-    ensure!(counts.iter().all(|c| c.get() == 1), "some deleter did not run exactly once");
-    ensure!(stats.pending_guards == 0, "pending after synchronize: {}", stats.pending_guards);
+    ensure!(
+        counts.iter().all(|c| c.get() == 1),
+        "some deleter did not run exactly once"
+    );
+    ensure!(
+        stats.pending_guards == 0,
+        "pending after synchronize: {}",
+        stats.pending_guards
+    );
     ensure!(stats.released == 1500, "released {}", stats.released);
     Ok(())
 }
@@ -317,12 +434,20 @@ fn bad_arguments_consume_nothing() -> Result<()> {
     let a = f.producer.clone_htod(&random(16, 1))?;
     let (ta, ca) = counted(a, &[16], &[1], 0)?;
     // Wrong count.
-    let e = launch.launch(&f.add, &LaunchConfig::new(1, 16), [ta.into()]).unwrap_err();
+    let e = launch
+        .launch(&f.add, &LaunchConfig::new(1, 16), [ta.into()])
+        .unwrap_err();
     ensure!(e.to_string().contains("expects 7 arguments"), "{e}");
     // `ta` was a Used (owned) tensor: the failed launch released it at once (nothing launched).
-    ensure!(ca.get() == 1, "owned tensor released once on a failed launch, got {}", ca.get());
+    ensure!(
+        ca.get() == 1,
+        "owned tensor released once on a failed launch, got {}",
+        ca.get()
+    );
     // Block too large.
-    let e = launch.launch(&f.spin, &LaunchConfig::new(1, 2048), [1u64.into()]).unwrap_err();
+    let e = launch
+        .launch(&f.spin, &LaunchConfig::new(1, 2048), [1u64.into()])
+        .unwrap_err();
     ensure!(e.to_string().contains("block"), "{e}");
     ensure!(launch.stats().launches == 0, "nothing launched");
     Ok(())

@@ -40,11 +40,15 @@ pub fn run() -> Result<()> {
     let mut copied = Vec::new();
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line?;
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
         if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
             continue;
         }
-        let Some(exe) = msg["executable"].as_str() else { continue };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
         let target = msg["target"]["name"].as_str().unwrap_or("test");
         if NEEDS_TOOLCHAIN.contains(&target) {
             continue;
@@ -52,7 +56,11 @@ pub fn run() -> Result<()> {
         let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
         let krate = msg["package_id"].as_str().unwrap_or("");
         let krate = package_name(krate);
-        let name = if kind == "lib" { format!("{krate}-unit") } else { format!("{krate}-{target}") };
+        let name = if kind == "lib" {
+            format!("{krate}-unit")
+        } else {
+            format!("{krate}-{target}")
+        };
         fs::copy(exe, out.join("tests").join(&name))
             .with_context(|| format!("cannot copy {exe}"))?;
         copied.push(name);
@@ -81,7 +89,10 @@ pub fn run() -> Result<()> {
     copy_dir(&root.join("tile-launch/kernels"), &out.join("kernels"))?;
     fs::write(out.join("run.sh"), RUN_SH)?;
     copied.sort();
-    println!("gpu-bundle: {} test binaries, example vector_add, kernels", copied.len());
+    println!(
+        "gpu-bundle: {} test binaries, example vector_add, kernels",
+        copied.len()
+    );
     for c in &copied {
         println!("  tests/{c}");
     }

@@ -73,6 +73,8 @@ fn test() -> Result<()> {
     ]))?;
     codegen::run(true)?;
     run_cmd(cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]))?;
-    println!("xtask test: all passed (GPU tests are listed above as ignored; run them from the GPU bundle)");
+    println!(
+        "xtask test: all passed (GPU tests are listed above as ignored; run them from the GPU bundle)"
+    );
     Ok(())
 }
