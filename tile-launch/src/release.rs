@@ -1,0 +1,242 @@
+//! The release queue: keeps every consumed tensor alive until the GPU work that uses it has
+//! finished, and releases it (runs its DLPack deleter) exactly once after that — never before.
+//!
+//! This module is pure Rust. It sees a CUDA stream only through the [`Timeline`] trait (record a
+//! completion marker, query it, wait for it, synchronise the whole stream), and a consumed tensor
+//! only as a *guard*: any `G: Send + 'static` whose `Drop` releases the tensor. The CUDA
+//! implementation of [`Timeline`] lives in `stream.rs`; the tests drive the queue with
+//! `fake::FakeTimeline` (feature `testing`), whose markers complete only when the test says so.
+//!
+//! # Model
+//!
+//! A [`Tracker`] serves one stream. [`Tracker::launch`] runs the caller's `enqueue` (the actual
+//! kernel launch) under the tracker's lock and gives the launch the next *sequence number*, so
+//! sequence order is the stream's FIFO order. A *marker* recorded when the next sequence number
+//! is `n` *covers* every launch with a sequence number below `n`: once the marker has completed,
+//! all of them have. Because of that, one marker can retire many launches, and markers are
+//! recorded sparingly ([`ReleaseConfig::marker_every`]).
+//!
+//! The tracker knows `completed_through`: every launch with a smaller sequence number is known to
+//! have completed (a marker covering it completed, or the stream was synchronised). A guard is
+//! released only when its launch's sequence number is below `completed_through`. That is the one
+//! rule the rest of this module is built around.
+//!
+//! # Paths to release
+//!
+//! A launch returns a [`Pending`] handle that owns the launch's guards:
+//!
+//! - [`Pending::retire`] waits for a marker covering the launch, then releases;
+//! - [`Pending::try_retire`] releases only if the launch has completed, else gives the handle back;
+//! - [`Pending::defer`] moves the guards into the tracker's queue, which releases them when a
+//!   later [`launch`](Tracker::launch), [`defer`](Pending::defer), [`poll`](Tracker::poll),
+//!   [`synchronize`](Tracker::synchronize) or [`shutdown`](Tracker::shutdown) sees them complete;
+//! - dropping an unretired handle waits, then releases;
+//! - `mem::forget` of a handle leaks its guards: soundness never depends on `Drop`.
+//!
+//! When the tracker cannot confirm completion (a wait fails, or recording a marker and the
+//! whole-stream fallback both fail), the guards concerned are **leaked** — never dropped, counted
+//! in [`Stats::leaked`] — and the error is returned or, where nobody can receive it, kept in the
+//! tracker's sticky error slot ([`Tracker::last_error`]) and logged.
+//!
+//! # Guarantees
+//!
+//! - Every guard is dropped at most once; a guard is dropped only after its launch is known to
+//!   have completed, or immediately when `enqueue` failed (nothing was enqueued).
+//! - Guards are always dropped outside the tracker's lock, each inside
+//!   [`std::panic::catch_unwind`]: a deleter may be slow, may call back into the tracker, and may
+//!   panic without stopping the other releases (a panic is counted in
+//!   [`Stats::release_panics`] and logged; it is not re-raised).
+//! - Within one release call, guards are dropped in launch order, and within a launch in argument
+//!   order. Two threads releasing at the same time may interleave their batches.
+//! - The queue is bounded ([`ReleaseConfig::max_pending_guards`],
+//!   [`ReleaseConfig::max_pending_bytes`]): past the bound, [`launch`](Tracker::launch) and
+//!   [`defer`](Pending::defer) first wait for the oldest queued work.
+//! - Waits never hold the tracker's lock, so one thread waiting for a launch does not stop
+//!   other threads from launching on the same stream.
+
+mod pending;
+mod tracker;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+
+pub use pending::{Pending, Retired};
+pub use tracker::Tracker;
+
+/// One CUDA stream's ordering, seen abstractly: markers recorded on the stream complete in the
+/// order they were recorded, each after all work enqueued before it.
+///
+/// The CUDA implementation records events (`cuEventRecord`), queries them (`cuEventQuery`),
+/// waits for them (`cuEventSynchronize`), falls back to `cuStreamSynchronize`, and keeps
+/// finished events in a pool ([`recycle`](Timeline::recycle)).
+///
+/// Implementations must not call back into the [`Tracker`] that owns them: `record` and `query`
+/// run with the tracker's lock held.
+pub trait Timeline: Send + Sync + 'static {
+    /// A completion marker (a CUDA event). It is shared between threads: one thread may wait for
+    /// it while another queries it, hence `Sync`.
+    type Marker: Send + Sync + 'static;
+    /// The error of a failed driver call.
+    type Error: std::error::Error + Send + Sync + Clone + 'static;
+
+    /// Records a marker that completes when all work enqueued on the stream so far has
+    /// completed. Non-blocking.
+    ///
+    /// # Errors
+    ///
+    /// When the marker cannot be recorded. The tracker then falls back to
+    /// [`synchronize`](Timeline::synchronize) where it must know about completion.
+    #[doc(alias = "cuEventRecord")]
+    fn record(&self) -> Result<Self::Marker, Self::Error>;
+
+    /// Whether `marker` has completed. Non-blocking.
+    ///
+    /// # Errors
+    ///
+    /// When completion cannot be determined; the tracker then treats the marker as not complete
+    /// (and may retry later).
+    #[doc(alias = "cuEventQuery")]
+    fn query(&self, marker: &Self::Marker) -> Result<bool, Self::Error>;
+
+    /// Blocks until `marker` has completed.
+    ///
+    /// # Errors
+    ///
+    /// When the wait fails. The tracker then leaks (never releases) the guards it waited for.
+    #[doc(alias = "cuEventSynchronize")]
+    fn wait(&self, marker: &Self::Marker) -> Result<(), Self::Error>;
+
+    /// Blocks until all work enqueued on the stream so far has completed. Used only when
+    /// [`record`](Timeline::record) fails.
+    ///
+    /// # Errors
+    ///
+    /// When the synchronisation fails.
+    #[doc(alias = "cuStreamSynchronize")]
+    fn synchronize(&self) -> Result<(), Self::Error>;
+
+    /// Takes back a marker the tracker no longer needs (an event back to the pool). Every marker
+    /// returned by [`record`](Timeline::record) comes back here exactly once: when it is known
+    /// to have completed, or when the tracker is dropped, in which case its work may still be
+    /// pending (a CUDA event may still be re-recorded or destroyed then). The default drops it.
+    fn recycle(&self, marker: Self::Marker) {
+        drop(marker);
+    }
+}
+
+/// Tuning of a [`Tracker`]. `ReleaseConfig::default()` is
+/// `{ marker_every: 64, max_pending_guards: 65_536, max_pending_bytes: 4 GiB }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseConfig {
+    /// Launches between two amortised markers: at a launch, a marker is recorded when the queue
+    /// holds launches no marker covers yet and at least this many launches happened since the
+    /// last marker. `0` is treated as `1` (a marker at every launch that finds uncovered queued
+    /// work). Explicit requests ([`Pending::retire`], [`Pending::is_complete`],
+    /// [`Tracker::poll`], [`Tracker::synchronize`]) record a marker whenever none covers what
+    /// they need.
+    pub marker_every: u32,
+    /// Most guards the queue (deferred launches) may hold. Past it, `launch` and `defer` wait for
+    /// the oldest queued work first. A single launch with more guards than this is waited for
+    /// and released when it is deferred, rather than queued.
+    pub max_pending_guards: usize,
+    /// Most bytes (as passed to [`Tracker::launch`]) the queue may hold; as
+    /// [`max_pending_guards`](ReleaseConfig::max_pending_guards).
+    pub max_pending_bytes: u64,
+}
+
+impl Default for ReleaseConfig {
+    fn default() -> Self {
+        Self {
+            marker_every: 64,
+            max_pending_guards: 65_536,
+            max_pending_bytes: 4 << 30,
+        }
+    }
+}
+
+/// A snapshot of a [`Tracker`]'s counters. Totals count since the tracker was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Guards in the queue (deferred, not yet released).
+    pub pending_guards: usize,
+    /// Bytes in the queue (the sum of the `bytes` of the deferred launches).
+    pub pending_bytes: u64,
+    /// Guards owned by live [`Pending`] handles (neither retired, deferred nor dropped; a
+    /// forgotten handle stays here forever).
+    pub held_guards: usize,
+    /// Bytes owned by live [`Pending`] handles.
+    pub held_bytes: u64,
+    /// Guards released (dropped), including those released at once because `enqueue` failed and
+    /// those whose drop panicked.
+    pub released: u64,
+    /// Guards leaked (never dropped) because their completion could not be confirmed.
+    pub leaked: u64,
+    /// Guards whose drop panicked (also counted in `released`).
+    pub release_panics: u64,
+    /// Successful launches (sequence numbers handed out).
+    pub launches: u64,
+    /// Markers recorded.
+    pub markers_recorded: u64,
+    /// Errors stored in the sticky slot, or that would have been had it been empty.
+    pub errors: u64,
+}
+
+/// Why a [`Tracker`] could not confirm that work completed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompletionError<E: std::error::Error + 'static> {
+    /// Waiting for a completion marker failed.
+    #[error("waiting for a completion marker failed: {0}")]
+    Wait(#[source] E),
+    /// Recording a completion marker failed, and the fallback whole-stream synchronisation failed
+    /// too.
+    #[error(
+        "recording a completion marker failed ({record}), and synchronising the stream failed too: {source}"
+    )]
+    Synchronize {
+        /// The error of [`Timeline::record`].
+        record: E,
+        /// The error of [`Timeline::synchronize`].
+        #[source]
+        source: E,
+    },
+}
+
+impl<E: std::error::Error + 'static> CompletionError<E> {
+    /// The driver error that decided the outcome: the wait's, or the synchronisation's.
+    pub fn into_error(self) -> E {
+        match self {
+            Self::Wait(e) | Self::Synchronize { source: e, .. } => e,
+        }
+    }
+
+    /// As [`into_error`](CompletionError::into_error), borrowed.
+    pub fn error(&self) -> &E {
+        match self {
+            Self::Wait(e) | Self::Synchronize { source: e, .. } => e,
+        }
+    }
+}
+
+/// [`Pending::retire`] could not confirm that the launch completed; its guards were leaked
+/// (never released, counted in [`Stats::leaked`]), since the work may still be using them.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("could not confirm that launch #{seq} completed; its {leaked} guard(s) were leaked")]
+#[non_exhaustive]
+pub struct RetireError<E: std::error::Error + 'static> {
+    /// The launch's sequence number.
+    pub seq: u64,
+    /// How many guards were leaked.
+    pub leaked: usize,
+    /// What failed.
+    #[source]
+    pub source: CompletionError<E>,
+}
+
+impl<E: std::error::Error + 'static> RetireError<E> {
+    /// The driver error that decided the outcome (see [`CompletionError::into_error`]).
+    pub fn into_error(self) -> E {
+        self.source.into_error()
+    }
+}

@@ -1,0 +1,330 @@
+//! A [`Timeline`] whose work completes only when the test says so (feature `testing`).
+//!
+//! The fake models one stream: [`FakeTimeline::enqueue`] adds a unit of work (call it from the
+//! `enqueue` closure of [`Tracker::launch`](super::Tracker::launch)); a marker recorded after
+//! `n` units covers units `1..=n`; the test completes work with
+//! [`complete_work`](FakeTimeline::complete_work),
+//! [`complete_through`](FakeTimeline::complete_through) (by marker number) or
+//! [`complete_all`](FakeTimeline::complete_all). Every operation can be made to fail, and
+//! every call is counted.
+//!
+//! By default, [`wait`](Timeline::wait) and [`synchronize`](Timeline::synchronize) complete the
+//! work they wait for themselves (the simulated GPU finishes when someone waits). With
+//! [`set_blocking(true)`](FakeTimeline::set_blocking) they block until another thread completes
+//! it, which is what tests of blocking behaviour need.
+//!
+//! Cloning is cheap and shares the timeline, so a test's guards can hold a clone and check
+//! [`is_work_complete`](FakeTimeline::is_work_complete) when they are dropped.
+
+use std::sync::Arc;
+
+use super::Timeline;
+use crate::sync::{self, Condvar, Mutex};
+
+/// An operation of the fake, for failure injection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FakeOp {
+    /// [`Timeline::record`].
+    Record,
+    /// [`Timeline::query`].
+    Query,
+    /// [`Timeline::wait`].
+    Wait,
+    /// [`Timeline::synchronize`].
+    Synchronize,
+}
+
+impl FakeOp {
+    fn index(self) -> usize {
+        match self {
+            Self::Record => 0,
+            Self::Query => 1,
+            Self::Wait => 2,
+            Self::Synchronize => 3,
+        }
+    }
+}
+
+/// How many times each operation was called (failed calls included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct FakeCalls {
+    /// Calls of [`Timeline::record`].
+    pub record: u64,
+    /// Calls of [`Timeline::query`].
+    pub query: u64,
+    /// Calls of [`Timeline::wait`].
+    pub wait: u64,
+    /// Calls of [`Timeline::synchronize`].
+    pub synchronize: u64,
+    /// Calls of [`Timeline::recycle`].
+    pub recycle: u64,
+}
+
+/// An injected failure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("injected failure of {op:?} (fake timeline)")]
+#[non_exhaustive]
+pub struct FakeError {
+    /// The operation that failed.
+    pub op: FakeOp,
+}
+
+/// A marker of the fake: its number (1 for the first recorded) and the work it covers.
+#[derive(Debug)]
+pub struct FakeMarker {
+    id: u64,
+    covers: u64,
+}
+
+impl FakeMarker {
+    /// The marker's number: 1 for the first marker recorded, 2 for the next, ...
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The marker completes when work units `1..=covers` have completed.
+    pub fn covers(&self) -> u64 {
+        self.covers
+    }
+}
+
+/// "Fail forever".
+const ALWAYS: u32 = u32::MAX;
+
+struct FakeState {
+    enqueued: u64,
+    completed: u64,
+    /// What marker `i + 1` covers.
+    markers: Vec<u64>,
+    /// Failures to inject per operation ([`ALWAYS`] = every call).
+    failures: [u32; 4],
+    blocking: bool,
+    calls: FakeCalls,
+}
+
+impl FakeState {
+    fn should_fail(&mut self, op: FakeOp) -> Result<(), FakeError> {
+        let left = &mut self.failures[op.index()];
+        match *left {
+            0 => Ok(()),
+            ALWAYS => Err(FakeError { op }),
+            _ => {
+                *left -= 1;
+                Err(FakeError { op })
+            }
+        }
+    }
+}
+
+struct Shared {
+    state: Mutex<FakeState>,
+    progressed: Condvar,
+}
+
+/// A manual-completion [`Timeline`]; see the [module documentation](self).
+#[derive(Clone)]
+pub struct FakeTimeline {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for FakeTimeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = sync::lock(&self.shared.state);
+        f.debug_struct("FakeTimeline")
+            .field("enqueued", &st.enqueued)
+            .field("completed", &st.completed)
+            .field("markers", &st.markers.len())
+            .field("calls", &st.calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for FakeTimeline {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeTimeline {
+    /// A timeline with no work, no markers, no failures, non-blocking waits.
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(FakeState {
+                    enqueued: 0,
+                    completed: 0,
+                    markers: Vec::new(),
+                    failures: [0; 4],
+                    blocking: false,
+                    calls: FakeCalls::default(),
+                }),
+                progressed: Condvar::new(),
+            }),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
+        f(&mut sync::lock(&self.shared.state))
+    }
+
+    /// Enqueues one unit of work; returns its number (1 for the first).
+    pub fn enqueue(&self) -> u64 {
+        self.with(|st| {
+            st.enqueued += 1;
+            st.enqueued
+        })
+    }
+
+    /// Units of work enqueued so far.
+    pub fn enqueued(&self) -> u64 {
+        self.with(|st| st.enqueued)
+    }
+
+    /// Units of work completed so far (work completes in order: units `1..=completed`).
+    pub fn completed(&self) -> u64 {
+        self.with(|st| st.completed)
+    }
+
+    /// Whether unit `work` has completed.
+    pub fn is_work_complete(&self, work: u64) -> bool {
+        self.with(|st| work <= st.completed)
+    }
+
+    /// Completes units `1..=work` (capped at what was enqueued).
+    pub fn complete_work(&self, work: u64) {
+        self.with(|st| st.completed = st.completed.max(work.min(st.enqueued)));
+        self.shared.progressed.notify_all();
+    }
+
+    /// Completes the work covered by marker number `marker` (and so every earlier marker).
+    ///
+    /// # Panics
+    ///
+    /// If no marker with that number was recorded.
+    pub fn complete_through(&self, marker: u64) {
+        let covers = self.with(|st| {
+            let index = usize::try_from(marker).ok().and_then(|m| m.checked_sub(1));
+            match index.and_then(|i| st.markers.get(i)) {
+                Some(&covers) => covers,
+                None => panic!(
+                    "no marker #{marker} was recorded ({} were)",
+                    st.markers.len()
+                ),
+            }
+        });
+        self.complete_work(covers);
+    }
+
+    /// Completes all work enqueued so far.
+    pub fn complete_all(&self) {
+        let enqueued = self.enqueued();
+        self.complete_work(enqueued);
+    }
+
+    /// Markers recorded so far (successful [`Timeline::record`] calls).
+    pub fn markers_recorded(&self) -> u64 {
+        self.with(|st| st.markers.len() as u64)
+    }
+
+    /// Whether marker number `marker` has completed (`false` if it was never recorded).
+    pub fn is_marker_complete(&self, marker: u64) -> bool {
+        self.with(|st| {
+            let index = usize::try_from(marker).ok().and_then(|m| m.checked_sub(1));
+            index
+                .and_then(|i| st.markers.get(i))
+                .is_some_and(|&covers| covers <= st.completed)
+        })
+    }
+
+    /// With `true`, [`wait`](Timeline::wait) and [`synchronize`](Timeline::synchronize) block
+    /// until another thread completes the work; with `false` (the default) they complete it.
+    pub fn set_blocking(&self, blocking: bool) {
+        self.with(|st| st.blocking = blocking);
+    }
+
+    /// Makes the next `times` calls of `op` fail.
+    pub fn fail_next(&self, op: FakeOp, times: u32) {
+        self.with(|st| st.failures[op.index()] = times.min(ALWAYS - 1));
+    }
+
+    /// Makes every call of `op` fail until [`clear_failures`](FakeTimeline::clear_failures).
+    pub fn fail_always(&self, op: FakeOp) {
+        self.with(|st| st.failures[op.index()] = ALWAYS);
+    }
+
+    /// Stops injecting failures.
+    pub fn clear_failures(&self) {
+        self.with(|st| st.failures = [0; 4]);
+    }
+
+    /// How many times each operation was called.
+    pub fn calls(&self) -> FakeCalls {
+        self.with(|st| st.calls)
+    }
+
+    /// Blocks (blocking mode) or completes (default) until units `1..=work` have completed.
+    fn finish(&self, work: u64) {
+        let mut st = sync::lock(&self.shared.state);
+        if !st.blocking {
+            st.completed = st.completed.max(work);
+            drop(st);
+            self.shared.progressed.notify_all();
+            return;
+        }
+        while st.completed < work {
+            st = self
+                .shared
+                .progressed
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+impl Timeline for FakeTimeline {
+    type Marker = FakeMarker;
+    type Error = FakeError;
+
+    fn record(&self) -> Result<FakeMarker, FakeError> {
+        self.with(|st| {
+            st.calls.record += 1;
+            st.should_fail(FakeOp::Record)?;
+            st.markers.push(st.enqueued);
+            Ok(FakeMarker {
+                id: st.markers.len() as u64,
+                covers: st.enqueued,
+            })
+        })
+    }
+
+    fn query(&self, marker: &FakeMarker) -> Result<bool, FakeError> {
+        self.with(|st| {
+            st.calls.query += 1;
+            st.should_fail(FakeOp::Query)?;
+            Ok(marker.covers <= st.completed)
+        })
+    }
+
+    fn wait(&self, marker: &FakeMarker) -> Result<(), FakeError> {
+        self.with(|st| {
+            st.calls.wait += 1;
+            st.should_fail(FakeOp::Wait)
+        })?;
+        self.finish(marker.covers);
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), FakeError> {
+        let enqueued = self.with(|st| {
+            st.calls.synchronize += 1;
+            st.should_fail(FakeOp::Synchronize).map(|()| st.enqueued)
+        })?;
+        self.finish(enqueued);
+        Ok(())
+    }
+
+    fn recycle(&self, _marker: FakeMarker) {
+        self.with(|st| st.calls.recycle += 1);
+    }
+}

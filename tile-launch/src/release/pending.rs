@@ -1,0 +1,198 @@
+//! The handle of one launch: it owns the launch's guards until they are released.
+
+use std::fmt;
+use std::mem::{self, ManuallyDrop};
+use std::sync::Arc;
+
+use super::tracker::{Held, Tracker};
+use super::{RetireError, Timeline};
+
+/// What retiring a launch released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retired {
+    /// Guards of this launch that were released (all of them).
+    pub released: usize,
+    /// Guards of queued (deferred) launches that were found complete and released by the same
+    /// call.
+    pub deferred_released: usize,
+}
+
+/// The work of one launch on a [`Tracker`]'s stream and the guards it keeps alive: the core of
+/// a `LaunchHandle`.
+///
+/// Retire it with [`retire`](Pending::retire) (wait, then release),
+/// [`try_retire`](Pending::try_retire) (release only if complete) or
+/// [`defer`](Pending::defer) (hand the guards to the tracker's queue). Dropping an unretired
+/// handle blocks until the work is done, then releases; if that wait fails, the guards are
+/// leaked and the error goes to the tracker's sticky slot. A handle with no guards is dropped
+/// without waiting (it keeps nothing alive).
+///
+/// `mem::forget` leaks the guards (they are never dropped), and keeps the tracker alive; it
+/// never releases anything early.
+#[must_use = "a launch's tensors stay alive until it is retired, deferred or dropped (Drop blocks \
+              until the GPU work is done)"]
+pub struct Pending<T: Timeline, G: Send + 'static> {
+    tracker: Arc<Tracker<T, G>>,
+    seq: u64,
+    bytes: u64,
+    /// Empty once taken; never dropped implicitly.
+    guards: Held<G>,
+    /// Whether the guards are still ours to release (not yet retired, deferred or leaked).
+    live: bool,
+}
+
+impl<T: Timeline, G: Send + 'static> fmt::Debug for Pending<T, G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("seq", &self.seq)
+            .field("guards", &self.guards.len())
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Pending<T, G> {
+    pub(super) fn new(tracker: Arc<Tracker<T, G>>, seq: u64, guards: Held<G>, bytes: u64) -> Self {
+        Self {
+            tracker,
+            seq,
+            bytes,
+            guards,
+            live: true,
+        }
+    }
+
+    /// The launch's sequence number on its stream (0 for the first successful launch; launch
+    /// order).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The bytes passed to [`Tracker::launch`].
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The guards, in argument order.
+    pub fn guards(&self) -> &[G] {
+        &self.guards
+    }
+
+    /// The tracker of the launch's stream.
+    pub fn tracker(&self) -> &Arc<Tracker<T, G>> {
+        &self.tracker
+    }
+
+    /// Whether the launched work has completed, without blocking: queries the oldest marker
+    /// covering the launch, recording one if none does (`cuEventQuery`, `cuEventRecord`).
+    ///
+    /// # Errors
+    ///
+    /// When recording or querying fails. The handle is unaffected.
+    #[doc(alias = "cuEventQuery")]
+    pub fn is_complete(&self) -> Result<bool, T::Error> {
+        self.tracker.query(self.seq)
+    }
+
+    /// Blocks until the launched work has completed (waits for a marker covering it, recording
+    /// one if none does, or synchronises the stream if recording fails), then releases the
+    /// queued launches known complete and this launch's guards, in launch order (this launch's
+    /// in argument order).
+    ///
+    /// # Errors
+    ///
+    /// [`RetireError`] when completion could not be confirmed (the wait failed, or recording
+    /// and the stream synchronisation both failed). The guards are then **leaked** — never
+    /// released, counted in [`Stats::leaked`](super::Stats::leaked) — because the work may still
+    /// be using them. (Handing the handle back instead would only invite a retry that, for the
+    /// sticky context errors that make a wait fail, fails the same way.)
+    #[doc(alias = "cuEventSynchronize")]
+    pub fn retire(mut self) -> Result<Retired, RetireError<T::Error>> {
+        let guards = self.take();
+        match self.tracker.wait_and_release(self.seq, guards, self.bytes) {
+            Ok((released, deferred_released)) => Ok(Retired {
+                released,
+                deferred_released,
+            }),
+            Err(e) => {
+                log::error!("tile-launch release queue: {e}: {}", e.source);
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases as [`retire`](Pending::retire) does if the launched work has completed, and
+    /// gives the handle back otherwise. Never blocks.
+    ///
+    /// # Errors
+    ///
+    /// The handle itself, when the work has not completed or completion could not be
+    /// determined (that error goes to the tracker's sticky slot,
+    /// [`Tracker::last_error`]).
+    pub fn try_retire(mut self) -> Result<Retired, Self> {
+        match self.tracker.query(self.seq) {
+            Ok(true) => {
+                let guards = self.take();
+                let (released, deferred_released) =
+                    self.tracker.release_completed(self.seq, guards, self.bytes);
+                Ok(Retired {
+                    released,
+                    deferred_released,
+                })
+            }
+            Ok(false) => Err(self),
+            Err(e) => {
+                self.tracker
+                    .note_error(e, format_args!("try_retire of launch #{}", self.seq));
+                Err(self)
+            }
+        }
+    }
+
+    /// Hands the guards to the tracker's queue and returns: they are released once a later
+    /// [`launch`](Tracker::launch), `defer`, [`poll`](Tracker::poll),
+    /// [`synchronize`](Tracker::synchronize) or [`shutdown`](Tracker::shutdown) sees the work
+    /// complete.
+    ///
+    /// Blocks only when the queue is over its bounds ([`ReleaseConfig`](super::ReleaseConfig)):
+    /// it then waits for the oldest queued work first (possibly this launch's own).
+    pub fn defer(mut self) {
+        let guards = self.take();
+        if guards.is_empty() {
+            self.tracker.unhold_empty(self.bytes);
+        } else {
+            self.tracker.defer(self.seq, guards, self.bytes);
+        }
+    }
+
+    /// Takes the guards out, so that `Drop` has nothing left to do.
+    fn take(&mut self) -> Held<G> {
+        self.live = false;
+        ManuallyDrop::new(mem::take(&mut *self.guards))
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Drop for Pending<T, G> {
+    /// Blocks until the launched work has completed, then releases (as
+    /// [`retire`](Pending::retire)). If completion cannot be confirmed, leaks the guards, counts
+    /// them, stores the error in the tracker's sticky slot and logs it. Never releases early.
+    fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
+        let guards = self.take();
+        let (seq, bytes) = (self.seq, self.bytes);
+        if guards.is_empty() {
+            self.tracker.unhold_empty(bytes);
+            return;
+        }
+        if let Err(e) = self.tracker.wait_and_release(seq, guards, bytes) {
+            let n = e.leaked;
+            self.tracker.note_error(
+                e.into_error(),
+                format_args!("dropping the handle of launch #{seq}; leaked its {n} guard(s)"),
+            );
+        }
+    }
+}

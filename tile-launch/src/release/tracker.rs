@@ -1,0 +1,740 @@
+//! The per-stream tracker: sequence numbers, completion markers, the queue of deferred launches,
+//! its bounds, and the one place where guards are dropped.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::mem::{self, ManuallyDrop};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
+
+use super::pending::Pending;
+use super::{CompletionError, ReleaseConfig, RetireError, Stats, Timeline};
+use crate::sync::{self, AtomicU64, Mutex, MutexGuard, Ordering};
+
+/// The guards of one launch. They are never dropped implicitly: every path either hands them to
+/// [`Tracker::release_batch`] (after completion) or leaks them, so that an unexpected unwind or a
+/// forgotten value can only leak, never release early.
+pub(super) type Held<G> = ManuallyDrop<Vec<G>>;
+
+/// A deferred launch in the queue.
+struct Entry<G> {
+    guards: Held<G>,
+    bytes: u64,
+}
+
+/// A recorded marker and what it covers: every launch with a sequence number below `covers`.
+struct MarkerSlot<M> {
+    covers: u64,
+    /// Shared so that a thread can wait for it without holding the lock.
+    marker: Arc<M>,
+}
+
+/// Everything behind the tracker's lock.
+struct State<T: Timeline, G> {
+    /// The sequence number the next launch gets.
+    next_seq: u64,
+    /// Every launch with a smaller sequence number is known to have completed.
+    completed_through: u64,
+    /// Successful launches since the last marker was recorded.
+    launches_since_marker: u32,
+    /// Recorded, not yet known complete; `covers` non-decreasing from front to back.
+    markers: VecDeque<MarkerSlot<T::Marker>>,
+    /// Markers no longer needed that another thread still referred to (it was waiting for
+    /// them) when they were retired; recycled by a later sweep, at the latest when the tracker
+    /// is dropped.
+    orphans: Vec<Arc<T::Marker>>,
+    /// Deferred launches by sequence number (deferral order may differ from launch order).
+    deferred: BTreeMap<u64, Entry<G>>,
+    deferred_guards: usize,
+    deferred_bytes: u64,
+    held_guards: usize,
+    held_bytes: u64,
+    launches: u64,
+    markers_recorded: u64,
+    /// The sticky error slot: the first error nobody could receive, until taken.
+    error: Option<T::Error>,
+    errors: u64,
+}
+
+impl<T: Timeline, G> State<T, G> {
+    /// Index of the oldest marker covering `seq`.
+    fn covering(&self, seq: u64) -> Option<usize> {
+        self.markers.iter().position(|m| m.covers > seq)
+    }
+
+    /// Whether the queue holds a launch that neither a marker covers nor is known complete.
+    fn has_uncovered(&self) -> bool {
+        let covered = self
+            .markers
+            .back()
+            .map_or(self.completed_through, |m| m.covers);
+        let covered = covered.max(self.completed_through);
+        self.deferred
+            .last_key_value()
+            .is_some_and(|(&seq, _)| seq >= covered)
+    }
+
+    /// Whether querying the markers could release something from the queue.
+    fn worth_polling(&self) -> bool {
+        match (self.deferred.first_key_value(), self.markers.back()) {
+            (Some((&oldest, _)), Some(newest)) => newest.covers > oldest,
+            _ => false,
+        }
+    }
+
+    /// Raises `completed_through` to `covers` and retires every marker that is now known to have
+    /// completed (FIFO: a marker covering less than a completed one has completed too).
+    fn mark_completed(&mut self, covers: u64, timeline: &T) {
+        self.completed_through = self.completed_through.max(covers);
+        while self
+            .markers
+            .front()
+            .is_some_and(|m| m.covers <= self.completed_through)
+        {
+            if let Some(slot) = self.markers.pop_front() {
+                self.orphans.push(slot.marker);
+            }
+        }
+        self.sweep_orphans(timeline);
+    }
+
+    /// Recycles the retired markers that nobody refers to any more. (A waiter lets go of its
+    /// reference before it takes the lock again, so whatever it was waiting for is recycled at
+    /// the latest by the sweep its own `mark_completed` does.)
+    fn sweep_orphans(&mut self, timeline: &T) {
+        let mut i = 0;
+        while i < self.orphans.len() {
+            if Arc::strong_count(&self.orphans[i]) == 1 {
+                let marker = self.orphans.swap_remove(i);
+                if let Ok(marker) = Arc::try_unwrap(marker) {
+                    timeline.recycle(marker);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn insert_deferred(&mut self, seq: u64, guards: Held<G>, bytes: u64) {
+        self.deferred_guards += guards.len();
+        self.deferred_bytes = self.deferred_bytes.saturating_add(bytes);
+        self.deferred.insert(seq, Entry { guards, bytes });
+    }
+
+    fn unhold(&mut self, guards: usize, bytes: u64) {
+        self.held_guards = self.held_guards.saturating_sub(guards);
+        self.held_bytes = self.held_bytes.saturating_sub(bytes);
+    }
+
+    /// Takes every queued launch known to have completed, in launch order, with `own` (a handle's
+    /// launch that is known to have completed) at its place in that order.
+    fn take_completed(&mut self, own: Option<(u64, Held<G>, u64)>) -> Vec<Held<G>> {
+        let mut own = own;
+        if let Some((_, guards, bytes)) = &own {
+            let (n, b) = (guards.len(), *bytes);
+            self.unhold(n, b);
+        }
+        let any_done = self
+            .deferred
+            .first_key_value()
+            .is_some_and(|(&oldest, _)| oldest < self.completed_through);
+        if !any_done {
+            return own.map(|(_, guards, _)| guards).into_iter().collect();
+        }
+        let still_pending = self.deferred.split_off(&self.completed_through);
+        let done = mem::replace(&mut self.deferred, still_pending);
+        let mut batch = Vec::with_capacity(done.len() + 1);
+        for (seq, entry) in done {
+            if own.as_ref().is_some_and(|(own_seq, ..)| *own_seq < seq)
+                && let Some((_, guards, _)) = own.take()
+            {
+                batch.push(guards);
+            }
+            self.deferred_guards -= entry.guards.len();
+            self.deferred_bytes = self.deferred_bytes.saturating_sub(entry.bytes);
+            batch.push(entry.guards);
+        }
+        if let Some((_, guards, _)) = own {
+            batch.push(guards);
+        }
+        batch
+    }
+
+    fn note_error(&mut self, error: T::Error, context: fmt::Arguments<'_>) {
+        log::error!("tile-launch release queue: {context}: {error}");
+        self.errors += 1;
+        if self.error.is_none() {
+            self.error = Some(error);
+        }
+    }
+}
+
+/// The release queue of one stream. Shared as `Arc<Tracker>`: every [`Pending`] handle holds a
+/// clone, so the tracker outlives its handles.
+///
+/// `T` is the stream's [`Timeline`]; `G` the guard type (dropping a guard releases a tensor).
+/// See the [module documentation](super) for the model and the guarantees.
+///
+/// Dropping the tracker (when the last `Arc` goes) runs [`shutdown`](Tracker::shutdown) if
+/// anything is still queued.
+pub struct Tracker<T: Timeline, G: Send + 'static> {
+    timeline: T,
+    config: ReleaseConfig,
+    state: Mutex<State<T, G>>,
+    released: AtomicU64,
+    leaked: AtomicU64,
+    release_panics: AtomicU64,
+}
+
+impl<T: Timeline, G: Send + 'static> fmt::Debug for Tracker<T, G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracker")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a wait must wait for.
+enum Target {
+    /// The launch with this sequence number (a marker already covering it will do).
+    Launch(u64),
+    /// All work enqueued on the stream so far, tracked or not (always a fresh marker).
+    Everything,
+}
+
+impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
+    /// Creates the tracker of the stream that `timeline` observes.
+    pub fn new(timeline: T, config: ReleaseConfig) -> Arc<Self> {
+        Arc::new(Self {
+            timeline,
+            config,
+            state: Mutex::new(State {
+                next_seq: 0,
+                completed_through: 0,
+                launches_since_marker: 0,
+                markers: VecDeque::new(),
+                orphans: Vec::new(),
+                deferred: BTreeMap::new(),
+                deferred_guards: 0,
+                deferred_bytes: 0,
+                held_guards: 0,
+                held_bytes: 0,
+                launches: 0,
+                markers_recorded: 0,
+                error: None,
+                errors: 0,
+            }),
+            released: AtomicU64::new(0),
+            leaked: AtomicU64::new(0),
+            release_panics: AtomicU64::new(0),
+        })
+    }
+
+    /// The stream's timeline.
+    pub fn timeline(&self) -> &T {
+        &self.timeline
+    }
+
+    /// The configuration the tracker was created with.
+    pub fn config(&self) -> ReleaseConfig {
+        self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T, G>> {
+        sync::lock(&self.state)
+    }
+
+    /// Launches: runs `enqueue` (the actual kernel launch) with the tracker's lock held, so that
+    /// launch order on the stream is sequence order, and returns the handle that owns `guards`
+    /// until the launched work has completed.
+    ///
+    /// - `guards`: what the launch keeps alive (one per consumed tensor, in argument order).
+    /// - `bytes`: the memory those guards keep alive, in bytes, counted against
+    ///   [`ReleaseConfig::max_pending_bytes`].
+    ///
+    /// Before `enqueue`, if the queue plus these guards would exceed a bound, waits for the
+    /// oldest queued work and releases it (a wait that fails leaks the entry it waited for, and
+    /// stores the error in the sticky slot). After a successful `enqueue`: the launch gets the
+    /// next sequence number; a marker is recorded if the queue holds launches no marker covers
+    /// and [`ReleaseConfig::marker_every`] launches happened since the last one; completed
+    /// markers are queried (never waited for) and the queued launches they cover released.
+    ///
+    /// `enqueue` must not call back into this tracker (it runs with the lock held). If it
+    /// panics, the guards are queued as if the launch had been enqueued (released once a later
+    /// marker completes) and the panic is resumed.
+    ///
+    /// # Errors
+    ///
+    /// `enqueue`'s error. Nothing was enqueued then, so `guards` are released before this
+    /// returns and no sequence number is used.
+    ///
+    /// # Panics
+    ///
+    /// Resumes `enqueue`'s panic, after queueing the guards (see above).
+    pub fn launch<E>(
+        self: &Arc<Self>,
+        guards: Vec<G>,
+        bytes: u64,
+        enqueue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<Pending<T, G>, E> {
+        let guards: Held<G> = ManuallyDrop::new(guards);
+        let n = guards.len();
+        let st = self.lock();
+        let mut st = self.make_room(st, n, bytes);
+        match panic::catch_unwind(AssertUnwindSafe(enqueue)) {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                drop(st);
+                self.release_batch(vec![guards]);
+                return Err(error);
+            }
+            Err(payload) => {
+                // We cannot know whether the work was enqueued: treat it as if it was.
+                let seq = st.next_seq;
+                st.next_seq += 1;
+                st.insert_deferred(seq, guards, bytes);
+                drop(st);
+                log::error!(
+                    "tile-launch release queue: enqueue of launch #{seq} panicked; its {n} guard(s) \
+                     are queued until a later marker completes"
+                );
+                panic::resume_unwind(payload);
+            }
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.launches += 1;
+        st.launches_since_marker = st.launches_since_marker.saturating_add(1);
+        st.held_guards += n;
+        st.held_bytes = st.held_bytes.saturating_add(bytes);
+        self.maybe_record(&mut st);
+        self.poll_if_worth_it(&mut st);
+        let batch = st.take_completed(None);
+        drop(st);
+        if !batch.is_empty() {
+            self.release_batch(batch);
+        }
+        Ok(Pending::new(Arc::clone(self), seq, guards, bytes))
+    }
+
+    /// Releases the queued launches that have completed, without blocking: records a marker if
+    /// the queue holds launches no marker covers, then queries markers oldest first
+    /// (`cuEventQuery`). Returns how many guards were released.
+    ///
+    /// Errors (of `record` or `query`) go to the sticky slot ([`last_error`](Tracker::last_error));
+    /// what was not confirmed complete stays queued.
+    #[doc(alias = "cuEventQuery")]
+    pub fn poll(&self) -> usize {
+        let mut st = self.lock();
+        if st.has_uncovered()
+            && let Err(e) = self.record_locked(&mut st)
+        {
+            st.note_error(e, format_args!("recording a completion marker in poll"));
+        }
+        if let Err(e) = self.poll_locked(&mut st) {
+            st.note_error(e, format_args!("querying a completion marker in poll"));
+        }
+        let batch = st.take_completed(None);
+        drop(st);
+        self.release_batch(batch)
+    }
+
+    /// Blocks until all work enqueued on the stream so far has completed (a fresh marker and a
+    /// wait for it; if the marker cannot be recorded, [`Timeline::synchronize`]), then releases
+    /// every queued launch that is then known complete.
+    ///
+    /// # Errors
+    ///
+    /// The wait's error, or the synchronisation's when recording failed too (the record error is
+    /// logged). Nothing is released then; the queue keeps its entries.
+    #[doc(alias = "cuStreamSynchronize")]
+    #[doc(alias = "cuEventSynchronize")]
+    pub fn synchronize(&self) -> Result<(), T::Error> {
+        if let Err(e) = self.wait(Target::Everything) {
+            log::error!("tile-launch release queue: synchronize: {e}");
+            return Err(e.into_error());
+        }
+        let batch = self.lock().take_completed(None);
+        self.release_batch(batch);
+        Ok(())
+    }
+
+    /// Drains the queue at the end of the stream's life: [`synchronize`](Tracker::synchronize),
+    /// and if that fails, leaks every queued guard (never releases it: its work may still be
+    /// running), counts it in [`Stats::leaked`], stores the error in the sticky slot and logs it.
+    ///
+    /// Meant for quiescence: launches deferred by other threads while it runs may stay queued.
+    /// The tracker stays usable afterwards.
+    pub fn shutdown(&self) {
+        let Err(error) = self.synchronize() else {
+            return;
+        };
+        let mut st = self.lock();
+        let queue = mem::take(&mut st.deferred);
+        st.deferred_guards = 0;
+        st.deferred_bytes = 0;
+        let launches = queue.len();
+        let guards: usize = queue.values().map(|e| e.guards.len()).sum();
+        st.note_error(
+            error,
+            format_args!(
+                "shutdown could not confirm completion; leaking {guards} guard(s) of {launches} \
+                 queued launch(es)"
+            ),
+        );
+        drop(st);
+        for entry in queue.into_values() {
+            self.leak(entry.guards);
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let st = self.lock();
+        Stats {
+            pending_guards: st.deferred_guards,
+            pending_bytes: st.deferred_bytes,
+            held_guards: st.held_guards,
+            held_bytes: st.held_bytes,
+            released: self.released.load(Ordering::Relaxed),
+            leaked: self.leaked.load(Ordering::Relaxed),
+            release_panics: self.release_panics.load(Ordering::Relaxed),
+            launches: st.launches,
+            markers_recorded: st.markers_recorded,
+            errors: st.errors,
+        }
+    }
+
+    /// The sticky error slot: the first error that happened where nobody could receive it (in
+    /// `Drop`, in a poll during `launch`/`defer`/`poll`, in `shutdown`, in
+    /// [`Pending::try_retire`]), kept until [`take_error`](Tracker::take_error).
+    pub fn last_error(&self) -> Option<T::Error> {
+        self.lock().error.clone()
+    }
+
+    /// Takes the sticky error, leaving the slot empty.
+    pub fn take_error(&self) -> Option<T::Error> {
+        self.lock().error.take()
+    }
+
+    // ---- used by `Pending` ----
+
+    /// Blocks until the launch `seq` is known complete.
+    pub(super) fn wait_for(&self, seq: u64) -> Result<(), CompletionError<T::Error>> {
+        self.wait(Target::Launch(seq))
+    }
+
+    /// Whether the launch `seq` has completed, without blocking (records a marker if none covers
+    /// it).
+    pub(super) fn query(&self, seq: u64) -> Result<bool, T::Error> {
+        let mut st = self.lock();
+        if seq < st.completed_through {
+            return Ok(true);
+        }
+        let i = match st.covering(seq) {
+            Some(i) => i,
+            None => self.record_locked(&mut st)?,
+        };
+        let covers = st.markers[i].covers;
+        if self.timeline.query(&st.markers[i].marker)? {
+            st.mark_completed(covers, &self.timeline);
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Releases the handle's guards (`own`, whose launch is known complete) together with every
+    /// queued launch known complete, in launch order. Returns (own released, queued released).
+    pub(super) fn release_completed(&self, seq: u64, own: Held<G>, bytes: u64) -> (usize, usize) {
+        let n = own.len();
+        let batch = self.lock().take_completed(Some((seq, own, bytes)));
+        let total = self.release_batch(batch);
+        (n, total - n)
+    }
+
+    /// Queues a handle's guards. First makes room for them (waiting for the oldest queued work
+    /// if the queue is full), so that the queue never exceeds its bounds; guards that exceed a
+    /// bound on their own are waited for and released here instead of being queued.
+    pub(super) fn defer(&self, seq: u64, guards: Held<G>, bytes: u64) {
+        let n = guards.len();
+        let st = self.lock();
+        let mut st = self.make_room(st, n, bytes);
+        if st.deferred.is_empty()
+            && (n > self.config.max_pending_guards || bytes > self.config.max_pending_bytes)
+        {
+            drop(st);
+            log::debug!(
+                "tile-launch release queue: launch #{seq} ({n} guards, {bytes} bytes) exceeds the \
+                 queue's bounds on its own; waiting for it instead of queueing it"
+            );
+            if let Err(e) = self.wait_and_release(seq, guards, bytes) {
+                let n = e.leaked;
+                self.note_error(
+                    e.into_error(),
+                    format_args!("deferring launch #{seq}; leaked its {n} guard(s)"),
+                );
+            }
+            return;
+        }
+        st.unhold(n, bytes);
+        st.insert_deferred(seq, guards, bytes);
+        self.maybe_record(&mut st);
+        self.poll_if_worth_it(&mut st);
+        let batch = st.take_completed(None);
+        drop(st);
+        if !batch.is_empty() {
+            self.release_batch(batch);
+        }
+    }
+
+    /// Waits until the launch `seq` is known complete, then releases `guards` together with the
+    /// queued launches known complete (launch order). Returns (own released, queued released).
+    ///
+    /// If completion cannot be confirmed, leaks `guards` and returns the error.
+    pub(super) fn wait_and_release(
+        &self,
+        seq: u64,
+        guards: Held<G>,
+        bytes: u64,
+    ) -> Result<(usize, usize), RetireError<T::Error>> {
+        match self.wait_for(seq) {
+            Ok(()) => Ok(self.release_completed(seq, guards, bytes)),
+            Err(source) => {
+                let leaked = self.leak_held(guards, bytes);
+                Err(RetireError {
+                    seq,
+                    leaked,
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Leaks a handle's guards (their completion could not be confirmed). Returns how many.
+    pub(super) fn leak_held(&self, guards: Held<G>, bytes: u64) -> usize {
+        self.lock().unhold(guards.len(), bytes);
+        self.leak(guards)
+    }
+
+    /// Forgets the accounting of a handle that owns no guards.
+    pub(super) fn unhold_empty(&self, bytes: u64) {
+        self.lock().unhold(0, bytes);
+    }
+
+    /// Stores an error nobody can receive in the sticky slot, and logs it.
+    pub(super) fn note_error(&self, error: T::Error, context: fmt::Arguments<'_>) {
+        self.lock().note_error(error, context);
+    }
+
+    // ---- internals ----
+
+    /// Records a marker covering everything launched so far, unless the newest marker already
+    /// does. Returns its index.
+    fn record_locked(&self, st: &mut State<T, G>) -> Result<usize, T::Error> {
+        if st.markers.back().is_some_and(|m| m.covers == st.next_seq) {
+            return Ok(st.markers.len() - 1);
+        }
+        self.record_fresh(st)
+    }
+
+    fn record_fresh(&self, st: &mut State<T, G>) -> Result<usize, T::Error> {
+        let marker = self.timeline.record()?;
+        st.markers.push_back(MarkerSlot {
+            covers: st.next_seq,
+            marker: Arc::new(marker),
+        });
+        st.markers_recorded += 1;
+        st.launches_since_marker = 0;
+        Ok(st.markers.len() - 1)
+    }
+
+    /// The amortised marker policy.
+    fn maybe_record(&self, st: &mut State<T, G>) {
+        if st.launches_since_marker >= self.config.marker_every.max(1)
+            && st.has_uncovered()
+            && let Err(e) = self.record_locked(st)
+        {
+            st.note_error(e, format_args!("recording an amortised completion marker"));
+        }
+    }
+
+    /// Queries markers oldest first and marks what completed.
+    fn poll_locked(&self, st: &mut State<T, G>) -> Result<(), T::Error> {
+        while let Some(front) = st.markers.front() {
+            if !self.timeline.query(&front.marker)? {
+                break;
+            }
+            let covers = front.covers;
+            st.mark_completed(covers, &self.timeline);
+        }
+        Ok(())
+    }
+
+    fn poll_if_worth_it(&self, st: &mut State<T, G>) {
+        if st.worth_polling()
+            && let Err(e) = self.poll_locked(st)
+        {
+            st.note_error(e, format_args!("querying a completion marker"));
+        }
+    }
+
+    /// Blocks, without holding the lock, until `target` is known complete.
+    fn wait(&self, target: Target) -> Result<(), CompletionError<T::Error>> {
+        let mut st = self.lock();
+        let recorded = match target {
+            Target::Launch(seq) if seq < st.completed_through => return Ok(()),
+            Target::Launch(seq) => match st.covering(seq) {
+                Some(i) => Ok(i),
+                None => self.record_locked(&mut st),
+            },
+            Target::Everything => self.record_fresh(&mut st),
+        };
+        match recorded {
+            Ok(i) => {
+                let covers = st.markers[i].covers;
+                let marker = Arc::clone(&st.markers[i].marker);
+                drop(st);
+                let waited = self.timeline.wait(&marker);
+                // Let go of our reference first, so that the marker can be recycled.
+                drop(marker);
+                waited.map_err(CompletionError::Wait)?;
+                self.lock().mark_completed(covers, &self.timeline);
+                Ok(())
+            }
+            Err(record) => {
+                let covers = st.next_seq;
+                drop(st);
+                log::warn!(
+                    "tile-launch release queue: recording a completion marker failed ({record}); \
+                     synchronising the stream instead"
+                );
+                match self.timeline.synchronize() {
+                    Ok(()) => {
+                        self.lock().mark_completed(covers, &self.timeline);
+                        Ok(())
+                    }
+                    Err(source) => Err(CompletionError::Synchronize { record, source }),
+                }
+            }
+        }
+    }
+
+    /// Whether the queue plus `extra` would exceed a bound (never when the queue is empty).
+    fn over_bound(&self, st: &State<T, G>, extra_guards: usize, extra_bytes: u64) -> bool {
+        !st.deferred.is_empty()
+            && (st.deferred_guards.saturating_add(extra_guards) > self.config.max_pending_guards
+                || st.deferred_bytes.saturating_add(extra_bytes) > self.config.max_pending_bytes)
+    }
+
+    /// Waits for and releases the oldest queued launches until the queue plus `extra` fits the
+    /// bounds (or the queue is empty). Returns with the lock held.
+    fn make_room<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State<T, G>>,
+        extra_guards: usize,
+        extra_bytes: u64,
+    ) -> MutexGuard<'a, State<T, G>> {
+        while self.over_bound(&st, extra_guards, extra_bytes) {
+            let Some((&oldest, _)) = st.deferred.first_key_value() else {
+                break;
+            };
+            if oldest >= st.completed_through {
+                drop(st);
+                log::debug!(
+                    "tile-launch release queue: over its bound; waiting for launch #{oldest}"
+                );
+                let waited = self.wait_for(oldest);
+                st = self.lock();
+                if let Err(e) = waited {
+                    if let Some(entry) = st.deferred.remove(&oldest) {
+                        st.deferred_guards -= entry.guards.len();
+                        st.deferred_bytes = st.deferred_bytes.saturating_sub(entry.bytes);
+                        let n = self.leak(entry.guards);
+                        st.note_error(
+                            e.into_error(),
+                            format_args!(
+                                "waiting for the oldest queued launch #{oldest} to make room; \
+                                 leaked its {n} guard(s)"
+                            ),
+                        );
+                    }
+                    continue;
+                }
+            }
+            let batch = st.take_completed(None);
+            if !batch.is_empty() {
+                drop(st);
+                self.release_batch(batch);
+                st = self.lock();
+            }
+        }
+        st
+    }
+
+    /// Leaks guards: they are never dropped. Returns how many.
+    fn leak(&self, guards: Held<G>) -> usize {
+        let n = guards.len();
+        self.leaked.fetch_add(n as u64, Ordering::Relaxed);
+        mem::forget(ManuallyDrop::into_inner(guards));
+        n
+    }
+
+    /// Drops guards whose work has completed, in order, each inside `catch_unwind`. Must be
+    /// called without the lock held. Returns how many were dropped.
+    fn release_batch(&self, batch: Vec<Held<G>>) -> usize {
+        let mut released = 0usize;
+        let mut panics = 0u64;
+        for held in batch {
+            for guard in ManuallyDrop::into_inner(held) {
+                released += 1;
+                if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(move || drop(guard))) {
+                    panics += 1;
+                    log::error!(
+                        "tile-launch release queue: a guard's drop (a tensor's deleter) panicked: {}",
+                        panic_message(&*payload)
+                    );
+                    // Dropping the payload may panic in turn; if it does, forget that one.
+                    if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload)))
+                    {
+                        mem::forget(again);
+                    }
+                }
+            }
+        }
+        self.released.fetch_add(released as u64, Ordering::Relaxed);
+        if panics > 0 {
+            self.release_panics.fetch_add(panics, Ordering::Relaxed);
+        }
+        released
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "(non-string panic payload)"
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Drop for Tracker<T, G> {
+    /// Drains what is left: [`shutdown`](Tracker::shutdown) if launches are queued. Then gives
+    /// every marker still held back to the timeline ([`Timeline::recycle`]), including markers
+    /// whose work may still be pending.
+    fn drop(&mut self) {
+        let queued = !self.lock().deferred.is_empty();
+        if queued {
+            self.shutdown();
+        }
+        let mut st = self.lock();
+        let outstanding = mem::take(&mut st.markers);
+        st.orphans
+            .extend(outstanding.into_iter().map(|slot| slot.marker));
+        // Nobody else can refer to a marker now: waiters hold `&self`.
+        st.sweep_orphans(&self.timeline);
+    }
+}

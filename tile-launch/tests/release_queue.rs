@@ -1,0 +1,1061 @@
+//! The release queue against a manual-completion fake (no GPU): every guard is released exactly
+//! once, never before the work of its launch has completed, on every path.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tile_launch::release::fake::{FakeError, FakeOp, FakeTimeline};
+use tile_launch::release::{CompletionError, Pending, ReleaseConfig, RetireError, Stats, Tracker};
+
+type Tr = Tracker<FakeTimeline, Guard>;
+type Handle = Pending<FakeTimeline, Guard>;
+
+/// What a guard saw when it was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DropRecord {
+    /// The test's number of the launch the guard belongs to (0, 1, ... in launch-call order).
+    launch: u64,
+    /// The guard's argument index.
+    arg: usize,
+    /// The fake's unit of work of the launch (`None` when `enqueue` never ran to completion).
+    work: Option<u64>,
+    /// Whether that work had completed when the guard was dropped.
+    complete: bool,
+}
+
+type OnDrop = Box<dyn FnOnce() + Send>;
+
+/// Stands for a consumed tensor: dropping it is running its deleter.
+struct Guard {
+    launch: u64,
+    arg: usize,
+    work: Arc<OnceLock<u64>>,
+    fake: FakeTimeline,
+    log: Arc<Mutex<Vec<DropRecord>>>,
+    on_drop: Option<OnDrop>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let work = self.work.get().copied();
+        let complete = work.is_none_or(|w| self.fake.is_work_complete(w));
+        self.log.lock().unwrap().push(DropRecord {
+            launch: self.launch,
+            arg: self.arg,
+            work,
+            complete,
+        });
+        if let Some(f) = self.on_drop.take() {
+            f();
+        }
+    }
+}
+
+struct Harness {
+    fake: FakeTimeline,
+    tracker: Arc<Tr>,
+    log: Arc<Mutex<Vec<DropRecord>>>,
+    next_launch: AtomicU64,
+}
+
+fn config(marker_every: u32) -> ReleaseConfig {
+    ReleaseConfig {
+        marker_every,
+        ..ReleaseConfig::default()
+    }
+}
+
+impl Harness {
+    fn new(config: ReleaseConfig) -> Self {
+        let fake = FakeTimeline::new();
+        Self {
+            tracker: Tracker::new(fake.clone(), config),
+            fake,
+            log: Arc::default(),
+            next_launch: AtomicU64::new(0),
+        }
+    }
+
+    fn guards(&self, n: usize) -> (u64, Arc<OnceLock<u64>>, Vec<Guard>) {
+        let launch = self.next_launch.fetch_add(1, Ordering::Relaxed);
+        let work = Arc::new(OnceLock::new());
+        let guards = (0..n)
+            .map(|arg| Guard {
+                launch,
+                arg,
+                work: Arc::clone(&work),
+                fake: self.fake.clone(),
+                log: Arc::clone(&self.log),
+                on_drop: None,
+            })
+            .collect();
+        (launch, work, guards)
+    }
+
+    fn launch_guards(&self, guards: Vec<Guard>, work: Arc<OnceLock<u64>>, bytes: u64) -> Handle {
+        let fake = self.fake.clone();
+        self.tracker
+            .launch(guards, bytes, move || {
+                work.set(fake.enqueue()).expect("enqueue runs once");
+                Ok::<(), Infallible>(())
+            })
+            .unwrap()
+    }
+
+    /// Launches `n` guards, `bytes` bytes.
+    fn launch_bytes(&self, n: usize, bytes: u64) -> Handle {
+        let (_, work, guards) = self.guards(n);
+        self.launch_guards(guards, work, bytes)
+    }
+
+    fn launch(&self, n: usize) -> Handle {
+        self.launch_bytes(n, 100 * n as u64)
+    }
+
+    fn drops(&self) -> Vec<DropRecord> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn dropped(&self) -> usize {
+        self.log.lock().unwrap().len()
+    }
+
+    fn stats(&self) -> Stats {
+        self.tracker.stats()
+    }
+
+    /// Every guard dropped so far was dropped once, after its work completed.
+    fn assert_sound(&self) {
+        let drops = self.drops();
+        let mut seen = std::collections::HashSet::new();
+        for d in &drops {
+            assert!(seen.insert((d.launch, d.arg)), "guard {d:?} dropped twice");
+            assert!(d.complete, "guard {d:?} dropped before its work completed");
+        }
+    }
+}
+
+fn order(drops: &[DropRecord]) -> Vec<(u64, usize)> {
+    drops.iter().map(|d| (d.launch, d.arg)).collect()
+}
+
+#[test]
+fn retire_waits_then_releases_exactly_once() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(3);
+    assert_eq!(handle.seq(), 0);
+    assert_eq!(h.dropped(), 0);
+    assert_eq!(h.stats().held_guards, 3);
+    let retired = handle.retire().unwrap();
+    assert_eq!((retired.released, retired.deferred_released), (3, 0));
+    assert_eq!(order(&h.drops()), vec![(0, 0), (0, 1), (0, 2)]);
+    h.assert_sound();
+    let calls = h.fake.calls();
+    assert_eq!((calls.record, calls.wait, calls.synchronize), (1, 1, 0));
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.released,
+            stats.leaked,
+            stats.held_guards,
+            stats.pending_guards
+        ),
+        (3, 0, 0, 0)
+    );
+    // Nothing else ever releases them again.
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 0);
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 3);
+}
+
+#[test]
+fn released_in_launch_order_across_deferred_and_retired() {
+    let h = Harness::new(config(1000));
+    let a = h.launch(2);
+    let b = h.launch(2);
+    let c = h.launch(2);
+    let d = h.launch(2);
+    // Deferred out of launch order.
+    d.defer();
+    a.defer();
+    b.defer();
+    assert_eq!(h.dropped(), 0);
+    assert_eq!(h.stats().pending_guards, 6);
+    let retired = c.retire().unwrap();
+    assert_eq!((retired.released, retired.deferred_released), (2, 6));
+    assert_eq!(
+        order(&h.drops()),
+        vec![
+            (0, 0),
+            (0, 1),
+            (1, 0),
+            (1, 1),
+            (2, 0),
+            (2, 1),
+            (3, 0),
+            (3, 1)
+        ]
+    );
+    h.assert_sound();
+    assert_eq!(h.fake.calls().wait, 1);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.released, stats.pending_guards, stats.pending_bytes),
+        (8, 0, 0)
+    );
+}
+
+#[test]
+fn no_release_before_completion() {
+    let h = Harness::new(config(64));
+    h.launch(2).defer();
+    for _ in 0..1000 {
+        assert_eq!(h.tracker.poll(), 0);
+    }
+    assert_eq!(h.dropped(), 0);
+    // The first poll recorded one marker for the uncovered deferred launch; the others reused it.
+    assert_eq!(h.fake.markers_recorded(), 1);
+    assert_eq!(h.fake.calls().wait, 0);
+    assert_eq!(h.stats().pending_guards, 2);
+    h.fake.complete_through(1);
+    assert_eq!(h.tracker.poll(), 2);
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+    assert_eq!(h.tracker.poll(), 0);
+    assert_eq!(h.dropped(), 2);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.released, stats.pending_guards, stats.pending_bytes),
+        (2, 0, 0)
+    );
+    assert_eq!(h.fake.calls().recycle, 1);
+}
+
+#[test]
+fn try_retire_gives_the_handle_back_while_pending() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(2);
+    let handle = match handle.try_retire() {
+        Ok(_) => panic!("released before completion"),
+        Err(handle) => handle,
+    };
+    assert_eq!(h.dropped(), 0);
+    let handle = handle.try_retire().expect_err("still pending");
+    assert_eq!(h.dropped(), 0);
+    h.fake.complete_all();
+    let retired = handle.try_retire().expect("complete now");
+    assert_eq!((retired.released, retired.deferred_released), (2, 0));
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+    // One marker for the three attempts, and no blocking wait.
+    assert_eq!(h.fake.markers_recorded(), 1);
+    assert_eq!(h.fake.calls().wait, 0);
+    assert_eq!(h.tracker.last_error(), None);
+}
+
+#[test]
+fn is_complete_records_a_marker_only_when_none_covers_the_launch() {
+    let h = Harness::new(config(64));
+    let a = h.launch(1);
+    assert!(!a.is_complete().unwrap());
+    assert_eq!(h.fake.markers_recorded(), 1);
+    assert!(!a.is_complete().unwrap());
+    assert_eq!(h.fake.markers_recorded(), 1);
+    let b = h.launch(1);
+    assert!(!b.is_complete().unwrap());
+    assert_eq!(h.fake.markers_recorded(), 2);
+    assert!(!a.is_complete().unwrap());
+    assert_eq!(h.fake.markers_recorded(), 2);
+    h.fake.complete_through(1);
+    assert!(a.is_complete().unwrap());
+    assert!(!b.is_complete().unwrap());
+    h.fake.complete_through(2);
+    assert!(b.is_complete().unwrap());
+    assert_eq!(h.fake.markers_recorded(), 2);
+    // Both are known complete: retiring waits for nothing.
+    a.retire().unwrap();
+    b.retire().unwrap();
+    assert_eq!(h.fake.calls().wait, 0);
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+}
+
+#[test]
+fn markers_are_amortised_over_deferred_launches() {
+    let every = 64u32;
+    let h = Harness::new(config(every));
+    for _ in 0..200 {
+        h.launch(1).defer();
+    }
+    let bound = 200u64.div_ceil(u64::from(every)) + 1;
+    let during = h.fake.markers_recorded();
+    assert!(
+        during >= 2 && during <= bound,
+        "{during} markers during 200 launches"
+    );
+    assert_eq!(h.dropped(), 0);
+    assert_eq!(h.stats().pending_guards, 200);
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 200);
+    assert_eq!(h.dropped(), 200);
+    h.assert_sound();
+    let markers = h.fake.markers_recorded();
+    assert!(
+        markers <= bound,
+        "{markers} markers for 200 launches, marker_every {every}"
+    );
+    assert_eq!(h.stats().markers_recorded, markers);
+    assert_eq!(h.fake.calls().wait, 0);
+    // Launch order.
+    let launches: Vec<u64> = h.drops().iter().map(|d| d.launch).collect();
+    assert_eq!(launches, (0..200).collect::<Vec<_>>());
+}
+
+#[test]
+fn launches_release_completed_deferred_work() {
+    let h = Harness::new(config(4));
+    for _ in 0..5 {
+        h.launch(1).defer();
+    }
+    // Launch #3 (the fourth) was the fourth since the start and found uncovered deferred
+    // launches (0..=2): it recorded a marker covering launches 0..=3. Launch #4 did not.
+    assert_eq!(h.fake.markers_recorded(), 1);
+    h.fake.complete_through(1);
+    assert_eq!(h.dropped(), 0);
+    // The next launch polls and releases what marker 1 covers, and nothing more.
+    let handle = h.launch(1);
+    assert_eq!(order(&h.drops()), vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
+    assert_eq!(h.stats().pending_guards, 1);
+    h.assert_sound();
+    assert_eq!(h.fake.calls().wait, 0);
+    let retired = handle.retire().unwrap();
+    assert_eq!((retired.released, retired.deferred_released), (1, 1));
+    assert_eq!(h.dropped(), 6);
+    h.assert_sound();
+}
+
+#[test]
+fn drop_of_an_unretired_handle_blocks_until_completion() {
+    let h = Harness::new(config(64));
+    h.fake.set_blocking(true);
+    let handle = h.launch(2);
+    let completed = Arc::new(AtomicBool::new(false));
+    let completer = {
+        let fake = h.fake.clone();
+        let completed = Arc::clone(&completed);
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(150));
+            completed.store(true, Ordering::SeqCst);
+            fake.complete_all();
+        })
+    };
+    let started = Instant::now();
+    drop(handle);
+    let waited = started.elapsed();
+    assert!(
+        completed.load(Ordering::SeqCst),
+        "drop returned before the work was completed"
+    );
+    assert!(
+        waited >= Duration::from_millis(100),
+        "drop returned after {waited:?}"
+    );
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+    completer.join().unwrap();
+    let stats = h.stats();
+    assert_eq!((stats.released, stats.leaked, stats.held_guards), (2, 0, 0));
+}
+
+#[test]
+fn retire_blocks_until_completion() {
+    let h = Harness::new(config(64));
+    h.fake.set_blocking(true);
+    let handle = h.launch(1);
+    let completer = {
+        let fake = h.fake.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            fake.complete_all();
+        })
+    };
+    let retired = handle.retire().unwrap();
+    assert_eq!(retired.released, 1);
+    assert_eq!(h.dropped(), 1);
+    h.assert_sound();
+    completer.join().unwrap();
+}
+
+#[test]
+fn forgotten_handle_leaks_and_never_releases() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(3);
+    std::mem::forget(handle);
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 0);
+    h.tracker.synchronize().unwrap();
+    h.tracker.shutdown();
+    assert_eq!(h.dropped(), 0);
+    let stats = h.stats();
+    // Invisible to the tracker: still "held", neither released nor counted as leaked.
+    assert_eq!((stats.released, stats.leaked, stats.held_guards), (0, 0, 3));
+    // Other launches are unaffected.
+    h.launch(1).retire().unwrap();
+    assert_eq!(h.dropped(), 1);
+    assert_eq!(h.drops()[0].launch, 1);
+}
+
+#[test]
+fn guard_bound_forces_a_wait_on_the_oldest() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 4,
+        ..config(1000)
+    });
+    for _ in 0..4 {
+        h.launch(1).defer();
+        assert!(h.stats().pending_guards <= 4);
+    }
+    assert_eq!(h.fake.calls().wait, 0);
+    assert_eq!(h.dropped(), 0);
+    // 4 queued + 1 new > 4: the launch waits for the oldest first (before enqueueing).
+    let handle = h.launch(1);
+    assert_eq!(h.fake.calls().wait, 1);
+    assert_eq!(h.dropped(), 4);
+    assert_eq!(h.stats().pending_guards, 0);
+    // The wait happened before the new launch was enqueued: its own work is not complete.
+    assert!(!h.fake.is_work_complete(5));
+    handle.defer();
+    for _ in 0..15 {
+        h.launch(1).defer();
+        let stats = h.stats();
+        assert!(stats.pending_guards <= 4, "{stats:?}");
+    }
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 20);
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(
+        (stats.released, stats.leaked, stats.pending_guards),
+        (20, 0, 0)
+    );
+}
+
+#[test]
+fn byte_bound_forces_a_wait_on_the_oldest() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_bytes: 1000,
+        ..config(1000)
+    });
+    for i in 0..3 {
+        h.launch_bytes(1, 300).defer();
+        assert_eq!(h.stats().pending_bytes, 300 * (i + 1));
+    }
+    assert_eq!(h.fake.calls().wait, 0);
+    h.launch_bytes(1, 300).defer();
+    assert_eq!(h.fake.calls().wait, 1);
+    assert_eq!(h.dropped(), 3);
+    assert_eq!(h.stats().pending_bytes, 300);
+    for _ in 0..20 {
+        h.launch_bytes(2, 300).defer();
+        assert!(h.stats().pending_bytes <= 1000);
+    }
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 4 + 40);
+    h.assert_sound();
+    assert_eq!(h.stats().pending_bytes, 0);
+}
+
+#[test]
+fn a_launch_larger_than_the_bound_is_waited_for_when_deferred() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 4,
+        ..config(1000)
+    });
+    h.launch(1).defer();
+    let big = h.launch(6);
+    assert_eq!(
+        h.dropped(),
+        1,
+        "the queued launch was waited for to make room"
+    );
+    big.defer();
+    assert_eq!(h.dropped(), 7);
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(
+        (stats.pending_guards, stats.held_guards, stats.released),
+        (0, 0, 7)
+    );
+}
+
+#[test]
+fn enqueue_failure_releases_at_once_and_uses_no_sequence_number() {
+    let h = Harness::new(config(64));
+    let (_, _, guards) = h.guards(2);
+    let result = h
+        .tracker
+        .launch(guards, 200, || Err::<(), _>("cuLaunchKernelEx failed"));
+    assert_eq!(result.err(), Some("cuLaunchKernelEx failed"));
+    let drops = h.drops();
+    assert_eq!(order(&drops), vec![(0, 0), (0, 1)]);
+    assert!(drops.iter().all(|d| d.work.is_none()));
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.launches,
+            stats.released,
+            stats.held_guards,
+            stats.held_bytes
+        ),
+        (0, 2, 0, 0)
+    );
+    assert_eq!(h.fake.calls(), Default::default());
+    // The next launch gets sequence number 0.
+    let handle = h.launch(1);
+    assert_eq!(handle.seq(), 0);
+    handle.retire().unwrap();
+    assert_eq!(h.dropped(), 3);
+}
+
+#[test]
+fn enqueue_panic_queues_the_guards_and_resumes_the_panic() {
+    let h = Harness::new(config(64));
+    let (_, _, guards) = h.guards(2);
+    let tracker = Arc::clone(&h.tracker);
+    let fake = h.fake.clone();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _ = tracker.launch(guards, 0, || -> Result<(), Infallible> {
+            fake.enqueue();
+            panic!("enqueue panicked after enqueueing");
+        });
+    }));
+    assert!(caught.is_err());
+    assert_eq!(
+        h.dropped(),
+        0,
+        "the work may have been enqueued: no release yet"
+    );
+    assert_eq!(h.stats().pending_guards, 2);
+    assert_eq!(h.tracker.poll(), 0);
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 2);
+    assert_eq!(h.dropped(), 2);
+    // Sequence number 0 was used by the panicked launch.
+    assert_eq!(h.launch(1).seq(), 1);
+}
+
+#[test]
+fn record_failure_falls_back_to_synchronize() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(2);
+    h.fake.fail_next(FakeOp::Record, 1);
+    let retired = handle.retire().unwrap();
+    assert_eq!(retired.released, 2);
+    let calls = h.fake.calls();
+    assert_eq!((calls.record, calls.synchronize, calls.wait), (1, 1, 0));
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+    assert_eq!(h.stats().leaked, 0);
+}
+
+#[test]
+fn record_and_synchronize_failure_leaks_in_retire() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(2);
+    h.fake.fail_always(FakeOp::Record);
+    h.fake.fail_always(FakeOp::Synchronize);
+    let err: RetireError<FakeError> = handle.retire().unwrap_err();
+    assert_eq!((err.seq, err.leaked), (0, 2));
+    assert!(matches!(
+        err.source,
+        CompletionError::Synchronize {
+            record: FakeError {
+                op: FakeOp::Record,
+                ..
+            },
+            source: FakeError {
+                op: FakeOp::Synchronize,
+                ..
+            },
+        }
+    ));
+    assert_eq!(err.into_error().op, FakeOp::Synchronize);
+    let stats = h.stats();
+    assert_eq!((stats.leaked, stats.released, stats.held_guards), (2, 0, 0));
+    // Even once everything completes, leaked guards are never released.
+    h.fake.clear_failures();
+    h.fake.complete_all();
+    h.tracker.synchronize().unwrap();
+    h.tracker.poll();
+    assert_eq!(h.dropped(), 0);
+}
+
+#[test]
+fn record_and_synchronize_failure_leaks_in_drop_and_sets_the_sticky_error() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(3);
+    h.fake.fail_always(FakeOp::Record);
+    h.fake.fail_always(FakeOp::Synchronize);
+    drop(handle);
+    assert_eq!(h.dropped(), 0);
+    let stats = h.stats();
+    assert_eq!((stats.leaked, stats.released, stats.errors), (3, 0, 1));
+    assert_eq!(
+        h.tracker.last_error().map(|e| e.op),
+        Some(FakeOp::Synchronize)
+    );
+    // Sticky until taken.
+    assert_eq!(
+        h.tracker.last_error().map(|e| e.op),
+        Some(FakeOp::Synchronize)
+    );
+    assert_eq!(
+        h.tracker.take_error().map(|e| e.op),
+        Some(FakeOp::Synchronize)
+    );
+    assert_eq!(h.tracker.last_error(), None);
+    h.fake.clear_failures();
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 0);
+}
+
+#[test]
+fn query_failure_in_poll_releases_nothing_and_is_sticky() {
+    let h = Harness::new(config(64));
+    h.launch(2).defer();
+    h.fake.complete_all();
+    h.fake.fail_next(FakeOp::Query, 1);
+    assert_eq!(h.tracker.poll(), 0);
+    assert_eq!(h.dropped(), 0);
+    assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Query));
+    assert_eq!(h.stats().pending_guards, 2);
+    // The next query succeeds.
+    assert_eq!(h.tracker.poll(), 2);
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+    assert_eq!(h.fake.markers_recorded(), 1);
+}
+
+#[test]
+fn query_failure_in_try_retire_gives_the_handle_back() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(1);
+    h.fake.complete_all();
+    h.fake.fail_next(FakeOp::Query, 1);
+    let handle = handle.try_retire().expect_err("query failed: handle back");
+    assert_eq!(h.dropped(), 0);
+    assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Query));
+    assert!(handle.is_complete().unwrap());
+    assert!(handle.try_retire().is_ok());
+    assert_eq!(h.dropped(), 1);
+}
+
+#[test]
+fn wait_failure_in_retire_leaks() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(2);
+    h.fake.fail_next(FakeOp::Wait, 1);
+    let err = handle.retire().unwrap_err();
+    assert_eq!(err.leaked, 2);
+    assert!(matches!(
+        err.source,
+        CompletionError::Wait(FakeError {
+            op: FakeOp::Wait,
+            ..
+        })
+    ));
+    assert_eq!(
+        h.fake.calls().synchronize,
+        0,
+        "a failed wait is not retried by a stream sync"
+    );
+    let stats = h.stats();
+    assert_eq!((stats.leaked, stats.released, stats.held_guards), (2, 0, 0));
+    // Retire's caller received the error: the sticky slot is for errors nobody received.
+    assert_eq!(h.tracker.last_error(), None);
+    h.fake.complete_all();
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 0);
+}
+
+#[test]
+fn wait_failure_in_drop_leaks_and_sets_the_sticky_error() {
+    let h = Harness::new(config(64));
+    let handle = h.launch(2);
+    h.fake.fail_next(FakeOp::Wait, 1);
+    drop(handle);
+    assert_eq!(h.dropped(), 0);
+    let stats = h.stats();
+    assert_eq!((stats.leaked, stats.released, stats.held_guards), (2, 0, 0));
+    assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Wait));
+    h.fake.complete_all();
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 0);
+}
+
+#[test]
+fn wait_failure_while_making_room_leaks_the_oldest_entry() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 2,
+        ..config(1000)
+    });
+    h.launch(1).defer();
+    h.launch(1).defer();
+    h.fake.fail_next(FakeOp::Wait, 1);
+    let handle = h.launch(1);
+    // The wait for launch 0 failed: launch 0 is leaked, which makes room (1 queued + 1 new);
+    // launch 1 stays queued.
+    assert_eq!(h.dropped(), 0);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.leaked, stats.released, stats.pending_guards),
+        (1, 0, 1)
+    );
+    assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Wait));
+    handle.retire().unwrap();
+    h.tracker.synchronize().unwrap();
+    assert_eq!(order(&h.drops()), vec![(1, 0), (2, 0)]);
+    h.assert_sound();
+}
+
+#[test]
+fn shutdown_releases_the_queue_after_synchronizing() {
+    let h = Harness::new(config(1000));
+    for _ in 0..3 {
+        h.launch(2).defer();
+    }
+    assert_eq!(h.dropped(), 0);
+    h.tracker.shutdown();
+    assert_eq!(h.dropped(), 6);
+    h.assert_sound();
+    assert_eq!(h.fake.calls().wait, 1);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.pending_guards, stats.released, stats.leaked),
+        (0, 6, 0)
+    );
+    assert_eq!(h.tracker.last_error(), None);
+}
+
+#[test]
+fn shutdown_leaks_the_queue_when_synchronize_fails() {
+    let h = Harness::new(config(1000));
+    for _ in 0..3 {
+        h.launch(2).defer();
+    }
+    let pending = h.stats().pending_guards as u64;
+    assert_eq!(pending, 6);
+    h.fake.fail_always(FakeOp::Wait);
+    h.tracker.shutdown();
+    let stats = h.stats();
+    assert_eq!(
+        (stats.leaked, stats.released, stats.pending_guards),
+        (pending, 0, 0)
+    );
+    assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Wait));
+    assert_eq!(h.dropped(), 0);
+    h.fake.clear_failures();
+    h.fake.complete_all();
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 0);
+}
+
+#[test]
+fn dropping_the_tracker_drains_the_queue() {
+    let h = Harness::new(config(1000));
+    for _ in 0..3 {
+        h.launch(1).defer();
+    }
+    let Harness {
+        fake, tracker, log, ..
+    } = h;
+    assert_eq!(log.lock().unwrap().len(), 0);
+    drop(tracker);
+    let drops = log.lock().unwrap().clone();
+    assert_eq!(drops.len(), 3);
+    assert!(drops.iter().all(|d| d.complete));
+    assert_eq!(fake.calls().wait, 1);
+}
+
+#[test]
+fn a_panicking_guard_does_not_stop_the_others() {
+    let h = Harness::new(config(64));
+    let (_, work, mut guards) = h.guards(3);
+    guards[1].on_drop = Some(Box::new(|| panic!("deleter panicked")));
+    let handle = h.launch_guards(guards, work, 300);
+    h.launch(1).defer();
+    let retired = handle.retire().unwrap();
+    assert_eq!((retired.released, retired.deferred_released), (3, 1));
+    assert_eq!(order(&h.drops()), vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.released, stats.release_panics, stats.leaked),
+        (4, 1, 0)
+    );
+    // The tracker keeps working.
+    h.launch(1).retire().unwrap();
+    assert_eq!(h.dropped(), 5);
+}
+
+#[test]
+fn a_guard_calling_back_into_the_tracker_does_not_deadlock() {
+    let (done_tx, done_rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let h = Harness::new(config(1));
+        let weak: Weak<Tr> = Arc::downgrade(&h.tracker);
+        let (_, work, mut guards) = h.guards(1);
+        let inner = h.guards(1);
+        let observed = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&observed);
+        let fake = h.fake.clone();
+        guards[0].on_drop = Some(Box::new(move || {
+            let tracker = weak.upgrade().expect("tracker alive");
+            let stats = tracker.stats();
+            tracker.poll();
+            // Even a launch from inside a deleter.
+            let (_, inner_work, inner_guards) = inner;
+            let handle = tracker
+                .launch(inner_guards, 1, move || {
+                    inner_work.set(fake.enqueue()).unwrap();
+                    Ok::<(), Infallible>(())
+                })
+                .unwrap();
+            handle.defer();
+            *seen.lock().unwrap() = Some(stats);
+        }));
+        h.launch_guards(guards, work, 1).defer();
+        h.fake.complete_all();
+        let released = h.tracker.poll();
+        let inner_stats = observed
+            .lock()
+            .unwrap()
+            .expect("the guard ran its callback");
+        h.tracker.synchronize().unwrap();
+        done_tx
+            .send((released, inner_stats.pending_guards, h.dropped()))
+            .unwrap();
+        h.assert_sound();
+    });
+    let (released, pending_seen_inside, dropped) = done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("deadlock: guard called back into the tracker");
+    worker.join().unwrap();
+    assert_eq!(released, 1);
+    // The guard was already out of the queue when it was dropped.
+    assert_eq!(pending_seen_inside, 0);
+    assert_eq!(dropped, 2);
+}
+
+/// xorshift64*: a small deterministic generator, enough to shuffle the operations.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn concurrency_smoke(config: ReleaseConfig, threads: u64, launches: u64) {
+    let h = Arc::new(Harness::new(config));
+    h.fake.set_blocking(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let completer = {
+        let fake = h.fake.clone();
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            while !stop.load(Ordering::SeqCst) {
+                let target = fake.completed() + rng.next() % 8;
+                fake.complete_work(target);
+                if rng.next().is_multiple_of(4) {
+                    thread::sleep(Duration::from_micros(50));
+                } else {
+                    thread::yield_now();
+                }
+            }
+        })
+    };
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let h = Arc::clone(&h);
+            thread::spawn(move || {
+                let mut rng = Rng(0x1234_5678 + t * 0x1_0000_0001);
+                let mut kept = Vec::new();
+                for _ in 0..launches {
+                    let n = 1 + (rng.next() % 3) as usize;
+                    let handle = h.launch(n);
+                    match rng.next() % 10 {
+                        0..=3 => handle.defer(),
+                        4 => handle.retire().map(drop).unwrap(),
+                        5 => drop(handle),
+                        6 => match handle.try_retire() {
+                            Ok(_) => {}
+                            Err(handle) => kept.push(handle),
+                        },
+                        7 => {
+                            h.tracker.poll();
+                            handle.defer();
+                        }
+                        _ => kept.push(handle),
+                    }
+                    if kept.len() > 8 {
+                        let i = (rng.next() % kept.len() as u64) as usize;
+                        let old = kept.swap_remove(i);
+                        if rng.next().is_multiple_of(2) {
+                            old.defer()
+                        } else {
+                            drop(old)
+                        }
+                    }
+                    let stats = h.stats();
+                    assert!(
+                        stats.pending_guards <= config.max_pending_guards,
+                        "{stats:?}"
+                    );
+                    assert!(stats.pending_bytes <= config.max_pending_bytes, "{stats:?}");
+                }
+                for handle in kept {
+                    handle.defer();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    h.tracker.synchronize().unwrap();
+    stop.store(true, Ordering::SeqCst);
+    completer.join().unwrap();
+
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(stats.launches, threads * launches);
+    assert_eq!(stats.pending_guards, 0, "{stats:?}");
+    assert_eq!(stats.held_guards, 0, "{stats:?}");
+    assert_eq!((stats.leaked, stats.release_panics), (0, 0));
+    assert_eq!(stats.released, h.dropped() as u64);
+    // Every guard of every launch was dropped exactly once.
+    let mut per_launch = std::collections::HashMap::<u64, usize>::new();
+    for d in h.drops() {
+        *per_launch.entry(d.launch).or_default() += 1;
+    }
+    assert_eq!(per_launch.len() as u64, threads * launches);
+    assert_eq!(h.tracker.last_error(), None);
+    let calls = h.fake.calls();
+    assert!(calls.wait > 0 && calls.query > 0, "{calls:?}");
+    // Every marker goes back to the timeline exactly once.
+    let h = Arc::into_inner(h).expect("no handle left");
+    let Harness { fake, tracker, .. } = h;
+    drop(tracker);
+    assert_eq!(fake.calls().recycle, fake.markers_recorded());
+}
+
+#[test]
+fn concurrency_smoke_default_bounds() {
+    concurrency_smoke(config(16), 4, 1000);
+}
+
+#[test]
+fn concurrency_smoke_tight_bounds() {
+    concurrency_smoke(
+        ReleaseConfig {
+            marker_every: 4,
+            max_pending_guards: 24,
+            max_pending_bytes: 2_000,
+        },
+        4,
+        1000,
+    );
+}
+
+#[test]
+fn synchronize_waits_for_all_work_on_the_stream() {
+    let h = Harness::new(config(64));
+    h.launch(1).retire().unwrap();
+    // Work enqueued on the stream without the tracker.
+    h.fake.enqueue();
+    h.fake.enqueue();
+    let before = h.fake.calls();
+    h.tracker.synchronize().unwrap();
+    let after = h.fake.calls();
+    assert_eq!(
+        (after.record - before.record, after.wait - before.wait),
+        (1, 1)
+    );
+    assert_eq!(h.fake.completed(), 3);
+    assert_eq!(h.dropped(), 1);
+}
+
+#[test]
+fn every_marker_is_recycled_exactly_once() {
+    let h = Harness::new(config(2));
+    let a = h.launch(1);
+    assert!(!a.is_complete().unwrap());
+    for _ in 0..10 {
+        h.launch(1).defer();
+    }
+    h.fake.complete_through(1);
+    a.retire().unwrap();
+    // A marker recorded and never completed.
+    let b = h.launch(1);
+    assert!(!b.is_complete().unwrap());
+    std::mem::forget(b);
+    let recorded = h.fake.markers_recorded();
+    assert!(recorded >= 3, "{recorded}");
+    assert!(h.fake.calls().recycle < recorded);
+    let Harness {
+        fake, tracker, log, ..
+    } = h;
+    // The forgotten handle keeps the tracker alive: shut it down, then drop our reference...
+    tracker.shutdown();
+    assert_eq!(log.lock().unwrap().len(), 11);
+    assert_eq!(fake.calls().recycle, fake.markers_recorded());
+    // ...and a tracker dropped with a marker outstanding gives it back too.
+    let fake2 = FakeTimeline::new();
+    let t2: Arc<Tr> = Tracker::new(fake2.clone(), config(64));
+    let work = Arc::new(OnceLock::new());
+    let f = fake2.clone();
+    let w = Arc::clone(&work);
+    let handle = t2
+        .launch(Vec::new(), 0, move || {
+            w.set(f.enqueue()).unwrap();
+            Ok::<(), Infallible>(())
+        })
+        .unwrap();
+    assert!(!handle.is_complete().unwrap());
+    drop(handle); // no guards: no wait
+    assert_eq!(fake2.calls().wait, 0);
+    drop(t2);
+    assert_eq!((fake2.markers_recorded(), fake2.calls().recycle), (1, 1));
+}
+
+#[test]
+fn handles_and_trackers_cross_threads() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<Handle>();
+    send_sync::<Tr>();
+    send_sync::<Arc<Tr>>();
+    let h = Harness::new(config(64));
+    let handle = h.launch(2);
+    assert_eq!((handle.guards().len(), handle.bytes()), (2, 200));
+    let stats = h.stats();
+    assert_eq!(
+        (stats.held_guards, stats.held_bytes, stats.launches),
+        (2, 200, 1)
+    );
+    thread::spawn(move || handle.retire().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(h.dropped(), 2);
+    let stats = h.stats();
+    assert_eq!((stats.held_guards, stats.held_bytes), (0, 0));
+}
