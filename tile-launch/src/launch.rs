@@ -255,6 +255,11 @@ impl<'a> TensorArg<'a> {
         self.ready_on = Some(producer);
         self
     }
+
+    /// The tensor, without its readiness stream (e.g. to consume it outside a launch).
+    pub fn into_source(self) -> TensorSource<'a> {
+        self.source
+    }
 }
 
 /// One kernel argument: a tensor or a scalar.

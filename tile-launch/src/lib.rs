@@ -71,7 +71,9 @@ pub mod cudarc_interop;
 
 pub use context::{Context, ContextGuard, DeviceLimits};
 pub use error::{Error, Result};
-pub use launch::{Arg, Dim3, Guard, LaunchConfig, LaunchHandle, Scalar, TensorArg, TensorSource};
+pub use launch::{
+    Arg, Dim3, Guard, LaunchConfig, LaunchHandle, Scalar, TensorArg, TensorSource, check_args,
+};
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
 pub use release::{ReleaseConfig, Retired, Stats};
 pub use stream::{CudaTimeline, Event, Stream};

@@ -1,0 +1,53 @@
+"""Launch CUDA kernels on tensors from PyTorch, CuPy, JAX, cuda.core or any DLPack /
+``__cuda_array_interface__`` producer, and keep every consumed tensor alive until the GPU work
+that uses it has finished.
+
+    import tile_py
+
+    lib = tile_py.Library.from_cuda_source(SOURCE)
+    add = lib.kernel("vector_add", [tile_py.In("float32"), tile_py.In("float32"),
+                                    tile_py.Out("float32"), tile_py.Scalar("u64")])
+    h = tile_py.launch(torch.cuda.current_stream(), (n + 255) // 256, add, (a, b, c, n),
+                       block=256)
+    h.wait()   # or let it go: a dropped handle is released by the stream's queue
+
+Importing needs no GPU; the CUDA driver is loaded on first use.
+"""
+
+import atexit as _atexit
+
+from ._tile_py import (
+    CudaError,
+    In,
+    InOut,
+    Kernel,
+    LaunchHandle,
+    Library,
+    Out,
+    Param,
+    Scalar,
+    _check_args,
+    _debug_counters,
+    _shutdown,
+    launch,
+    stats,
+    synchronize,
+)
+
+__all__ = [
+    "CudaError",
+    "In",
+    "InOut",
+    "Kernel",
+    "LaunchHandle",
+    "Library",
+    "Out",
+    "Param",
+    "Scalar",
+    "launch",
+    "stats",
+    "synchronize",
+]
+
+# At exit: wait a little for pending work, release what finished, leak (and count) the rest.
+_atexit.register(_shutdown)

@@ -1,0 +1,898 @@
+//! Turning Python arguments into tile-launch arguments: the DLPack stream handshake, capsule
+//! consumption, the DLPack C exchange API, `__cuda_array_interface__`, scalars, and the launch
+//! configuration.
+//!
+//! Everything here runs before anything is launched. A tensor argument is *claimed* when it is
+//! converted: a capsule is renamed `used_dltensor[_versioned]` at once (inside a critical section,
+//! so that two threads cannot both take it), an exchange-API or `__cuda_array_interface__`
+//! tensor is owned outright. When the launch does not go ahead, [`Converted::rollback`] undoes
+//! every claim that tile-launch did not consume: a capsule gets its name back (so a caller's
+//! capsule can be used again, and a capsule made by `__dlpack__` for us runs its deleter through
+//! its destructor when we drop it), an owned tensor is released.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_void};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use cuda_sys::CUstream;
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::critical_section::with_critical_section;
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use tile_dlpack::ffi::{
+    DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackVersion,
+    DLTensor,
+};
+use tile_dlpack::{DType, Unused};
+use tile_launch::{Arg, Dim3, LaunchConfig, Param, Scalar, ScalarType, TensorArg};
+
+use crate::errors::{Kind, arg_err, err, show, with_note};
+use crate::release::{COUNTERS, PyGuard, defer_release};
+
+/// What the launch tells producers and the stream it launches on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Handshake {
+    /// The value passed as `__dlpack__(stream=...)` to CUDA producers: the launch stream's
+    /// handle, 1 for the legacy default stream, 2 for the per-thread default stream, or -1 when
+    /// the caller opted out of synchronisation (`sync=False`).
+    pub dlpack_stream: i64,
+    /// Whether to order the launch after the producers' pending work.
+    pub sync: bool,
+    /// The launch stream's device ordinal.
+    pub device: i32,
+}
+
+/// How one tensor argument was taken.
+pub(crate) enum Claim {
+    /// A capsule we renamed; on rollback its name is restored.
+    Capsule {
+        capsule: Py<PyAny>,
+        restore: &'static CStr,
+    },
+    /// A tensor we own outright (exchange API, or built from `__cuda_array_interface__`);
+    /// on rollback it is released.
+    Owned(*mut DLManagedTensorVersioned),
+}
+
+// SAFETY: `Owned` holds a managed tensor we own exclusively; DLPack deleters may be called from
+// any thread. The capsule is a `Py`, which is `Send`.
+unsafe impl Send for Claim {}
+
+/// The converted argument list of one launch.
+pub(crate) struct Converted {
+    pub args: Vec<Arg<'static>>,
+    /// Per argument: how a tensor was claimed (`None` for scalars).
+    pub claims: Vec<Option<Claim>>,
+    /// Python objects the launch must keep alive (`__cuda_array_interface__` exporters).
+    pub owners: Vec<Py<PyAny>>,
+}
+
+impl Converted {
+    /// Undoes every claim whose tensor was not consumed (`consumed[i]` is false), after the
+    /// `Unused` values have been dropped. Owners are released through the release queue.
+    pub(crate) fn rollback(claims: Vec<Option<Claim>>, owners: Vec<Py<PyAny>>, consumed: &[bool]) {
+        for (i, claim) in claims.into_iter().enumerate() {
+            if consumed.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            match claim {
+                None => {}
+                Some(Claim::Capsule { capsule, restore }) => {
+                    Python::attach(|py| unclaim_capsule(py, capsule.bind(py), restore));
+                }
+                Some(Claim::Owned(ptr)) => release_owned(ptr),
+            }
+        }
+        for o in owners {
+            defer_release(crate::release::Release::Object(o));
+        }
+    }
+}
+
+/// Takes over and releases (through the queue) a tensor we own outright.
+fn release_owned(ptr: *mut DLManagedTensorVersioned) {
+    // SAFETY: `ptr` is a managed tensor we own exclusively (exchange API export or our own
+    // `__cuda_array_interface__` descriptor), not consumed yet, valid until its deleter runs.
+    let unused = unsafe { Unused::from_versioned(ptr) };
+    // On `Err` the deleter has already run (tile-dlpack's contract); on `Ok` it runs when the
+    // queue is drained.
+    if let Ok(used) = unused.consume() {
+        COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+        drop(PyGuard::tensor(used));
+    }
+}
+
+/// Converts `args` against the declared `params`. On error, everything claimed so far is
+/// rolled back before returning.
+pub(crate) fn convert_args(
+    py: Python<'_>,
+    params: &[Param],
+    args: &[Bound<'_, PyAny>],
+    hs: &Handshake,
+) -> PyResult<Converted> {
+    let mut out = Converted {
+        args: Vec::with_capacity(args.len()),
+        claims: Vec::with_capacity(args.len()),
+        owners: Vec::new(),
+    };
+    for (index, (obj, param)) in args.iter().zip(params).enumerate() {
+        let r = match param {
+            Param::Scalar(ty) => convert_scalar(index, obj, *ty).map(|s| {
+                out.args.push(Arg::Scalar(s));
+                out.claims.push(None);
+            }),
+            _ => convert_tensor(py, index, obj, param, hs).map(|t| {
+                let mut arg = TensorArg::from(t.unused);
+                if let Some(s) = t.ready_on {
+                    // SAFETY: `s` is a stream handle the producer reported (its current stream,
+                    // or the `__cuda_array_interface__` `stream` entry) for memory on the launch
+                    // stream's device; producers' streams live in the device's primary context.
+                    arg = unsafe { arg.ready_on(s as CUstream) };
+                }
+                out.args.push(Arg::Tensor(arg));
+                out.claims.push(Some(t.claim));
+                if let Some(o) = t.owner {
+                    out.owners.push(o);
+                }
+            }),
+        };
+        if let Err(e) = r {
+            let Converted {
+                args,
+                claims,
+                owners,
+            } = out;
+            drop(args);
+            Converted::rollback(claims, owners, &[]);
+            return Err(e);
+        }
+    }
+    Ok(out)
+}
+
+struct Tensor {
+    unused: Unused<'static>,
+    claim: Claim,
+    ready_on: Option<usize>,
+    owner: Option<Py<PyAny>>,
+}
+
+fn expected_tensor(param: &Param) -> String {
+    format!("a tensor ({param})")
+}
+
+fn convert_tensor(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    param: &Param,
+    hs: &Handshake,
+) -> PyResult<Tensor> {
+    if let Ok(cap) = obj.cast::<PyCapsule>() {
+        return claim_capsule(py, index, cap.as_any());
+    }
+    if let Some(api) = exchange_api(py, &obj.get_type())? {
+        return from_exchange_api(py, index, obj, api, hs);
+    }
+    if obj.hasattr(intern!(py, "__dlpack__"))? {
+        let cap = call_dlpack(py, index, obj, hs)?;
+        return claim_capsule(py, index, &cap);
+    }
+    if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
+        return from_cai(py, index, obj, hs);
+    }
+    Err(arg_err(
+        Kind::Type,
+        index,
+        format!(
+            "expected {} (an object with __dlpack__ or __cuda_array_interface__, or a DLPack \
+             capsule), got {}",
+            expected_tensor(param),
+            show(obj)
+        ),
+    ))
+}
+
+// ---- capsules -------------------------------------------------------------------------------
+
+/// Checks the capsule's name, takes its pointer and renames it `used_*`, atomically with
+/// respect to other threads doing the same.
+fn claim_capsule(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let claimed = with_critical_section(
+        cap,
+        || -> PyResult<(bool, *mut c_void, &'static CStr)> {
+            // SAFETY: `cap` is a capsule (checked by the caller); the name pointer stays valid
+            // while the capsule keeps this name, and we are inside the capsule's critical section.
+            let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
+            if name_ptr.is_null() {
+                let _ = PyErr::take(py);
+                return Err(arg_err(
+                    Kind::Type,
+                    index,
+                    "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a \
+                 capsule with no name",
+                ));
+            }
+            // SAFETY: non-null capsule names are NUL-terminated C strings.
+            let name = unsafe { CStr::from_ptr(name_ptr) };
+            let (versioned, used, restore): (bool, &'static CStr, &'static CStr) = match name
+                .to_bytes()
+            {
+                b"dltensor" => (false, c"used_dltensor", c"dltensor"),
+                b"dltensor_versioned" => (true, c"used_dltensor_versioned", c"dltensor_versioned"),
+                b"used_dltensor" | b"used_dltensor_versioned" => {
+                    return Err(arg_err(
+                        Kind::Value,
+                        index,
+                        format!(
+                            "DLPack capsule already consumed (its name is {:?})",
+                            name.to_string_lossy()
+                        ),
+                    ));
+                }
+                other => {
+                    return Err(arg_err(
+                        Kind::Type,
+                        index,
+                        format!(
+                            "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got \
+                         a capsule named {:?}",
+                            String::from_utf8_lossy(other)
+                        ),
+                    ));
+                }
+            };
+            // SAFETY: `cap` is a capsule whose name is `name_ptr`.
+            let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name_ptr) };
+            if ptr.is_null() {
+                return Err(PyErr::take(py).unwrap_or_else(|| {
+                    arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
+                }));
+            }
+            // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
+            if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
+                return Err(PyErr::fetch(py));
+            }
+            Ok((versioned, ptr, restore))
+        },
+    )?;
+    let (versioned, ptr, restore) = claimed;
+    let unused = if versioned {
+        // SAFETY: the capsule was named `dltensor_versioned`, so it holds a
+        // `DLManagedTensorVersioned` the producer keeps valid until its deleter runs; we renamed
+        // it, so nobody else consumes it while we hold the claim.
+        unsafe { Unused::from_versioned(ptr.cast()) }
+    } else {
+        // SAFETY: as above, for a legacy `DLManagedTensor` (`dltensor`).
+        unsafe { Unused::from_legacy(ptr.cast()) }
+    };
+    Ok(Tensor {
+        unused,
+        claim: Claim::Capsule {
+            capsule: cap.clone().unbind(),
+            restore,
+        },
+        ready_on: None,
+        owner: None,
+    })
+}
+
+/// Gives a claimed capsule its original name back (the tensor was not consumed).
+fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &'static CStr) {
+    with_critical_section(cap, || {
+        // SAFETY: `cap` is a capsule we renamed; `restore` is a 'static C string.
+        if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), restore.as_ptr()) } != 0 {
+            // Cannot fail for a valid capsule; if it did, the capsule stays marked consumed
+            // and its tensor leaks rather than being freed twice.
+            let _ = PyErr::take(py);
+        }
+    });
+}
+
+// ---- __dlpack__ handshake -----------------------------------------------------------------
+
+fn is_keyword_type_error(py: Python<'_>, e: &PyErr) -> bool {
+    e.is_instance_of::<PyTypeError>(py) && e.value(py).to_string().contains("keyword")
+}
+
+/// `obj.__dlpack__(stream=..., max_version=(1, 3))`, retried with fewer keywords when the
+/// producer does not accept them, then as the legacy `__dlpack__()`.
+fn call_dlpack<'py>(
+    py: Python<'py>,
+    index: usize,
+    obj: &Bound<'py, PyAny>,
+    hs: &Handshake,
+) -> PyResult<Bound<'py, PyAny>> {
+    let note = |e: PyErr| with_note(py, e, format!("while converting argument {index}"));
+    // CPU producers accept only stream=None.
+    let cpu = match obj.call_method0(intern!(py, "__dlpack_device__")) {
+        Ok(dev) => dev
+            .extract::<(i64, i64)>()
+            .map(|(t, _)| t == DLDeviceType::CPU.0 as i64)
+            .unwrap_or(false),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => false,
+        Err(e) => return Err(note(e)),
+    };
+    let stream: Option<i64> = if cpu { None } else { Some(hs.dlpack_stream) };
+    let method = intern!(py, "__dlpack__");
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "stream"), stream)?;
+    kwargs.set_item(intern!(py, "max_version"), (1u32, 3u32))?;
+    let r = match obj.call_method(method, (), Some(&kwargs)) {
+        Err(e) if is_keyword_type_error(py, &e) => {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(intern!(py, "stream"), stream)?;
+            match obj.call_method(method, (), Some(&kwargs)) {
+                Err(e) if is_keyword_type_error(py, &e) => obj.call_method0(method),
+                r => r,
+            }
+        }
+        r => r,
+    };
+    let cap = r.map_err(note)?;
+    if cap.cast::<PyCapsule>().is_err() {
+        return Err(arg_err(
+            Kind::Type,
+            index,
+            format!(
+                "__dlpack__() returned {}, expected a DLPack capsule",
+                show(&cap)
+            ),
+        ));
+    }
+    Ok(cap)
+}
+
+// ---- DLPack C exchange API ----------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+struct ApiPtr(*const DLPackExchangeAPI);
+// SAFETY: the exchange API table is immutable and lives for the whole process (DLPack 1.3).
+unsafe impl Send for ApiPtr {}
+
+/// Per producer type: its exchange API, if any. Holds the type so its address is not reused.
+type ApiCache = HashMap<usize, (Py<PyType>, Option<ApiPtr>)>;
+static EXCHANGE_APIS: Mutex<Option<ApiCache>> = Mutex::new(None);
+
+fn exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Option<ApiPtr>> {
+    let key = ty.as_ptr() as usize;
+    if let Some(map) = EXCHANGE_APIS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        && let Some((_, api)) = map.get(&key)
+    {
+        return Ok(*api);
+    }
+    let api = lookup_exchange_api(py, ty);
+    EXCHANGE_APIS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, (ty.clone().unbind(), api));
+    Ok(api)
+}
+
+fn lookup_exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
+    let attr = ty.getattr(intern!(py, "__dlpack_c_exchange_api__")).ok()?;
+    let cap = attr.cast::<PyCapsule>().ok()?;
+    // SAFETY: `cap` is a capsule; a wrong name makes `PyCapsule_GetPointer` fail with an
+    // exception, which we clear.
+    let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), c"dlpack_exchange_api".as_ptr()) };
+    if ptr.is_null() {
+        let _ = PyErr::take(py);
+        return None;
+    }
+    let api = ptr.cast::<DLPackExchangeAPI>();
+    // SAFETY: a capsule named `dlpack_exchange_api` holds a `DLPackExchangeAPI*` valid for the
+    // whole process; the header (version) is ABI-stable across versions.
+    let version: DLPackVersion = unsafe { (*api).header.version };
+    // SAFETY: as above; the layout is that of major version 1, checked first.
+    let complete = version.major == 1
+        && unsafe {
+            (*api).managed_tensor_from_py_object_no_sync.is_some()
+                && (*api).current_work_stream.is_some()
+        };
+    complete.then_some(ApiPtr(api))
+}
+
+fn from_exchange_api(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    api: ApiPtr,
+    hs: &Handshake,
+) -> PyResult<Tensor> {
+    let note = |e: PyErr| with_note(py, e, format!("while converting argument {index}"));
+    // SAFETY: `api` was checked to be a major-version-1 table with these entries non-null.
+    let (from_obj, current_stream) = unsafe {
+        (
+            (*api.0).managed_tensor_from_py_object_no_sync,
+            (*api.0).current_work_stream,
+        )
+    };
+    let (Some(from_obj), Some(current_stream)) = (from_obj, current_stream) else {
+        unreachable!("checked in lookup_exchange_api")
+    };
+    let mut out: *mut DLManagedTensorVersioned = std::ptr::null_mut();
+    // SAFETY: `obj` is an instance of the type the table came from; `out` is a valid out
+    // pointer. The function returns an owning tensor or sets a Python exception.
+    let rc = unsafe { from_obj(obj.as_ptr().cast(), &mut out) };
+    if rc != 0 || out.is_null() {
+        let e = PyErr::take(py).unwrap_or_else(|| {
+            arg_err(
+                Kind::Buffer,
+                index,
+                "the producer's DLPack exchange API export failed",
+            )
+        });
+        return Err(note(e));
+    }
+    let mut ready_on = None;
+    // SAFETY: `out` is a live managed tensor we own; the version field is ABI-stable.
+    let major = unsafe { (*out).version.major };
+    if hs.sync && major == 1 {
+        // SAFETY: major version 1: the layout is `DLManagedTensorVersioned`.
+        let dev: DLDevice = unsafe { (*out).dl_tensor.device };
+        if dev.device_type == DLDeviceType::CUDA || dev.device_type == DLDeviceType::ROCM {
+            let mut s: *mut c_void = std::ptr::null_mut();
+            // SAFETY: plain values and a valid out pointer.
+            let rc = unsafe { current_stream(dev.device_type, dev.device_id, &mut s) };
+            if rc != 0 {
+                let e = PyErr::take(py).unwrap_or_else(|| {
+                    arg_err(
+                        Kind::Buffer,
+                        index,
+                        "the producer's current_work_stream failed",
+                    )
+                });
+                release_owned(out);
+                return Err(note(e));
+            }
+            ready_on = Some(s as usize);
+        }
+    }
+    // SAFETY: `out` is an owning export from the producer, valid until its deleter runs, and
+    // nobody else holds it.
+    let unused = unsafe { Unused::from_versioned(out) };
+    Ok(Tensor {
+        unused,
+        claim: Claim::Owned(out),
+        ready_on,
+        owner: None,
+    })
+}
+
+// ---- __cuda_array_interface__ -------------------------------------------------------------
+
+/// A `DLManagedTensorVersioned` we build for a `__cuda_array_interface__` object, with the
+/// shape and strides it points to. The object itself is held by the launch as an owner.
+#[repr(C)]
+struct CaiTensor {
+    managed: DLManagedTensorVersioned,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+unsafe extern "C" fn cai_deleter(t: *mut DLManagedTensorVersioned) {
+    if !t.is_null() {
+        // SAFETY: `t` is the first field of a `CaiTensor` made by `Box::into_raw` in `from_cai`,
+        // and the deleter runs once.
+        drop(unsafe { Box::from_raw(t.cast::<CaiTensor>()) });
+    }
+}
+
+fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
+    let bad = || {
+        arg_err(
+            Kind::Type,
+            index,
+            format!("unsupported __cuda_array_interface__ typestr {s:?}"),
+        )
+    };
+    let b = s.as_bytes();
+    if b.len() < 3 || b[0] == b'>' {
+        return Err(bad());
+    }
+    let size: u32 = s[2..].parse().map_err(|_| bad())?;
+    Ok(match (b[1], size) {
+        (b'b', 1) => DType::BOOL,
+        (b'i', 1) => DType::I8,
+        (b'i', 2) => DType::I16,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'u', 1) => DType::U8,
+        (b'u', 2) => DType::U16,
+        (b'u', 4) => DType::U32,
+        (b'u', 8) => DType::U64,
+        (b'f', 2) => DType::F16,
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        (b'c', 8) => DType::C64,
+        (b'c', 16) => DType::C128,
+        _ => return Err(bad()),
+    })
+}
+
+/// Maps a DLPack / CAI stream number to a raw handle: 1 is the legacy default stream (null),
+/// 2 the per-thread default stream.
+fn stream_number_to_raw(n: usize) -> usize {
+    if n == 1 { 0 } else { n }
+}
+
+fn cai_device(ptr: u64, fallback: i32) -> i32 {
+    let Ok(d) = cuda_sys::driver() else {
+        return fallback;
+    };
+    let mut ordinal: i32 = -1;
+    // SAFETY: out-pointer to a local `int`, which the attribute writes; a pointer the driver
+    // does not know returns an error, not a crash.
+    let r = unsafe {
+        (d.cuPointerGetAttribute)(
+            (&mut ordinal as *mut i32).cast(),
+            cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr as cuda_sys::CUdeviceptr,
+        )
+    };
+    if r == cuda_sys::CUresult::CUDA_SUCCESS && ordinal >= 0 {
+        ordinal
+    } else {
+        fallback
+    }
+}
+
+fn from_cai(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    hs: &Handshake,
+) -> PyResult<Tensor> {
+    let bad = |what: String| {
+        arg_err(
+            Kind::Value,
+            index,
+            format!("__cuda_array_interface__: {what}"),
+        )
+    };
+    let cai = obj.getattr(intern!(py, "__cuda_array_interface__"))?;
+    let cai = cai
+        .cast::<PyDict>()
+        .map_err(|_| bad(format!("expected a dict, got {}", show(&cai))))?;
+    let get = |k: &str| cai.get_item(k);
+    let version: i64 = match get("version")? {
+        Some(v) => v.extract()?,
+        None => return Err(bad("no 'version' entry".into())),
+    };
+    if !(2..=3).contains(&version) {
+        return Err(bad(format!(
+            "unsupported version {version} (2 or 3 expected)"
+        )));
+    }
+    let shape: Vec<i64> = get("shape")?
+        .ok_or_else(|| bad("no 'shape' entry".into()))?
+        .extract()
+        .map_err(|_| bad("'shape' must be a tuple of ints".into()))?;
+    let typestr: String = get("typestr")?
+        .ok_or_else(|| bad("no 'typestr' entry".into()))?
+        .extract()?;
+    let dtype = parse_typestr(index, &typestr)?;
+    let (data, readonly): (u64, bool) = get("data")?
+        .ok_or_else(|| bad("no 'data' entry".into()))?
+        .extract()
+        .map_err(|_| bad("'data' must be a (pointer, read_only) tuple".into()))?;
+    if let Some(mask) = get("mask")?
+        && !mask.is_none()
+    {
+        return Err(bad("masked arrays are not supported".into()));
+    }
+    let itemsize = dtype.itemsize() as i64;
+    let strides: Vec<i64> = match get("strides")? {
+        Some(s) if !s.is_none() => {
+            let bytes: Vec<i64> = s
+                .extract()
+                .map_err(|_| bad("'strides' must be None or a tuple of ints".into()))?;
+            if bytes.len() != shape.len() {
+                return Err(bad(format!(
+                    "{} strides for {} dimensions",
+                    bytes.len(),
+                    shape.len()
+                )));
+            }
+            let mut elems = Vec::with_capacity(bytes.len());
+            for (axis, b) in bytes.iter().enumerate() {
+                if b % itemsize != 0 {
+                    return Err(bad(format!(
+                        "strides[{axis}] = {b} bytes is not a multiple of the item size {itemsize}"
+                    )));
+                }
+                elems.push(b / itemsize);
+            }
+            elems
+        }
+        _ => Vec::new(),
+    };
+    let ready_on = match get("stream")? {
+        Some(s) if !s.is_none() && version >= 3 => {
+            let n: i64 = s
+                .extract()
+                .map_err(|_| bad(format!("'stream' must be an int, got {}", show(&s))))?;
+            if n == 0 {
+                return Err(bad("'stream' is 0, which the protocol disallows".into()));
+            }
+            if n < 0 {
+                return Err(bad(format!("'stream' is {n}")));
+            }
+            hs.sync.then_some(stream_number_to_raw(n as usize))
+        }
+        _ => None,
+    };
+    let ndim = shape.len() as i32;
+    let mut boxed = Box::new(CaiTensor {
+        // SAFETY: all-zero bytes are a valid `DLManagedTensorVersioned` (null pointers, zero
+        // integers, `None` deleter); every field is set below.
+        managed: unsafe { std::mem::zeroed() },
+        shape,
+        strides,
+    });
+    let flags = if readonly {
+        dlpark::DlpackFlags::READ_ONLY
+    } else {
+        dlpark::DlpackFlags::empty()
+    };
+    let dl_dtype: DLDataType = dtype.into();
+    let shape_ptr = boxed.shape.as_mut_ptr();
+    let strides_ptr = if boxed.strides.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        boxed.strides.as_mut_ptr()
+    };
+    boxed.managed.version = DLPackVersion { major: 1, minor: 3 };
+    boxed.managed.deleter = Some(cai_deleter);
+    boxed.managed.flags = flags;
+    boxed.managed.dl_tensor = DLTensor {
+        data: data as *mut c_void,
+        device: DLDevice {
+            device_type: DLDeviceType::CUDA,
+            device_id: cai_device(data, hs.device),
+        },
+        ndim,
+        dtype: dl_dtype,
+        shape: shape_ptr,
+        strides: strides_ptr,
+        byte_offset: 0,
+    };
+    let ptr = Box::into_raw(boxed).cast::<DLManagedTensorVersioned>();
+    // SAFETY: `ptr` is our own descriptor, valid until `cai_deleter` frees it, which its
+    // `Used` (or a rollback) calls once.
+    let unused = unsafe { Unused::from_versioned(ptr) };
+    Ok(Tensor {
+        unused,
+        claim: Claim::Owned(ptr),
+        ready_on,
+        owner: Some(obj.clone().unbind()),
+    })
+}
+
+// ---- scalars ------------------------------------------------------------------------------
+
+fn int_range(ty: ScalarType) -> (i128, i128) {
+    match ty {
+        ScalarType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        ScalarType::I16 => (i16::MIN.into(), i16::MAX.into()),
+        ScalarType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        ScalarType::I64 => (i64::MIN.into(), i64::MAX.into()),
+        ScalarType::U8 => (0, u8::MAX.into()),
+        ScalarType::U16 => (0, u16::MAX.into()),
+        ScalarType::U32 => (0, u32::MAX.into()),
+        _ => (0, u64::MAX.into()),
+    }
+}
+
+fn convert_scalar(index: usize, obj: &Bound<'_, PyAny>, ty: ScalarType) -> PyResult<Scalar> {
+    let py = obj.py();
+    let wrong = |what: &str| {
+        arg_err(
+            Kind::Type,
+            index,
+            format!("expected {what} for scalar {ty}, got {}", show(obj)),
+        )
+    };
+    if obj.hasattr(intern!(py, "__dlpack__"))? || obj.cast::<PyCapsule>().is_ok() {
+        return Err(wrong("a number"));
+    }
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    let is_bool = obj.cast::<PyBool>().is_ok() || type_name == "bool_" || type_name == "bool";
+    match ty {
+        ScalarType::Bool => {
+            if is_bool {
+                Ok(Scalar::Bool(obj.is_truthy()?))
+            } else {
+                Err(wrong("a bool"))
+            }
+        }
+        ScalarType::F32 | ScalarType::F64 => {
+            if is_bool || obj.cast::<pyo3::types::PyString>().is_ok() {
+                return Err(wrong("a float"));
+            }
+            let is_number = obj.cast::<PyFloat>().is_ok()
+                || obj.cast::<PyInt>().is_ok()
+                || obj.hasattr(intern!(py, "__float__"))?;
+            if !is_number {
+                return Err(wrong("a float"));
+            }
+            let x: f64 = obj.extract().map_err(|e: PyErr| {
+                if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                    arg_err(
+                        Kind::Overflow,
+                        index,
+                        format!("{} does not fit scalar {ty}", show(obj)),
+                    )
+                } else {
+                    e
+                }
+            })?;
+            if ty == ScalarType::F32 && x.is_finite() && x.abs() > f64::from(f32::MAX) {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!(
+                        "{} does not fit scalar f32 (largest finite {:e})",
+                        show(obj),
+                        f32::MAX
+                    ),
+                ));
+            }
+            Ok(Scalar::Float(x))
+        }
+        _ => {
+            if is_bool || obj.cast::<PyFloat>().is_ok() {
+                return Err(wrong("an integer"));
+            }
+            let i = match obj.cast::<PyInt>() {
+                Ok(i) => i.clone().into_any(),
+                Err(_) => match obj.call_method0(intern!(py, "__index__")) {
+                    Ok(i) => i,
+                    Err(_) => return Err(wrong("an integer")),
+                },
+            };
+            let (lo, hi) = int_range(ty);
+            let v: i128 = i.extract().map_err(|_| {
+                arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty} (range {lo}..={hi})", show(obj)),
+                )
+            })?;
+            if v < lo || v > hi {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty} (range {lo}..={hi})", show(obj)),
+                ));
+            }
+            Ok(Scalar::Int(v))
+        }
+    }
+}
+
+// ---- launch configuration -----------------------------------------------------------------
+
+/// CUDA's architectural limits, the same on every GPU tile supports; the device's own limits
+/// are checked again by tile-launch.
+const GRID_MAX: [u64; 3] = [(1 << 31) - 1, 65_535, 65_535];
+const BLOCK_MAX: [u64; 3] = [1024, 1024, 64];
+const BLOCK_THREADS_MAX: u64 = 1024;
+
+fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> PyResult<Dim3> {
+    let items: Vec<Bound<'_, PyAny>> =
+        if obj.cast::<PyInt>().is_ok() && obj.cast::<PyBool>().is_err() {
+            vec![obj.clone()]
+        } else if let Ok(t) = obj.cast::<PyTuple>() {
+            t.iter().collect()
+        } else {
+            let hint = if obj.cast::<PyList>().is_ok() {
+                " (use a tuple, not a list)"
+            } else {
+                ""
+            };
+            return Err(err(
+                Kind::Type,
+                format!(
+                    "{what} must be an int or a tuple of 1 to 3 ints{hint}, got {}",
+                    show(obj)
+                ),
+            ));
+        };
+    if items.is_empty() || items.len() > 3 {
+        return Err(err(
+            Kind::Value,
+            format!(
+                "{what} has {} dimensions, {}; 1 to 3 are allowed",
+                items.len(),
+                show(obj)
+            ),
+        ));
+    }
+    let mut dims = [1u32; 3];
+    for (i, item) in items.iter().enumerate() {
+        if item.cast::<PyInt>().is_err() || item.cast::<PyBool>().is_ok() {
+            return Err(err(
+                Kind::Type,
+                format!("{what}[{i}] must be an int, got {}", show(item)),
+            ));
+        }
+        let v: i128 = item.extract().unwrap_or(i128::MAX);
+        if v < 1 {
+            return Err(err(
+                Kind::Value,
+                format!("{what}[{i}] is {v}; every dimension must be at least 1"),
+            ));
+        }
+        if v > i128::from(max[i]) {
+            return Err(err(
+                Kind::Value,
+                format!("{what}[{i}] is {v}, above the limit {}", max[i]),
+            ));
+        }
+        dims[i] = v as u32;
+    }
+    Ok(Dim3::new(dims[0], dims[1], dims[2]))
+}
+
+/// Parses and checks the launch configuration against CUDA's architectural limits.
+pub(crate) fn parse_config(
+    grid: &Bound<'_, PyAny>,
+    block: &Bound<'_, PyAny>,
+    shared_mem: &Bound<'_, PyAny>,
+    cluster: Option<&Bound<'_, PyAny>>,
+    cooperative: bool,
+    programmatic_dependent_launch: bool,
+) -> PyResult<LaunchConfig> {
+    let grid = parse_dims("grid", grid, GRID_MAX)?;
+    let block = parse_dims("block", block, BLOCK_MAX)?;
+    if block.volume() > BLOCK_THREADS_MAX {
+        return Err(err(
+            Kind::Value,
+            format!(
+                "block has {} threads ({} x {} x {}), above the limit {BLOCK_THREADS_MAX}",
+                block.volume(),
+                block.x,
+                block.y,
+                block.z
+            ),
+        ));
+    }
+    if shared_mem.cast::<PyInt>().is_err() || shared_mem.cast::<PyBool>().is_ok() {
+        return Err(err(
+            Kind::Type,
+            format!(
+                "shared_mem must be an int (bytes), got {}",
+                show(shared_mem)
+            ),
+        ));
+    }
+    let sm: i128 = shared_mem.extract().unwrap_or(i128::MAX);
+    if sm < 0 || sm > i128::from(u32::MAX) {
+        return Err(err(
+            Kind::Value,
+            format!("shared_mem is {sm} bytes, outside 0..={}", u32::MAX),
+        ));
+    }
+    let cluster = match cluster {
+        Some(c) if !c.is_none() => Some(parse_dims("cluster", c, [u64::from(u32::MAX); 3])?),
+        _ => None,
+    };
+    let mut cfg = LaunchConfig::new(grid, block);
+    cfg.shared_mem_bytes = sm as u32;
+    cfg.cluster = cluster;
+    cfg.cooperative = cooperative;
+    cfg.programmatic_dependent_launch = programmatic_dependent_launch;
+    Ok(cfg)
+}

@@ -1,0 +1,146 @@
+//! The one mapping from tile's errors to Python exceptions.
+//!
+//! | tile error | Python exception |
+//! |---|---|
+//! | wrong kind, dtype, argument count, scalar type, capsule name, stream type | `TypeError` |
+//! | bad value: device, grid/block, read-only or overlapping output, null data, ndim, consumed capsule | `ValueError` |
+//! | unsupported DLPack major version | `BufferError` |
+//! | size, address or scalar overflow | `OverflowError` |
+//! | a CUDA driver call failed, or no driver | `tile_py.CudaError` (`.name`: the driver's error name) |
+//!
+//! Messages start with `argument {i}: ` when one argument is at fault and quote the offending
+//! value.
+
+use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyType;
+use pyo3::{PyTypeInfo, create_exception};
+use tile_dlpack::DescriptorError;
+use tile_launch::Error;
+
+create_exception!(
+    _tile_py,
+    CudaError,
+    PyRuntimeError,
+    "A CUDA driver call failed, or the driver could not be loaded. `.name` is the driver's \
+     name for the error (e.g. `CUDA_ERROR_INVALID_VALUE`), or None when no driver call was made."
+);
+
+/// An error of tile-py's own argument conversion: the exception class and the message.
+#[derive(Debug)]
+pub(crate) enum Kind {
+    Type,
+    Value,
+    Overflow,
+    Buffer,
+}
+
+/// Builds the exception for one of tile-py's own checks.
+pub(crate) fn err(kind: Kind, msg: impl Into<String>) -> PyErr {
+    let msg = msg.into();
+    match kind {
+        Kind::Type => PyTypeError::new_err(msg),
+        Kind::Value => PyValueError::new_err(msg),
+        Kind::Overflow => PyOverflowError::new_err(msg),
+        Kind::Buffer => PyBufferError::new_err(msg),
+    }
+}
+
+/// `argument {index}: {msg}` as the given exception.
+pub(crate) fn arg_err(kind: Kind, index: usize, msg: impl std::fmt::Display) -> PyErr {
+    err(kind, format!("argument {index}: {msg}"))
+}
+
+fn descriptor_kind(e: &DescriptorError) -> Kind {
+    match e {
+        DescriptorError::UnsupportedVersion { .. } => Kind::Buffer,
+        DescriptorError::Overflow { .. } => Kind::Overflow,
+        DescriptorError::UnsupportedDtype { .. } | DescriptorError::PaddedSubByte { .. } => {
+            Kind::Type
+        }
+        _ => Kind::Value,
+    }
+}
+
+/// Maps a tile-launch error. `expected` names, per argument index, what the kernel declares
+/// (used to complete dtype errors).
+pub(crate) fn launch_err(
+    py: Python<'_>,
+    e: Error,
+    expected: impl Fn(usize) -> Option<String>,
+) -> PyErr {
+    match e {
+        Error::Cuda(c) => cuda_err(py, &c.to_string(), Some(c.name().into_owned())),
+        Error::Driver(l) => {
+            let name = match &l {
+                cuda_sys::LoadError::Init(c) => Some(c.name().into_owned()),
+                _ => None,
+            };
+            cuda_err(py, &l.to_string(), name)
+        }
+        Error::Descriptor { index, source } => {
+            let kind = descriptor_kind(&source);
+            let mut msg = format!("argument {index}: {source}");
+            if matches!(kind, Kind::Type)
+                && let Some(exp) = expected(index)
+            {
+                msg.push_str(&format!("; the kernel expects {exp}"));
+            }
+            err(kind, msg)
+        }
+        Error::ArgumentCount { .. } | Error::ArgumentKind { .. } | Error::DtypeMismatch { .. } => {
+            PyTypeError::new_err(e.to_string())
+        }
+        Error::DeviceMismatch { .. } | Error::InvalidConfig { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
+        Error::Signature { .. } => PyTypeError::new_err(e.to_string()),
+        Error::Module(m) => PyRuntimeError::new_err(m),
+        other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+/// A `tile_py.CudaError` with `.name` set.
+pub(crate) fn cuda_err(py: Python<'_>, msg: &str, name: Option<String>) -> PyErr {
+    let e = CudaError::new_err(msg.to_owned());
+    let value = e.value(py);
+    // Setting an attribute on a fresh exception instance cannot fail short of memory
+    // exhaustion; if it does, the exception still carries the message.
+    let _ = value.setattr("name", name);
+    e
+}
+
+/// The Python class `tile_py.CudaError`.
+pub(crate) fn cuda_error_type(py: Python<'_>) -> Bound<'_, PyType> {
+    CudaError::type_object(py)
+}
+
+/// A short `repr` of an offending value for messages (at most 80 characters).
+pub(crate) fn show(obj: &Bound<'_, PyAny>) -> String {
+    let r = obj
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "<unprintable>".into());
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let r = if r.chars().count() > 80 {
+        let cut: String = r.chars().take(77).collect();
+        format!("{cut}...")
+    } else {
+        r
+    };
+    format!("{r} ({ty})")
+}
+
+/// Adds `note` to a Python exception raised by a producer (PEP 678 notes, Python 3.11+; on
+/// older versions the exception is left unchanged).
+pub(crate) fn with_note(py: Python<'_>, e: PyErr, note: String) -> PyErr {
+    let value = e.value(py);
+    if value.hasattr("add_note").unwrap_or(false) {
+        let _ = value.call_method1("add_note", (note,));
+    }
+    e
+}

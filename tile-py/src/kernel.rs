@@ -1,0 +1,278 @@
+//! `tile_py.Library`, `tile_py.Kernel` and the parameter declarations `In`, `Out`, `InOut`,
+//! `Scalar`.
+
+use std::path::PathBuf;
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+use tile_dlpack::DType;
+use tile_launch::{Param, ScalarType, Signature};
+
+use crate::errors::{Kind, err, launch_err, show};
+
+/// One declared kernel parameter (made by `In`, `Out`, `InOut` or `Scalar`).
+#[pyclass(frozen, name = "Param", module = "tile_py")]
+#[derive(Clone)]
+pub(crate) struct PyParam {
+    pub inner: Param,
+}
+
+#[pymethods]
+impl PyParam {
+    fn __repr__(&self) -> String {
+        match self.inner {
+            Param::Tensor { dtype, intent } => {
+                let f = match intent {
+                    tile_launch::Intent::Read => "In",
+                    tile_launch::Intent::Write => "Out",
+                    tile_launch::Intent::ReadWrite => "InOut",
+                };
+                format!("tile_py.{f}({:?})", dtype.to_string())
+            }
+            Param::Scalar(t) => format!("tile_py.Scalar({:?})", t.name()),
+            _ => format!("<tile_py.Param {}>", self.inner),
+        }
+    }
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<PyParam>()
+            .map(|o| o.get().inner == self.inner)
+            .unwrap_or(false)
+    }
+}
+
+fn name_of(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    let py = obj.py();
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(s.to_string());
+    }
+    // NumPy dtypes (`np.dtype('f4').name`), then classes (`np.float32.__name__`), then str()
+    // (`torch.float32` prints `torch.float32`).
+    for attr in [intern!(py, "name"), intern!(py, "__name__")] {
+        if let Ok(n) = obj.getattr(attr)
+            && let Ok(n) = n.extract::<String>()
+        {
+            return Ok(n);
+        }
+    }
+    Ok(obj.str()?.to_string())
+}
+
+/// Parses a dtype name: `float32`, `f32`, `torch.bfloat16`, `np.float16`, ...
+pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    let name = name_of(obj)?;
+    let n = name.strip_prefix("torch.").unwrap_or(&name);
+    Ok(match n {
+        "bool" | "bool_" => DType::BOOL,
+        "int8" | "i8" => DType::I8,
+        "int16" | "i16" | "short" => DType::I16,
+        "int32" | "i32" | "int" => DType::I32,
+        "int64" | "i64" | "long" => DType::I64,
+        "uint8" | "u8" => DType::U8,
+        "uint16" | "u16" => DType::U16,
+        "uint32" | "u32" => DType::U32,
+        "uint64" | "u64" => DType::U64,
+        "float16" | "f16" | "half" => DType::F16,
+        "bfloat16" | "bf16" => DType::BF16,
+        "float32" | "f32" | "float" => DType::F32,
+        "float64" | "f64" | "double" => DType::F64,
+        "complex64" | "c64" | "cfloat" => DType::C64,
+        "complex128" | "c128" | "cdouble" => DType::C128,
+        "float8_e4m3fn" => DType::F8_E4M3FN,
+        "float8_e4m3fnuz" => DType::F8_E4M3FNUZ,
+        "float8_e5m2" => DType::F8_E5M2,
+        "float8_e5m2fnuz" => DType::F8_E5M2FNUZ,
+        "float8_e8m0fnu" => DType::F8_E8M0FNU,
+        "float8_e3m4" => DType::F8_E3M4,
+        "float8_e4m3" => DType::F8_E4M3,
+        _ => {
+            return Err(err(
+                Kind::Value,
+                format!(
+                    "unknown dtype {}: use a name such as 'float32', 'bfloat16' or 'int64'",
+                    show(obj)
+                ),
+            ));
+        }
+    })
+}
+
+fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
+    let name = name_of(obj)?;
+    let n = name.strip_prefix("torch.").unwrap_or(&name);
+    Ok(match n {
+        "bool" => ScalarType::Bool,
+        "i8" | "int8" => ScalarType::I8,
+        "i16" | "int16" => ScalarType::I16,
+        "i32" | "int32" => ScalarType::I32,
+        "i64" | "int64" => ScalarType::I64,
+        "u8" | "uint8" => ScalarType::U8,
+        "u16" | "uint16" => ScalarType::U16,
+        "u32" | "uint32" => ScalarType::U32,
+        "u64" | "uint64" => ScalarType::U64,
+        "f32" | "float32" => ScalarType::F32,
+        "f64" | "float64" => ScalarType::F64,
+        _ => {
+            return Err(err(
+                Kind::Value,
+                format!(
+                    "unknown scalar type {}: use one of bool, i8..i64, u8..u64, f32, f64",
+                    show(obj)
+                ),
+            ));
+        }
+    })
+}
+
+/// A tensor the kernel reads.
+#[pyfunction(name = "In")]
+pub(crate) fn input(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+    Ok(PyParam {
+        inner: Param::input(parse_dtype(dtype)?),
+    })
+}
+
+/// A tensor the kernel writes (read-only or self-overlapping tensors are refused).
+#[pyfunction(name = "Out")]
+pub(crate) fn output(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+    Ok(PyParam {
+        inner: Param::output(parse_dtype(dtype)?),
+    })
+}
+
+/// A tensor the kernel reads and writes.
+#[pyfunction(name = "InOut")]
+pub(crate) fn inout(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+    Ok(PyParam {
+        inner: Param::inout(parse_dtype(dtype)?),
+    })
+}
+
+/// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.
+#[pyfunction(name = "Scalar")]
+pub(crate) fn scalar(ty: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+    Ok(PyParam {
+        inner: Param::scalar(parse_scalar_type(ty)?),
+    })
+}
+
+/// Parses a parameter list (a sequence of `Param`).
+pub(crate) fn parse_params(params: &Bound<'_, PyAny>) -> PyResult<Vec<Param>> {
+    let mut out = Vec::new();
+    for (i, p) in params.try_iter()?.enumerate() {
+        let p = p?;
+        match p.cast::<PyParam>() {
+            Ok(p) => out.push(p.get().inner),
+            Err(_) => {
+                return Err(err(
+                    Kind::Type,
+                    format!(
+                        "params[{i}] must be a tile_py.In/Out/InOut/Scalar declaration, got {}",
+                        show(&p)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC.
+#[pyclass(frozen, module = "tile_py")]
+pub(crate) struct Library {
+    inner: tile_launch::Library,
+}
+
+fn loaded(py: Python<'_>, r: tile_launch::Result<tile_launch::Library>) -> PyResult<Library> {
+    crate::release::drain(py);
+    r.map(|inner| Library { inner })
+        .map_err(|e| launch_err(py, e, |_| None))
+}
+
+#[pymethods]
+impl Library {
+    /// Loads a cubin, fatbin or PTX file.
+    #[staticmethod]
+    fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Library> {
+        let r = py.detach(|| tile_launch::Library::from_file(&path));
+        loaded(py, r)
+    }
+
+    /// Loads a cubin, fatbin or PTX image from bytes.
+    #[staticmethod]
+    fn from_bytes(py: Python<'_>, data: Vec<u8>) -> PyResult<Library> {
+        let r = py.detach(|| tile_launch::Library::from_image(&data));
+        loaded(py, r)
+    }
+
+    /// Loads PTX text.
+    #[staticmethod]
+    fn from_ptx(py: Python<'_>, ptx: String) -> PyResult<Library> {
+        let r = py.detach(|| tile_launch::Library::from_ptx(&ptx));
+        loaded(py, r)
+    }
+
+    /// Compiles CUDA C++ with NVRTC and loads it. Declare kernels `extern "C"`.
+    #[staticmethod]
+    #[pyo3(signature = (source, options = Vec::new()))]
+    fn from_cuda_source(py: Python<'_>, source: String, options: Vec<String>) -> PyResult<Library> {
+        #[cfg(feature = "nvrtc")]
+        {
+            let r = py.detach(|| {
+                let opts: Vec<&str> = options.iter().map(String::as_str).collect();
+                tile_launch::Library::from_cuda_source(&source, &opts)
+            });
+            loaded(py, r)
+        }
+        #[cfg(not(feature = "nvrtc"))]
+        {
+            let _ = (source, options);
+            Err(pyo3::exceptions::PyNotImplementedError::new_err(
+                "this build of tile_py has no NVRTC support (feature `nvrtc`)",
+            ))
+        }
+    }
+
+    /// Looks up kernel `name` and declares its parameters, checked against the compiled
+    /// kernel's parameter sizes.
+    fn kernel(&self, py: Python<'_>, name: &str, params: &Bound<'_, PyAny>) -> PyResult<Kernel> {
+        let params = parse_params(params)?;
+        let sig = Signature::new(params.iter().copied());
+        let k = self
+            .inner
+            .kernel(name, sig)
+            .map_err(|e| launch_err(py, e, |_| None))?;
+        Ok(Kernel { inner: k, params })
+    }
+}
+
+/// A kernel with its declared parameters.
+#[pyclass(frozen, module = "tile_py")]
+pub(crate) struct Kernel {
+    pub inner: tile_launch::Kernel,
+    pub params: Vec<Param>,
+}
+
+#[pymethods]
+impl Kernel {
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The declared parameters.
+    #[getter]
+    fn params(&self) -> Vec<PyParam> {
+        self.params.iter().map(|p| PyParam { inner: *p }).collect()
+    }
+
+    fn __repr__(&self) -> String {
+        let ps: Vec<String> = self.params.iter().map(|p| p.to_string()).collect();
+        format!("<tile_py.Kernel {}({})>", self.inner.name(), ps.join(", "))
+    }
+}

@@ -1,0 +1,529 @@
+//! `tile_py`: the Python extension of tile. Launches CUDA kernels on tensors from PyTorch, CuPy,
+//! JAX, cuda.core or any DLPack / `__cuda_array_interface__` producer, and keeps every consumed
+//! tensor alive until the GPU work that uses it has finished.
+//!
+//! # Contract
+//!
+//! - **Checks before consuming.** `tile_py.launch` checks the stream, the launch configuration
+//!   and the argument count before touching any argument, then converts every argument (the
+//!   DLPack handshake, see [`convert`]) and has tile-launch check them all (dtype, device,
+//!   writability, scalar ranges) before any tensor is consumed. When a check fails, every
+//!   claimed capsule gets its name back and every tensor tile-py already owned is released:
+//!   nothing is lost, nothing is launched.
+//! - **The stream handshake.** Producers are always told the launch stream:
+//!   `__dlpack__(stream=<handle>, max_version=(1, 3))`, retried with fewer keywords when the
+//!   producer rejects a keyword, then as `__dlpack__()`. The legacy default stream is sent as 1,
+//!   never 0; -1 only when the caller passes `sync=False`. Producers whose type has the DLPack C
+//!   exchange API (`__dlpack_c_exchange_api__`) are converted through it, and the launch stream
+//!   waits on the producer's current stream when the two differ.
+//! - **Releasing.** A consumed tensor belongs to the launch's handle until the work is done;
+//!   then its deleter runs exactly once, with the interpreter attached, on a thread that called
+//!   into tile_py — never on a CUDA callback thread and never while a CUDA wait holds the GIL
+//!   (waits are made detached). See [`release`].
+//! - **Errors** map to Python exceptions in one place, [`errors`].
+//!
+//! # Layering
+//!
+//! Depends on `tile-launch` (streams, kernels, the release queue), `tile-dlpack` (ownership
+//! states, validation), `cuda-sys` (a few driver queries), `dlpark` (DLPack flags) and `pyo3`.
+//! Nothing depends on it. `pyo3` appears in this crate alone.
+
+mod convert;
+mod errors;
+mod kernel;
+mod release;
+mod streams;
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+use tile_launch::{Arg, Guard, Param};
+
+use crate::convert::{Converted, Handshake, convert_args, parse_config};
+use crate::errors::{Kind, err, launch_err, show};
+use crate::kernel::Kernel;
+use crate::release::{COUNTERS, FINALIZING, PyGuard, drain};
+
+/// Moves a value into a `py.detach` closure, which runs on the same thread.
+struct SameThread<T>(T);
+// SAFETY: `Python::detach` runs its closure on the calling thread, so the value never changes
+// threads; the bound only keeps GIL-bound references out, and none is inside.
+unsafe impl<T> Send for SameThread<T> {}
+
+fn arg_list<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(t) = args.cast::<PyTuple>() {
+        Ok(t.iter().collect())
+    } else if let Ok(l) = args.cast::<PyList>() {
+        Ok(l.iter().collect())
+    } else {
+        Err(err(
+            Kind::Type,
+            format!("args must be a tuple or a list, got {}", show(args)),
+        ))
+    }
+}
+
+fn check_count(name: &str, params: &[Param], args: &[Bound<'_, PyAny>]) -> PyResult<()> {
+    if params.len() != args.len() {
+        return Err(err(
+            Kind::Type,
+            format!(
+                "kernel `{name}` expects {} arguments but {} were given",
+                params.len(),
+                args.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn expected(params: &[Param]) -> impl Fn(usize) -> Option<String> + '_ {
+    |i| params.get(i).map(|p| p.to_string())
+}
+
+/// The result of `tile_py.launch`: owns the launch's tensors until its work is done.
+#[pyclass(module = "tile_py")]
+struct LaunchHandle {
+    inner: Mutex<Option<tile_launch::LaunchHandle>>,
+}
+
+impl LaunchHandle {
+    fn take(&self) -> Option<tile_launch::LaunchHandle> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+#[pymethods]
+impl LaunchHandle {
+    /// Blocks until the launched work is done (the GIL is released meanwhile), then runs the
+    /// deleters of its tensors. Idempotent.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(h) = self.take() {
+            let h = SameThread(h);
+            let r = py.detach(move || {
+                let h = h;
+                h.0.retire().map(drop)
+            });
+            drain(py);
+            r.map_err(|e| launch_err(py, e, |_| None))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the launched work is done (non-blocking). When it is, the tensors are released.
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        let Some(h) = self.take() else {
+            return Ok(true);
+        };
+        let r = match h.is_complete() {
+            Ok(true) => match h.try_retire() {
+                Ok(_) => Ok(true),
+                Err(h) => {
+                    *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                    Ok(false)
+                }
+            },
+            Ok(false) => {
+                *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                Ok(false)
+            }
+            Err(e) => {
+                *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                Err(launch_err(py, e, |_| None))
+            }
+        };
+        drain(py);
+        r
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.wait(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            "pending"
+        } else {
+            "retired"
+        };
+        format!("<tile_py.LaunchHandle {state}>")
+    }
+}
+
+impl Drop for LaunchHandle {
+    fn drop(&mut self) {
+        let Some(h) = self
+            .inner
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return;
+        };
+        // Hand the tensors to the stream's release queue. `defer` may wait for the oldest
+        // queued work when the queue is full: do that detached.
+        let h = SameThread(h);
+        let deferred = Python::try_attach(|py| {
+            py.detach(|| {
+                let h = h;
+                h.0.defer()
+            });
+            drain(py);
+        });
+        if deferred.is_none() {
+            // Interpreter finalising: the guards go to the (leaking) queue anyway.
+        }
+    }
+}
+
+/// Launches `kernel` on `stream`. See the package documentation.
+#[pyfunction]
+#[pyo3(signature = (stream, grid, kernel, args, *, block, shared_mem = None, cluster = None,
+                    cooperative = false, programmatic_dependent_launch = false, sync = true))]
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    py: Python<'_>,
+    stream: &Bound<'_, PyAny>,
+    grid: &Bound<'_, PyAny>,
+    kernel: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    block: &Bound<'_, PyAny>,
+    shared_mem: Option<&Bound<'_, PyAny>>,
+    cluster: Option<&Bound<'_, PyAny>>,
+    cooperative: bool,
+    programmatic_dependent_launch: bool,
+    sync: bool,
+) -> PyResult<LaunchHandle> {
+    drain(py);
+    if FINALIZING.load(Ordering::Acquire) {
+        return Err(err(
+            Kind::Value,
+            "tile_py is shutting down (interpreter exit): no more launches",
+        ));
+    }
+    let spec = streams::parse_stream(stream)?;
+    let zero = 0i32.into_pyobject(py)?.into_any();
+    let config = parse_config(
+        grid,
+        block,
+        shared_mem.unwrap_or(&zero),
+        cluster,
+        cooperative,
+        programmatic_dependent_launch,
+    )?;
+    let kernel = kernel.cast::<Kernel>().map_err(|_| {
+        err(
+            Kind::Type,
+            format!("kernel must be a tile_py.Kernel, got {}", show(kernel)),
+        )
+    })?;
+    let kernel = kernel.get();
+    let args = arg_list(args)?;
+    check_count(kernel.inner.name(), &kernel.params, &args)?;
+    let dlpack_stream = if sync { spec.dlpack_value() } else { -1 };
+    let s = streams::get(py, spec)?;
+    let hs = Handshake {
+        dlpack_stream,
+        sync,
+        device: s.context().ordinal(),
+    };
+    COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = convert_args(py, &kernel.params, &args, &hs)?;
+    let mut consumed = vec![false; claims.len()];
+    let owner_guards: Vec<Guard> = owners
+        .iter()
+        .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
+        .collect();
+    let work = SameThread((args, owner_guards, &mut consumed));
+    let r = py.detach(|| {
+        let work = work;
+        let (args, owner_guards, consumed) = work.0;
+        s.launch_with(
+            &kernel.inner,
+            &config,
+            args,
+            |index, used| {
+                consumed[index] = true;
+                COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+                Guard::Owner(Box::new(PyGuard::tensor(used)))
+            },
+            owner_guards,
+        )
+    });
+    let r = match r {
+        Ok(h) => {
+            COUNTERS.launches_issued.fetch_add(1, Ordering::Relaxed);
+            // The owners are now held by the launch's guards; drop our references.
+            drop(owners);
+            drop(claims);
+            Ok(LaunchHandle {
+                inner: Mutex::new(Some(h)),
+            })
+        }
+        Err(e) => {
+            Converted::rollback(claims, owners, &consumed);
+            Err(launch_err(py, e, expected(&kernel.params)))
+        }
+    };
+    drain(py);
+    r
+}
+
+/// Runs the conversion and the checks of `launch` against `params`, without a device: the
+/// DLPack handshake (producers see `stream`), capsule claims, tile-launch's argument checks
+/// (device `device`), then consumes and releases every tensor (`consume=True`) or rolls back
+/// as a failed launch does (`consume=False`). For tests on machines without a GPU.
+#[pyfunction]
+#[pyo3(signature = (params, args, *, stream = None, device = 0, sync = true, consume = true,
+                    grid = None, block = None))]
+#[allow(clippy::too_many_arguments)]
+fn _check_args(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    device: i32,
+    sync: bool,
+    consume: bool,
+    grid: Option<&Bound<'_, PyAny>>,
+    block: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    drain(py);
+    let none = py.None().into_bound(py);
+    let spec = streams::parse_stream(stream.unwrap_or(&none))?;
+    let one = 1i32.into_pyobject(py)?.into_any();
+    let zero = 0i32.into_pyobject(py)?.into_any();
+    parse_config(
+        grid.unwrap_or(&one),
+        block.unwrap_or(&one),
+        &zero,
+        None,
+        false,
+        false,
+    )?;
+    let params = kernel::parse_params(params)?;
+    let args = arg_list(args)?;
+    check_count("_check_args", &params, &args)?;
+    let hs = Handshake {
+        dlpack_stream: if sync { spec.dlpack_value() } else { -1 },
+        sync,
+        device: spec.device.unwrap_or(device),
+    };
+    COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = convert_args(py, &params, &args, &hs)?;
+    let sig = tile_launch::Signature::new(params.iter().copied());
+    let checked = tile_launch::check_args("_check_args", &sig, &args, hs.device);
+    let mut consumed = vec![false; claims.len()];
+    let r = match checked {
+        Err(e) => {
+            drop(args);
+            Err(launch_err(py, e, expected(&params)))
+        }
+        Ok(()) if !consume => {
+            drop(args);
+            Ok(())
+        }
+        Ok(()) => {
+            let mut r = Ok(());
+            for (index, arg) in args.into_iter().enumerate() {
+                let Arg::Tensor(t) = arg else { continue };
+                // Same consumption as tile-launch's: `Unused::consume` into a guard.
+                match tile_launch::TensorArg::into_source(t) {
+                    tile_launch::TensorSource::Unused(u) => {
+                        consumed[index] = true;
+                        match u.consume() {
+                            Ok(used) => {
+                                COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+                                drop(PyGuard::tensor(used));
+                            }
+                            Err(source) if r.is_ok() => {
+                                r = Err(launch_err(
+                                    py,
+                                    tile_launch::Error::Descriptor { index, source },
+                                    expected(&params),
+                                ));
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    tile_launch::TensorSource::Used(used) => drop(PyGuard::tensor(used)),
+                }
+            }
+            r
+        }
+    };
+    let all_consumed = consume && r.is_ok();
+    if !all_consumed {
+        Converted::rollback(claims, owners, &consumed);
+    } else {
+        drop(claims);
+        for o in owners {
+            drop(PyGuard::object(o));
+        }
+    }
+    drain(py);
+    r
+}
+
+/// Waits for all work on every stream tile_py has launched on (the GIL is released
+/// meanwhile), then releases every deferred tensor.
+#[pyfunction]
+fn synchronize(py: Python<'_>) -> PyResult<()> {
+    let streams = SameThread(streams::all());
+    let r = py.detach(move || {
+        let streams = streams;
+        streams.0.iter().try_for_each(|s| s.synchronize())
+    });
+    drain(py);
+    r.map_err(|e| launch_err(py, e, |_| None))
+}
+
+fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let (mut pg, mut pb, mut hg, mut hb, mut rel, mut leak, mut launches, mut errs) =
+        (0usize, 0u64, 0usize, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let streams = streams::all();
+    for s in &streams {
+        let st = s.stats();
+        pg += st.pending_guards;
+        pb += st.pending_bytes;
+        hg += st.held_guards;
+        hb += st.held_bytes;
+        rel += st.released;
+        leak += st.leaked;
+        launches += st.launches;
+        errs += st.errors;
+    }
+    d.set_item("streams", streams.len())?;
+    d.set_item("pending_guards", pg)?;
+    d.set_item("pending_bytes", pb)?;
+    d.set_item("held_guards", hg)?;
+    d.set_item("held_bytes", hb)?;
+    d.set_item("released", COUNTERS.released.load(Ordering::Relaxed))?;
+    d.set_item(
+        "leaked",
+        leak + COUNTERS.leaked_at_exit.load(Ordering::Relaxed),
+    )?;
+    d.set_item("guards_released", rel)?;
+    d.set_item("launches", launches)?;
+    d.set_item("errors", errs)?;
+    d.set_item("queued_releases", release::queued())?;
+    Ok(d)
+}
+
+/// Counters of the release queues: pending (deferred) guards and bytes, guards held by live
+/// handles, tensors released, tensors leaked, launches. Polls the streams first (non-blocking),
+/// so tensors whose work has finished are released.
+#[pyfunction]
+fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    for s in streams::all() {
+        s.poll();
+    }
+    drain(py);
+    totals(py)
+}
+
+/// Debug counters of this process: launches attempted and issued, tensors consumed, released
+/// (deleters run), leaked at exit, deleter errors, releases queued.
+#[pyfunction]
+fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let c = &COUNTERS;
+    d.set_item(
+        "launches_attempted",
+        c.launches_attempted.load(Ordering::Relaxed),
+    )?;
+    d.set_item("launches_issued", c.launches_issued.load(Ordering::Relaxed))?;
+    d.set_item("consumed", c.consumed.load(Ordering::Relaxed))?;
+    d.set_item("released", c.released.load(Ordering::Relaxed))?;
+    d.set_item("leaked_at_exit", c.leaked_at_exit.load(Ordering::Relaxed))?;
+    d.set_item("deleter_errors", c.deleter_errors.load(Ordering::Relaxed))?;
+    d.set_item("queued_releases", release::queued())?;
+    Ok(d)
+}
+
+/// The `atexit` hook: waits up to `timeout` seconds for pending work (polling, detached),
+/// releases what completed, then stops releasing: whatever is still pending is leaked and
+/// counted, with one warning on stderr.
+#[pyfunction]
+#[pyo3(signature = (timeout = 5.0))]
+fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(timeout.max(0.0));
+    loop {
+        let streams = SameThread(streams::all());
+        let busy = py.detach(move || {
+            let streams = streams;
+            streams
+                .0
+                .iter()
+                .map(|s| {
+                    s.poll();
+                    let st = s.stats();
+                    st.pending_guards + st.held_guards
+                })
+                .sum::<usize>()
+        });
+        drain(py);
+        if busy == 0 || std::time::Instant::now() >= deadline {
+            break;
+        }
+        py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+    }
+    FINALIZING.store(true, Ordering::Release);
+    let pending: u64 = streams::all()
+        .iter()
+        .map(|s| {
+            let st = s.stats();
+            (st.pending_guards + st.held_guards) as u64
+        })
+        .sum::<u64>()
+        + release::queued() as u64;
+    if pending > 0 {
+        eprintln!(
+            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work had not finished)"
+        );
+    }
+    Ok(pending)
+}
+
+#[pymodule]
+fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("CudaError", errors::cuda_error_type(py))?;
+    m.add_class::<kernel::Library>()?;
+    m.add_class::<kernel::Kernel>()?;
+    m.add_class::<kernel::PyParam>()?;
+    m.add_class::<LaunchHandle>()?;
+    m.add_function(wrap_pyfunction!(kernel::input, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::output, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::inout, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::scalar, m)?)?;
+    m.add_function(wrap_pyfunction!(launch, m)?)?;
+    m.add_function(wrap_pyfunction!(synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_check_args, m)?)?;
+    m.add_function(wrap_pyfunction!(_debug_counters, m)?)?;
+    m.add_function(wrap_pyfunction!(_shutdown, m)?)?;
+    Ok(())
+}

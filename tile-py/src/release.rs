@@ -1,0 +1,142 @@
+//! Releasing Python-made tensors with the interpreter attached.
+//!
+//! tile-launch drops a launch's guards wherever it learns that the work is done: inside a
+//! launch, a wait, a poll or a synchronisation — and tile-py makes the blocking ones with the
+//! interpreter *detached*. A deleter of a Python-made tensor must not run there (it may touch
+//! Python objects, and on a CUDA callback thread it could deadlock). So every tensor tile-py
+//! consumes is held as a [`PyGuard`], whose `Drop` only moves the tensor onto the global
+//! [`RELEASES`] queue, never calling a deleter and never taking the GIL. [`drain`] runs the
+//! queued deleters; it takes a [`Python`] token, so it runs attached by construction. Every
+//! entry point of the module drains before returning, and `atexit` drains one last time.
+//!
+//! Once the interpreter is finalising ([`FINALIZING`], set by the `atexit` hook), nothing is
+//! drained any more: queued and later tensors are counted as leaked instead.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use pyo3::prelude::*;
+use tile_dlpack::Used;
+
+/// Set by the `atexit` hook: from then on deleters are skipped and counted as leaked.
+pub(crate) static FINALIZING: AtomicBool = AtomicBool::new(false);
+
+/// Debug counters, exposed as `tile_py._debug_counters()`.
+pub(crate) struct Counters {
+    /// `launch` calls that got as far as converting arguments.
+    pub launches_attempted: AtomicU64,
+    /// Launches the driver accepted.
+    pub launches_issued: AtomicU64,
+    /// Tensors taken over (capsules renamed and consumed, exchange-API and CAI tensors).
+    pub consumed: AtomicU64,
+    /// Deleters run by [`drain`].
+    pub released: AtomicU64,
+    /// Tensors never released because the interpreter was finalising.
+    pub leaked_at_exit: AtomicU64,
+    /// Deleters that raised (reported through `sys.unraisablehook`).
+    pub deleter_errors: AtomicU64,
+}
+
+pub(crate) static COUNTERS: Counters = Counters {
+    launches_attempted: AtomicU64::new(0),
+    launches_issued: AtomicU64::new(0),
+    consumed: AtomicU64::new(0),
+    released: AtomicU64::new(0),
+    leaked_at_exit: AtomicU64::new(0),
+    deleter_errors: AtomicU64::new(0),
+};
+
+/// What a guard hands over when tile-launch drops it. The fields are never read: dropping them
+/// is the release.
+#[allow(dead_code)]
+pub(crate) enum Release {
+    /// A consumed tensor: dropping it runs the producer's deleter.
+    Tensor(Used),
+    /// A Python object kept alive for the launch (a `__cuda_array_interface__` exporter).
+    Object(Py<PyAny>),
+}
+
+/// Tensors and objects whose work is done, waiting for an attached thread to release them.
+static RELEASES: Mutex<Vec<Release>> = Mutex::new(Vec::new());
+
+fn push(items: impl IntoIterator<Item = Release>) {
+    if FINALIZING.load(Ordering::Acquire) {
+        for item in items {
+            COUNTERS.leaked_at_exit.fetch_add(1, Ordering::Relaxed);
+            // Never run a deleter or a decref during finalisation: leak it.
+            std::mem::forget(item);
+        }
+        return;
+    }
+    RELEASES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(items);
+}
+
+/// Queues a release; the deleter runs at the next [`drain`].
+pub(crate) fn defer_release(item: Release) {
+    push([item]);
+}
+
+/// Number of releases queued, not yet drained.
+pub(crate) fn queued() -> usize {
+    RELEASES.lock().unwrap_or_else(|p| p.into_inner()).len()
+}
+
+/// Runs every queued deleter, attached, in queue order. A deleter that raises is reported
+/// through `sys.unraisablehook` and the others still run; an exception pending in the caller
+/// is preserved.
+pub(crate) fn drain(py: Python<'_>) {
+    loop {
+        let batch = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(|p| p.into_inner()));
+        if batch.is_empty() {
+            return;
+        }
+        if FINALIZING.load(Ordering::Acquire) {
+            push(batch);
+            return;
+        }
+        let saved = PyErr::take(py);
+        for item in batch {
+            let is_tensor = matches!(item, Release::Tensor(_));
+            // A panic cannot come from a C deleter (it would abort), only from Rust code
+            // around it; catch it so that the remaining releases still run.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(item)));
+            if is_tensor {
+                COUNTERS.released.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(err) = PyErr::take(py) {
+                COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
+                err.write_unraisable(py, None);
+            }
+            if r.is_err() {
+                COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(err) = saved {
+            err.restore(py);
+        }
+    }
+}
+
+/// What a launch holds for one Python-made tensor (or object): on drop, whatever thread it is
+/// on and whether or not the interpreter is attached, it only queues the release.
+pub(crate) struct PyGuard(Option<Release>);
+
+impl PyGuard {
+    pub(crate) fn tensor(used: Used) -> PyGuard {
+        PyGuard(Some(Release::Tensor(used)))
+    }
+    pub(crate) fn object(obj: Py<PyAny>) -> PyGuard {
+        PyGuard(Some(Release::Object(obj)))
+    }
+}
+
+impl Drop for PyGuard {
+    fn drop(&mut self) {
+        if let Some(item) = self.0.take() {
+            defer_release(item);
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Launch streams: parsing Python stream objects, and one cached tile-launch [`Stream`] (with
+//! its release queue) per `(device, handle)`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cuda_sys::{CUcontext, CUstream, CuResultExt};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt, PyTuple};
+use tile_launch::{Context, Stream};
+
+use crate::errors::{Kind, err, launch_err, show};
+
+/// A stream as the caller gave it.
+pub(crate) struct StreamSpec {
+    /// Raw handle: 0 for the legacy default stream, 2 for the per-thread default stream.
+    pub raw: usize,
+    /// The device, when the stream object says (`.device.index`, `.device_id`).
+    pub device: Option<i32>,
+    /// The stream object, kept alive while its cached [`Stream`] lives.
+    pub owner: Option<Py<PyAny>>,
+}
+
+impl StreamSpec {
+    /// The value passed to producers as `__dlpack__(stream=...)`: the handle, 1 for the legacy
+    /// default stream (never 0), 2 for the per-thread default stream.
+    pub(crate) fn dlpack_value(&self) -> i64 {
+        if self.raw == 0 { 1 } else { self.raw as i64 }
+    }
+}
+
+const HOW: &str = "pass the stream to launch on, e.g. torch.cuda.current_stream(), \
+                   cupy.cuda.get_current_stream(), a cuda.core Stream, or an int handle (1 for the \
+                   legacy default stream)";
+
+fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> PyResult<usize> {
+    let n: i128 = v.extract().map_err(|_| {
+        err(
+            Kind::Type,
+            format!("{what} must be an int, got {}", show(v)),
+        )
+    })?;
+    if n == 0 && !zero_is_legacy {
+        return Err(err(
+            Kind::Value,
+            format!("stream 0 is ambiguous (DLPack disallows it); {HOW}"),
+        ));
+    }
+    if n < 0 || n > i128::from(u64::MAX) {
+        return Err(err(
+            Kind::Value,
+            format!("stream handle {n} is not a valid CUstream; {HOW}"),
+        ));
+    }
+    // 0 and 1 both name the legacy default stream.
+    Ok(if n == 1 { 0 } else { n as usize })
+}
+
+/// Parses the `stream` argument of `launch`.
+pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
+    let py = obj.py();
+    if obj.is_none() {
+        return Err(err(
+            Kind::Type,
+            format!("stream is required (got None): {HOW}"),
+        ));
+    }
+    if obj.cast::<PyBool>().is_ok() {
+        return Err(err(
+            Kind::Type,
+            format!("unsupported stream {}: {HOW}", show(obj)),
+        ));
+    }
+    if obj.cast::<PyInt>().is_ok() {
+        return Ok(StreamSpec {
+            raw: handle_from_int(obj, "stream", false)?,
+            device: None,
+            owner: None,
+        });
+    }
+    let raw = if let Ok(attr) = obj.getattr(intern!(py, "__cuda_stream__")) {
+        let v = if attr.is_callable() {
+            attr.call0()?
+        } else {
+            attr
+        };
+        let t = v.cast::<PyTuple>().map_err(|_| {
+            err(
+                Kind::Type,
+                format!(
+                    "__cuda_stream__ returned {}, expected (version, handle)",
+                    show(&v)
+                ),
+            )
+        })?;
+        if t.len() != 2 {
+            return Err(err(
+                Kind::Type,
+                format!(
+                    "__cuda_stream__ returned {}, expected (version, handle)",
+                    show(&v)
+                ),
+            ));
+        }
+        handle_from_int(&t.get_item(1)?, "__cuda_stream__()[1]", true)?
+    } else if let Ok(ptr) = obj.getattr(intern!(py, "ptr")) {
+        // CuPy streams; `ptr == 0` is CuPy's null (legacy default) stream.
+        handle_from_int(&ptr, "stream.ptr", true)?
+    } else if let Ok(h) = obj.getattr(intern!(py, "cuda_stream")) {
+        handle_from_int(&h, "stream.cuda_stream", true)?
+    } else {
+        return Err(err(
+            Kind::Type,
+            format!("unsupported stream type {}: {HOW}", show(obj)),
+        ));
+    };
+    let device = device_of(obj);
+    Ok(StreamSpec {
+        raw,
+        device,
+        owner: Some(obj.clone().unbind()),
+    })
+}
+
+fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
+    let py = obj.py();
+    if let Ok(d) = obj.getattr(intern!(py, "device"))
+        && let Ok(i) = d.getattr(intern!(py, "index"))
+        && let Ok(i) = i.extract::<i32>()
+    {
+        return Some(i);
+    }
+    if let Ok(d) = obj.getattr(intern!(py, "device_id"))
+        && let Ok(i) = d.extract::<i32>()
+    {
+        return Some(i);
+    }
+    None
+}
+
+static CONTEXTS: Mutex<Option<HashMap<i32, Arc<Context>>>> = Mutex::new(None);
+static STREAMS: Mutex<Option<HashMap<(i32, usize), Stream>>> = Mutex::new(None);
+
+fn context(ordinal: i32) -> tile_launch::Result<Arc<Context>> {
+    let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(c) = map.get(&ordinal) {
+        return Ok(Arc::clone(c));
+    }
+    let c = Context::new(ordinal)?;
+    map.insert(ordinal, Arc::clone(&c));
+    Ok(c)
+}
+
+/// The device a raw stream belongs to (`cuStreamGetCtx` + `cuCtxGetDevice`), or, for the
+/// default streams, the current context's device (0 if none is current).
+fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {
+    let d = cuda_sys::driver()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if raw > 2 {
+        // SAFETY: the caller vouches that `raw` is a live stream handle (the launch contract);
+        // out-pointer to a local.
+        unsafe { (d.cuStreamGetCtx)(raw as CUstream, &mut ctx) }.check("cuStreamGetCtx")?;
+    } else {
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
+        if ctx.is_null() {
+            return Ok(0);
+        }
+    }
+    // SAFETY: `ctx` is a live context; pushed and popped on this thread around the query.
+    unsafe { (d.cuCtxPushCurrent)(ctx) }.check("cuCtxPushCurrent")?;
+    let mut dev: cuda_sys::CUdevice = 0;
+    // SAFETY: out-pointer to a local; a context is current.
+    let r = unsafe { (d.cuCtxGetDevice)(&mut dev) }.check("cuCtxGetDevice");
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    unsafe { (d.cuCtxPopCurrent)(&mut popped) }.check("cuCtxPopCurrent")?;
+    r?;
+    Ok(dev)
+}
+
+/// The cached [`Stream`] for `spec`, created on first use.
+pub(crate) fn get(py: Python<'_>, spec: StreamSpec) -> PyResult<Stream> {
+    let to_py = |e| launch_err(py, e, |_| None);
+    let device = match spec.device {
+        Some(d) => d,
+        None => device_of_raw(spec.raw).map_err(to_py)?,
+    };
+    let key = (device, spec.raw);
+    if let Some(s) = STREAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key))
+    {
+        return Ok(s.clone());
+    }
+    let ctx = context(device).map_err(to_py)?;
+    let raw = spec.raw as CUstream;
+    let stream = match spec.owner {
+        // SAFETY: `raw` is the handle of the stream object `owner`, a stream of the device's
+        // primary context (PyTorch, CuPy and cuda.core use primary contexts), which stays
+        // valid while `owner` lives; the cached `Stream` holds `owner`.
+        Some(owner) => unsafe { Stream::from_raw_keeping(&ctx, raw, Box::new(owner)) },
+        // SAFETY: an int handle: the caller promises a live stream of this device (documented
+        // on `tile_py.launch`); 0 and 2 are the default streams, always valid.
+        None => unsafe { Stream::from_raw(&ctx, raw) },
+    }
+    .map_err(to_py)?;
+    let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+    let s = g
+        .get_or_insert_with(HashMap::new)
+        .entry(key)
+        .or_insert(stream);
+    Ok(s.clone())
+}
+
+/// Every cached stream.
+pub(crate) fn all() -> Vec<Stream> {
+    STREAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default()
+}
