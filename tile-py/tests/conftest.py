@@ -1,0 +1,44 @@
+"""GPU tests are marked ``gpu``: skipped with a reason on machines without a CUDA GPU, and
+failed (not skipped) there when ``TILE_REQUIRE_GPU=1`` (the GPU bundle sets it)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _gpu_reason():
+    """None when a CUDA GPU is usable, else why not."""
+    if not os.path.exists("/dev/nvidia0") and shutil.which("nvidia-smi") is None:
+        return "no NVIDIA GPU (no /dev/nvidia0, no nvidia-smi)"
+    try:
+        import torch  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"PyTorch is not importable: {e}"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False"
+    return None
+
+
+_REASON = "unset"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (TILE_REQUIRE_GPU=1 turns a missing GPU into a failure)")
+
+
+def pytest_runtest_setup(item):
+    global _REASON
+    if item.get_closest_marker("gpu") is None:
+        return
+    if _REASON == "unset":
+        _REASON = _gpu_reason()
+    if _REASON is None:
+        return
+    if os.environ.get("TILE_REQUIRE_GPU") == "1":
+        pytest.fail(f"TILE_REQUIRE_GPU=1 but {_REASON}", pytrace=False)
+    pytest.skip(f"needs a CUDA GPU: {_REASON}")

@@ -1,0 +1,641 @@
+"""CPU tests of tile_py's argument path: the bad-input table (reliability plan, section 6), the
+stream handshake, capsule consumption and rollback. They run the same conversion and checks as
+``tile_py.launch`` through ``tile_py._check_args`` (no device needed), or ``tile_py.launch``
+itself where it fails before needing a driver. Every test asserts the exception type, the argument
+index and offending value in the message, the deleter count, and that nothing was launched."""
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import tile_py
+from tile_py import In, InOut, Out, Scalar
+from dlpack_ctypes import (
+    BF16,
+    F32,
+    F64,
+    I32,
+    READ_ONLY,
+    LegacyProducer,
+    Producer,
+    StreamOnlyProducer,
+    capsule_name,
+    kDLBfloat,
+    kDLCPU,
+    kDLCUDA,
+    kDLCUDAHost,
+    kDLFloat,
+    kDLFloat4_e2m1fn,
+    make_capsule,
+)
+
+STREAM = 0x1234
+
+
+def check(params, args, **kw):
+    kw.setdefault("stream", STREAM)
+    return tile_py._check_args(params, args, **kw)
+
+
+@pytest.fixture
+def counters():
+    """Asserts that nothing was launched during the test, and gives the consumed/released
+    deltas."""
+
+    class Delta:
+        def __init__(self):
+            self.start = tile_py._debug_counters()
+
+        def __getitem__(self, k):
+            return tile_py._debug_counters()[k] - self.start[k]
+
+    d = Delta()
+    yield d
+    assert d["launches_issued"] == 0
+    assert tile_py._debug_counters()["queued_releases"] == 0
+
+
+# ---- success paths ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_capsule_consumed_once(counters, versioned):
+    cap, c = make_capsule(versioned=versioned)
+    check([In("float32")], (cap,))
+    assert capsule_name(cap).startswith("used_dltensor")
+    assert c.calls == 1
+    assert counters["consumed"] == 1 and counters["released"] == 1
+    with pytest.raises(ValueError, match=r"argument 0: DLPack capsule already consumed"):
+        check([In("float32")], (cap,))
+    del cap
+    gc.collect()
+    assert c.calls == 1
+
+
+def test_producer_consumed_and_released(counters):
+    p = Producer(shape=(3, 4), dtype=BF16)
+    check([InOut("bfloat16")], (p,))
+    assert p.calls == [{"stream": STREAM, "max_version": (1, 3)}]
+    assert p.deleted == 1
+
+
+def test_null_strides_are_compact_and_zero_size_null_data_ok(counters):
+    cap, c = make_capsule(shape=(3, 4), strides=None)
+    cap0, c0 = make_capsule(shape=(0,), data=0)
+    check([Out("float32"), Out("float32")], (cap, cap0))
+    assert (c.calls, c0.calls) == (1, 1)
+
+
+def test_scalars_accept_python_and_numpy(counters):
+    params = [Scalar("i32"), Scalar("u64"), Scalar("f32"), Scalar("f64"), Scalar("bool")]
+    check(params, (np.int32(-5), 2**64 - 1, np.float32(1.5), 3, np.bool_(True)))
+    check(params, (-(2**31), 0, 1e38, float("inf"), False))
+
+
+def test_input_may_be_read_only_or_broadcast(counters):
+    ro, c1 = make_capsule(flags=READ_ONLY)
+    bc, c2 = make_capsule(shape=(4, 4), strides=(0, 1))
+    check([In("float32"), In("float32")], (ro, bc))
+    assert (c1.calls, c2.calls) == (1, 1)
+
+
+# ---- row 1: wrong capsule name / not a capsule ---------------------------------------------
+
+
+def test_row1_wrong_capsule_name(counters):
+    cap, c = make_capsule(name="foo", destructor=False)
+    with pytest.raises(TypeError, match=r"argument 0: .*named \"foo\""):
+        check([In("float32")], (cap,))
+    assert capsule_name(cap) == "foo"
+    assert c.calls == 0 and counters["consumed"] == 0
+
+
+@pytest.mark.parametrize("bad", [1, None, "x", object()])
+def test_row1_not_a_tensor(counters, bad):
+    good = Producer()
+    with pytest.raises(TypeError, match=r"argument 1: expected a tensor \(input tensor of float32\).*got " + repr_re(bad)):
+        check([In("float32"), In("float32")], (good, bad))
+    assert good.deleted == 1  # argument 0 was converted first: released, not leaked
+    assert counters["consumed"] == 0
+
+
+def repr_re(obj):
+    import re
+
+    return re.escape(repr(obj)[:20])
+
+
+def test_row1_dlpack_returns_non_capsule(counters):
+    class ListProducer:
+        calls = 0
+
+        def __dlpack__(self, **kw):
+            ListProducer.calls += 1
+            return [1, 2]
+
+    with pytest.raises(TypeError, match=r"argument 0: __dlpack__\(\) returned \[1, 2\] \(list\)"):
+        check([In("float32")], (ListProducer(),))
+    assert ListProducer.calls == 1
+
+
+# ---- row 2: already consumed -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["used_dltensor", "used_dltensor_versioned"])
+def test_row2_used_capsule(counters, name):
+    cap, c = make_capsule(name=name, destructor=False)
+    with pytest.raises(ValueError, match=rf"argument 0: DLPack capsule already consumed .*{name}"):
+        check([In("float32")], (cap,))
+    assert c.calls == 0
+
+
+# ---- row 3: major version too new ------------------------------------------------------------
+
+
+def test_row3_major_version_too_new_raw_capsule(counters):
+    cap, c = make_capsule(version=(2, 0), ndim=-99, null_shape=True)
+    with pytest.raises(BufferError, match=r"argument 0: unsupported DLPack version 2\.0"):
+        check([In("float32")], (cap,))
+    # Not ours: the name is restored and the capsule's destructor deletes it, exactly once.
+    assert capsule_name(cap) == "dltensor_versioned"
+    assert c.calls == 0
+    del cap
+    gc.collect()
+    assert c.calls == 1
+
+
+def test_row3_major_version_too_new_producer(counters):
+    p = Producer(version=(2, 0), ndim=-99, null_shape=True)
+    with pytest.raises(BufferError, match=r"argument 0: unsupported DLPack version 2\.0"):
+        check([In("float32")], (p,))
+    assert p.deleted == 1
+
+
+# ---- rows 4-9: malformed descriptors (deleter exactly once via the producer's capsule) ---------
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, pattern",
+    [
+        (dict(data=0, shape=(4,)), ValueError, r"data pointer is null but the tensor has 4 elements"),
+        (dict(ndim=-1), ValueError, r"ndim -1 is out of range 0..=64"),
+        (dict(shape=(1,) * 65), ValueError, r"ndim 65 is out of range 0..=64"),
+        (dict(null_shape=True, shape=(4,)), ValueError, r"shape pointer is null with ndim 1"),
+        (dict(shape=(-1,)), ValueError, r"shape\[0\] is negative: -1"),
+        (dict(shape=(2**62, 4)), OverflowError, r"element count overflows"),
+        (dict(shape=(2,), strides=(2**62,), dtype=F64), OverflowError, r"byte extent overflows"),
+        (dict(data=2**64 - 8, byte_offset=16), OverflowError, r"data pointer \+ byte_offset overflows"),
+        (dict(data=0x10002), ValueError, r"0x10002 .*not aligned to 4 bytes for float32"),
+        (dict(dtype=(kDLFloat, 32, 4)), TypeError, r"code 2, bits 32, lanes 4.*kernel expects input tensor of float32"),
+        (dict(dtype=(kDLFloat, 24, 1)), TypeError, r"code 2, bits 24, lanes 1"),
+        (dict(dtype=(200, 8, 1)), TypeError, r"code 200"),
+        (dict(dtype=(kDLFloat4_e2m1fn, 8, 1)), TypeError, r"code 17, bits 8"),
+        (dict(device=(99, 0)), ValueError, r"invalid device \(device_type 99"),
+    ],
+)
+def test_rows4_to_9_malformed(counters, kwargs, exc, pattern):
+    p = Producer(**kwargs)
+    with pytest.raises(exc, match=r"argument 0: .*" + pattern):
+        check([In("float32")], (p,))
+    assert p.deleted == 1
+    assert counters["consumed"] == 0
+
+
+def test_rows4_to_9_raw_capsule_not_consumed(counters):
+    cap, c = make_capsule(shape=(-3,))
+    with pytest.raises(ValueError, match=r"argument 0: shape\[0\] is negative: -3"):
+        check([In("float32")], (cap,))
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+    del cap
+    gc.collect()
+    assert c.calls == 1
+
+
+def test_row9_dtype_mismatch(counters):
+    p = Producer(dtype=I32)
+    with pytest.raises(TypeError, match=r"argument 0: expected a tensor of float32, got int32"):
+        check([In("float32")], (p,))
+    assert p.deleted == 1
+
+
+# ---- row 10: device --------------------------------------------------------------------------
+
+
+def test_row10_numpy_host_memory_refused(counters):
+    a = np.arange(10, dtype=np.float32)
+    before = sys.getrefcount(a)
+    with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu, but the launch stream is on cuda:0"):
+        check([In("float32")], (a,))
+    gc.collect()
+    assert sys.getrefcount(a) == before  # NumPy's deleter ran: no reference kept
+
+
+@pytest.mark.parametrize(
+    "device, shown", [((kDLCUDA, 1), "cuda:1"), ((kDLCPU, 0), "cpu"), ((9, 0), "device_type 9:0")]
+)
+def test_row10_wrong_device(counters, device, shown):
+    p = Producer(device=device)
+    with pytest.raises(ValueError, match=rf"argument 0: tensor is on {shown}, but the launch stream is on cuda:0"):
+        check([In("float32")], (p,))
+    assert p.deleted == 1
+
+
+def test_row10_stream_device_from_keyword(counters):
+    p = Producer(device=(kDLCUDA, 1))
+    check([In("float32")], (p,), device=1)
+    assert p.deleted == 1
+
+
+def test_row10_pinned_host_accepted(counters):
+    p = Producer(device=(kDLCUDAHost, 0))
+    check([In("float32")], (p,))
+    assert p.deleted == 1
+
+
+# ---- rows 11-12: outputs ---------------------------------------------------------------------
+
+
+def test_row11_read_only_output(counters):
+    p = Producer(flags=READ_ONLY)
+    with pytest.raises(ValueError, match=r"argument 1: tensor is read-only \(DLPACK_FLAG_BITMASK_READ_ONLY\)"):
+        check([In("float32"), Out("float32")], (Producer(), p))
+    assert p.deleted == 1
+
+
+def test_row12_overlapping_output(counters):
+    p = Producer(shape=(4, 4), strides=(0, 1))
+    with pytest.raises(ValueError, match=r"argument 0: tensor has internal overlap at axis 0"):
+        check([Out("float32")], (p,))
+    assert p.deleted == 1
+
+
+# ---- row 13: grid / block (checked by launch itself, before any argument is touched) ---------
+
+
+@pytest.mark.parametrize(
+    "grid, block, exc, pattern",
+    [
+        ([1], 1, TypeError, r"grid must be an int or a tuple of 1 to 3 ints \(use a tuple, not a list\), got \[1\]"),
+        ((1, 2, 3, 4), 1, ValueError, r"grid has 4 dimensions, \(1, 2, 3, 4\)"),
+        ((0,), 1, ValueError, r"grid\[0\] is 0; every dimension must be at least 1"),
+        ((-1,), 1, ValueError, r"grid\[0\] is -1"),
+        ((2**31,), 1, ValueError, r"grid\[0\] is 2147483648, above the limit 2147483647"),
+        ((1, 65536), 1, ValueError, r"grid\[1\] is 65536, above the limit 65535"),
+        ((1, 1.5), 1, TypeError, r"grid\[1\] must be an int, got 1.5"),
+        (1, (1025,), ValueError, r"block\[0\] is 1025, above the limit 1024"),
+        (1, (32, 32, 2), ValueError, r"block has 2048 threads"),
+        (1, (1, 1, 65), ValueError, r"block\[2\] is 65, above the limit 64"),
+    ],
+)
+def test_row13_grid_and_block(counters, grid, block, exc, pattern):
+    cap, c = make_capsule()
+    with pytest.raises(exc, match=pattern):
+        tile_py.launch(STREAM, grid, None, (cap,), block=block)
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+    check([In("float32")], (cap,))  # still usable
+    assert c.calls == 1
+
+
+def test_row13_shared_mem(counters):
+    with pytest.raises(ValueError, match=r"shared_mem is -1 bytes"):
+        tile_py.launch(STREAM, 1, None, (), block=1, shared_mem=-1)
+    with pytest.raises(TypeError, match=r"shared_mem must be an int"):
+        tile_py.launch(STREAM, 1, None, (), block=1, shared_mem=1.0)
+
+
+def test_launch_rejects_non_kernel(counters):
+    cap, c = make_capsule()
+    with pytest.raises(TypeError, match=r"kernel must be a tile_py.Kernel, got 'k' \(str\)"):
+        tile_py.launch(STREAM, 1, "k", (cap,), block=1)
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+
+
+# ---- row 14: argument count / kind -------------------------------------------------------------
+
+
+def test_row14_argument_count(counters):
+    p = Producer()
+    with pytest.raises(TypeError, match=r"expects 2 arguments but 1 were given"):
+        check([In("float32"), In("float32")], (p,))
+    assert p.calls == [] and p.deleted == 0  # the producer was never asked
+
+
+def test_row14_args_not_a_sequence(counters):
+    with pytest.raises(TypeError, match=r"args must be a tuple or a list, got"):
+        check([In("float32")], Producer())
+
+
+def test_row14_tensor_for_scalar(counters):
+    p = Producer()
+    with pytest.raises(TypeError, match=r"argument 1: expected a number for scalar u64, got <.*Producer"):
+        check([In("float32"), Scalar("u64")], (Producer(), p))
+    assert p.calls == []
+
+
+# ---- row 15: scalars ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ty, value, exc, pattern",
+    [
+        ("i32", 2**31, OverflowError, r"argument 1: 2147483648 \(int\) does not fit scalar i32 \(range -2147483648..=2147483647\)"),
+        ("u64", -1, OverflowError, r"argument 1: -1 \(int\) does not fit scalar u64"),
+        ("u8", 256, OverflowError, r"argument 1: 256 \(int\) does not fit scalar u8"),
+        ("i64", 2**200, OverflowError, r"argument 1: .* does not fit scalar i64"),
+        ("i32", 1.5, TypeError, r"argument 1: expected an integer for scalar i32, got 1.5 \(float\)"),
+        ("i32", True, TypeError, r"argument 1: expected an integer for scalar i32, got True \(bool\)"),
+        ("i32", "3", TypeError, r"argument 1: expected an integer for scalar i32, got '3' \(str\)"),
+        ("f32", "x", TypeError, r"argument 1: expected a float for scalar f32, got 'x' \(str\)"),
+        ("f32", 1e300, OverflowError, r"argument 1: 1e\+300 \(float\) does not fit scalar f32"),
+        ("bool", 1, TypeError, r"argument 1: expected a bool for scalar bool, got 1 \(int\)"),
+        ("i16", np.int64(40000), OverflowError, r"argument 1: .*40000.* does not fit scalar i16"),
+    ],
+)
+def test_row15_scalar(counters, ty, value, exc, pattern):
+    p = Producer()
+    with pytest.raises(exc, match=pattern):
+        check([In("float32"), Scalar(ty)], (p, value))
+    assert p.deleted == 1  # argument 0 was converted first, then released
+
+
+# ---- row 16: streams ---------------------------------------------------------------------------
+
+
+def test_row16_stream_none(counters):
+    cap, c = make_capsule()
+    with pytest.raises(TypeError, match=r"stream is required \(got None\).*torch\.cuda\.current_stream\(\)"):
+        tile_py.launch(None, 1, None, (cap,), block=1)
+    assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
+
+
+@pytest.mark.parametrize(
+    "stream, exc, pattern",
+    [
+        (0, ValueError, r"stream 0 is ambiguous"),
+        (-5, ValueError, r"stream handle -5 is not a valid CUstream"),
+        ("s", TypeError, r"unsupported stream type 's' \(str\)"),
+        (1.0, TypeError, r"unsupported stream type 1.0 \(float\)"),
+        (True, TypeError, r"unsupported stream True"),
+    ],
+)
+def test_row16_bad_stream(counters, stream, exc, pattern):
+    p = Producer()
+    with pytest.raises(exc, match=pattern):
+        check([In("float32")], (p,), stream=stream)
+    assert p.calls == [] and p.deleted == 0
+
+
+# ---- row 17: producer errors -------------------------------------------------------------------
+
+
+def test_row17_producer_raises(counters):
+    class Boom(Producer):
+        def __dlpack__(self, **kw):
+            self.calls.append(kw)
+            raise RuntimeError("boom")
+
+    b = Boom()
+    with pytest.raises(RuntimeError, match="boom") as ei:
+        check([In("float32"), In("float32")], (Producer(), b))
+    assert len(b.calls) == 1
+    if sys.version_info >= (3, 11):
+        assert "while converting argument 1" in ei.value.__notes__
+
+
+def test_row17_internal_type_error_is_not_retried(counters):
+    class Internal(Producer):
+        def __dlpack__(self, **kw):
+            self.calls.append(kw)
+            raise TypeError("unsupported dtype in producer")
+
+    p = Internal()
+    with pytest.raises(TypeError, match="unsupported dtype in producer"):
+        check([In("float32")], (p,))
+    assert len(p.calls) == 1
+
+
+# ---- the stream handshake ------------------------------------------------------------------------
+
+
+class CudaStream:
+    """Like torch.cuda.Stream / cuda.core Stream: __cuda_stream__ returns (version, handle)."""
+
+    def __init__(self, handle, device=None):
+        self.handle = handle
+        if device is not None:
+            self.device_id = device
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+class CupyLikeStream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+@pytest.mark.parametrize(
+    "stream, sync, seen",
+    [
+        (0x1234, True, 0x1234),
+        (1, True, 1),
+        (2, True, 2),
+        (CudaStream(0), True, 1),  # torch's default stream: handle 0 is sent as 1, never 0
+        (CudaStream(0xBEEF), True, 0xBEEF),
+        (CupyLikeStream(0), True, 1),
+        (CupyLikeStream(0xF00), True, 0xF00),
+        (0x1234, False, -1),  # only when the caller opts out
+    ],
+)
+def test_stream_value_passed_to_producer(counters, stream, sync, seen):
+    p = Producer()
+    check([In("float32")], (p,), stream=stream, sync=sync)
+    assert p.calls == [{"stream": seen, "max_version": (1, 3)}]
+    assert p.deleted == 1
+
+
+def test_stream_device_attribute_is_used(counters):
+    p = Producer(device=(kDLCUDA, 3))
+    check([In("float32")], (p,), stream=CudaStream(0x99, device=3))
+    assert p.deleted == 1
+
+
+def test_cpu_producer_gets_stream_none(counters):
+    p = Producer(device=(kDLCPU, 0))
+    with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu"):
+        check([In("float32")], (p,))
+    assert p.calls == [{"stream": None, "max_version": (1, 3)}]
+    assert p.deleted == 1
+
+
+def test_keyword_retry_stream_only_producer(counters):
+    p = StreamOnlyProducer()
+    check([In("float32")], (p,))
+    assert p.calls == [{"stream": STREAM}]
+    assert p.deleted == 1
+
+
+def test_keyword_retry_legacy_producer(counters):
+    p = LegacyProducer(versioned=False)
+    check([In("float32")], (p,))
+    assert p.calls == [{}]
+    assert p.deleted == 1
+
+
+# ---- partial conversion and rollback -----------------------------------------------------------
+
+
+def test_partial_conversion_releases_what_it_took(counters):
+    a, b = Producer(), Producer()
+    with pytest.raises(TypeError, match=r"argument 2: expected a tensor .* got <object object"):
+        check([In("float32")] * 3, (a, b, object()))
+    assert (a.deleted, b.deleted) == (1, 1)
+    assert counters["consumed"] == 0 and counters["launches_attempted"] == 1
+
+
+def test_partial_conversion_restores_callers_capsules(counters):
+    ca, ka = make_capsule()
+    cb, kb = make_capsule(versioned=False)
+    with pytest.raises(TypeError, match=r"argument 2"):
+        check([In("float32")] * 3, (ca, cb, object()))
+    assert capsule_name(ca) == "dltensor_versioned" and capsule_name(cb) == "dltensor"
+    assert (ka.calls, kb.calls) == (0, 0)
+    check([In("float32")] * 2, (ca, cb))
+    assert (ka.calls, kb.calls) == (1, 1)
+
+
+def test_check_failure_after_conversion_rolls_back_everything(counters):
+    ca, ka = make_capsule()
+    p = Producer()
+    bad = Producer(dtype=I32)
+    with pytest.raises(TypeError, match=r"argument 2: expected a tensor of float32, got int32"):
+        check([In("float32")] * 3, (ca, p, bad))
+    assert capsule_name(ca) == "dltensor_versioned" and ka.calls == 0
+    assert (p.deleted, bad.deleted) == (1, 1)
+
+
+def test_consume_false_rolls_back(counters):
+    ca, ka = make_capsule()
+    check([In("float32")], (ca,), consume=False)
+    assert capsule_name(ca) == "dltensor_versioned" and ka.calls == 0
+
+
+# ---- concurrent consumption of one capsule -------------------------------------------------------
+
+
+def test_capsule_consumed_by_exactly_one_thread(counters):
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(20):
+            cap, c = make_capsule()
+            barrier = threading.Barrier(16)
+            results = []
+
+            def worker():
+                barrier.wait()
+                try:
+                    check([In("float32")], (cap,))
+                    results.append("ok")
+                except ValueError as e:
+                    assert "already consumed" in str(e)
+                    results.append("consumed")
+
+            threads = [threading.Thread(target=worker) for _ in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert results.count("ok") == 1 and results.count("consumed") == 15
+            assert c.calls == 1
+    finally:
+        sys.setswitchinterval(old)
+
+
+# ---- __cuda_array_interface__ --------------------------------------------------------------------
+
+
+class CAI:
+    def __init__(self, **over):
+        self.__cuda_array_interface__ = {
+            "shape": (4, 3),
+            "typestr": "<f4",
+            "data": (0x20000, False),
+            "version": 3,
+            "strides": None,
+            "stream": 0x77,
+        }
+        self.__cuda_array_interface__.update(over)
+
+
+def test_cai_object_is_held_then_released(counters):
+    obj = CAI()
+    before = sys.getrefcount(obj)
+    check([InOut("float32")], (obj,))
+    assert sys.getrefcount(obj) == before
+    assert counters["consumed"] == 1 and counters["released"] == 1
+
+
+def test_cai_strided(counters):
+    check([In("float32")], (CAI(strides=(4, 16)),))
+
+
+@pytest.mark.parametrize(
+    "over, exc, pattern",
+    [
+        (dict(data=(0x20000, True)), ValueError, r"argument 0: tensor is read-only"),
+        (dict(stream=0), ValueError, r"argument 0: __cuda_array_interface__: 'stream' is 0"),
+        (dict(mask=object()), ValueError, r"argument 0: __cuda_array_interface__: masked arrays"),
+        (dict(typestr=">f4"), TypeError, r"argument 0: unsupported __cuda_array_interface__ typestr \">f4\""),
+        (dict(strides=(3, 4)), ValueError, r"strides\[0\] = 3 bytes is not a multiple of the item size 4"),
+        (dict(typestr="<i4"), TypeError, r"argument 0: expected a tensor of float32, got int32"),
+    ],
+)
+def test_cai_bad(counters, over, exc, pattern):
+    obj = CAI(**over)
+    before = sys.getrefcount(obj)
+    with pytest.raises(exc, match=pattern):
+        check([Out("float32")], (obj,))
+    gc.collect()
+    assert sys.getrefcount(obj) == before
+
+
+# ---- parameter declarations ----------------------------------------------------------------------
+
+
+def test_param_declarations():
+    assert repr(In("f32")) == 'tile_py.In("float32")'
+    assert repr(Out(np.float16)) == 'tile_py.Out("float16")'
+    assert repr(InOut(np.dtype("int64"))) == 'tile_py.InOut("int64")'
+    assert repr(In("bf16")) == 'tile_py.In("bfloat16")'
+    assert repr(Scalar("uint64")) == 'tile_py.Scalar("u64")'
+    assert In("float32") == In("f32")
+    with pytest.raises(ValueError, match=r"unknown dtype 'float33'"):
+        In("float33")
+    with pytest.raises(ValueError, match=r"unknown scalar type 'u128'"):
+        Scalar("u128")
+    with pytest.raises(TypeError, match=r"params\[1\] must be a tile_py.In/Out/InOut/Scalar declaration"):
+        check([In("f32"), "f32"], (1, 2))
+
+
+def test_no_driver_is_a_cuda_error():
+    try:
+        tile_py.Library.from_ptx(".version 8.0")
+    except tile_py.CudaError as e:
+        assert hasattr(e, "name")
+        assert isinstance(e, RuntimeError)
+    except Exception as e:  # pragma: no cover
+        pytest.fail(f"expected tile_py.CudaError, got {type(e).__name__}: {e}")
+    else:
+        # A machine with a driver loads... an invalid PTX should then fail as CudaError too.
+        pytest.fail("loading invalid PTX succeeded")
+
+
+def test_stats_shape():
+    s = tile_py.stats()
+    for k in ("pending_guards", "pending_bytes", "held_guards", "held_bytes", "released", "leaked", "launches"):
+        assert isinstance(s[k], int)
+    tile_py.synchronize()
