@@ -36,9 +36,17 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<()> {
-    let n: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(1 << 24);
+    let n: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(1 << 24);
     let ctx = Context::new(0)?;
-    println!("device: {} (cuda:0), driver {}", ctx.name()?, cuda_sys::driver()?.version());
+    println!(
+        "device: {} (cuda:0), driver {}",
+        ctx.name()?,
+        cuda_sys::driver()?.version()
+    );
 
     let lib = Library::from_cuda_source(KERNELS, &[])?;
     let add = lib.kernel(
@@ -81,7 +89,7 @@ fn run() -> Result<()> {
         ],
     )?;
     let launch_us = start.elapsed().as_secs_f64() * 1e6;
-    let pending = stream.stats().pending_guards;
+    let held = stream.stats().held_guards;
     let done_at_launch = handle.is_complete()?;
     let retired = handle.retire()?;
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -95,10 +103,13 @@ fn run() -> Result<()> {
     println!("launch call:     {launch_us:.1} us (host time of Stream::launch)");
     println!("launch + retire: {total_ms:.3} ms");
     println!(
-        "guards:          {pending} held at launch (complete then: {done_at_launch}), {} released by retire, {} released in total, {} leaked",
+        "guards:          {held} held at launch (work complete then: {done_at_launch}), {} released by retire, {} released in total, {} leaked",
         retired.released, stats.released, stats.leaked
     );
-    println!("result:          {} of {n} elements match the CPU reference", n - wrong);
+    println!(
+        "result:          {} of {n} elements match the CPU reference",
+        n - wrong
+    );
     ensure!(wrong == 0, "{wrong} elements differ from the CPU reference");
     ensure!(stats.leaked == 0, "tensors leaked");
     println!("OK");

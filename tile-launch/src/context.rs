@@ -69,14 +69,15 @@ impl Context {
         // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
         unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
             .check("cuDevicePrimaryCtxRetain")?;
-        let ctx = Context {
+        // From here on `Context`'s Drop balances the retain, on the error path too.
+        let mut ctx = Context {
             ordinal,
             device,
             raw,
             limits: DeviceLimits::default(),
         };
-        let limits = ctx.read_limits(d)?;
-        Ok(Arc::new(Context { limits, ..ctx }))
+        ctx.limits = ctx.read_limits(d)?;
+        Ok(Arc::new(ctx))
     }
 
     fn read_limits(&self, d: &Driver) -> Result<DeviceLimits> {

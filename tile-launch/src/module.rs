@@ -109,15 +109,24 @@ pub enum Param {
 impl Param {
     /// A tensor the kernel reads.
     pub fn input(dtype: DType) -> Param {
-        Param::Tensor { dtype, intent: Intent::Read }
+        Param::Tensor {
+            dtype,
+            intent: Intent::Read,
+        }
     }
     /// A tensor the kernel writes.
     pub fn output(dtype: DType) -> Param {
-        Param::Tensor { dtype, intent: Intent::Write }
+        Param::Tensor {
+            dtype,
+            intent: Intent::Write,
+        }
     }
     /// A tensor the kernel reads and writes.
     pub fn inout(dtype: DType) -> Param {
-        Param::Tensor { dtype, intent: Intent::ReadWrite }
+        Param::Tensor {
+            dtype,
+            intent: Intent::ReadWrite,
+        }
     }
     /// A scalar passed by value.
     pub fn scalar(ty: ScalarType) -> Param {
@@ -159,7 +168,9 @@ pub struct Signature {
 impl Signature {
     /// A signature from its parameters, in order.
     pub fn new(params: impl IntoIterator<Item = Param>) -> Signature {
-        Signature { params: params.into_iter().collect() }
+        Signature {
+            params: params.into_iter().collect(),
+        }
     }
 
     /// The parameters, in order.
@@ -196,7 +207,9 @@ pub struct Library {
 
 impl fmt::Debug for Library {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Library").field("raw", &self.inner.raw).finish()
+        f.debug_struct("Library")
+            .field("raw", &self.inner.raw)
+            .finish()
     }
 }
 
@@ -237,7 +250,9 @@ impl Library {
             )
         }
         .check("cuLibraryLoadData")?;
-        Ok(Library { inner: Arc::new(LibraryInner { d, raw }) })
+        Ok(Library {
+            inner: Arc::new(LibraryInner { d, raw }),
+        })
     }
 
     /// Loads PTX text. See [`Library::from_image`].
@@ -285,7 +300,8 @@ impl Library {
 
     /// Looks up kernel `name` (`cuLibraryGetKernel`) and checks `signature` against the
     /// parameters the compiled kernel declares (`cuKernelGetParamInfo`): same count, and each
-    /// parameter of the declared size.
+    /// parameter of the declared size. The check loads the kernel into the calling thread's
+    /// current context, or into device 0's primary context when none is current.
     ///
     /// # Errors
     ///
@@ -300,6 +316,17 @@ impl Library {
         // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
         unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
             .check("cuLibraryGetKernel")?;
+        // Reading parameter info loads the kernel into a context: use the calling thread's
+        // current one, or device 0's primary context when none is current.
+        let mut current: cuda_sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
+        let fallback = if current.is_null() {
+            Some(crate::Context::new(0)?)
+        } else {
+            None
+        };
+        let _bound = fallback.as_ref().map(|c| c.bind_with(d)).transpose()?;
         check_param_info(d, raw, name, &signature)?;
         Ok(Kernel {
             raw,
@@ -311,7 +338,10 @@ impl Library {
 }
 
 fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> Result<()> {
-    let mismatch = |reason: String| Error::Signature { kernel: name.to_owned(), reason };
+    let mismatch = |reason: String| Error::Signature {
+        kernel: name.to_owned(),
+        reason,
+    };
     for (i, p) in sig.params().iter().enumerate() {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: out-pointers to locals; `raw` is a kernel of a loaded library.

@@ -88,6 +88,8 @@ pub fn run() -> Result<()> {
     )?;
     copy_dir(&root.join("tile-launch/kernels"), &out.join("kernels"))?;
     fs::write(out.join("run.sh"), RUN_SH)?;
+    crate::wheel::bundle(&out)?;
+    strip_debug_info(&out)?;
     copied.sort();
     println!(
         "gpu-bundle: {} test binaries, example vector_add, kernels",
@@ -109,6 +111,27 @@ fn package_name(id: &str) -> String {
         Some((_, rest)) if rest.contains('@') => rest.split('@').next().unwrap_or(name).into(),
         _ => name.into(),
     }
+}
+
+/// Drops debug info from the bundled binaries (the release profile keeps it for profiling),
+/// which keeps the bundle small enough to copy around.
+fn strip_debug_info(out: &Path) -> Result<()> {
+    for dir in ["tests", "examples"] {
+        for entry in fs::read_dir(out.join(dir))? {
+            let path = entry?.path();
+            let status = std::process::Command::new("strip")
+                .arg("--strip-debug")
+                .arg(&path)
+                .status();
+            if !matches!(status, Ok(s) if s.success()) {
+                eprintln!(
+                    "gpu-bundle: could not strip {} (is binutils installed?)",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -143,6 +166,8 @@ for t in "$here"/tests/*; do
 done
 echo "== example vector_add"
 if ! "$here/examples/vector_add"; then status=1; failed+=("vector_add"); fi
+echo "== tile_py (wheel + pytest)"
+if ! bash "$here/python/run_pytest.sh"; then status=1; failed+=("tile_py"); fi
 if [ $status -ne 0 ]; then echo "run.sh: FAILED: ${failed[*]}"; else echo "run.sh: all passed"; fi
 exit $status
 "#;
