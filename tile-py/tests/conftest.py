@@ -31,6 +31,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (TILE_REQUIRE_GPU=1 turns a missing GPU into a failure)")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     global _REASON
     if item.get_closest_marker("gpu") is None:

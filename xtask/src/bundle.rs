@@ -89,6 +89,7 @@ pub fn run() -> Result<()> {
     copy_dir(&root.join("tile-launch/kernels"), &out.join("kernels"))?;
     fs::write(out.join("run.sh"), RUN_SH)?;
     crate::wheel::bundle(&out)?;
+    crate::wheel::bundle(&out)?;
     strip_debug_info(&out)?;
     copied.sort();
     println!(
@@ -166,6 +167,8 @@ for t in "$here"/tests/*; do
 done
 echo "== example vector_add"
 if ! "$here/examples/vector_add"; then status=1; failed+=("vector_add"); fi
+echo "== tile_py (wheel + pytest)"
+if ! bash "$here/python/run_pytest.sh"; then status=1; failed+=("tile_py"); fi
 echo "== tile_py (wheel + pytest)"
 if ! bash "$here/python/run_pytest.sh"; then status=1; failed+=("tile_py"); fi
 if [ $status -ne 0 ]; then echo "run.sh: FAILED: ${failed[*]}"; else echo "run.sh: all passed"; fi

@@ -3,11 +3,14 @@
 //! - `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings.
 //! - `cargo xtask test` runs everything that needs no GPU: formatting, clippy, the codegen
 //!   freshness check, and every test (GPU tests are listed as ignored).
+//! - `cargo xtask wheel` builds the `tile-py` abi3 wheel into `target/wheels/`; `cargo xtask test`
+//!   also builds it and runs its pytest suite in `target/py-venv`.
 //! - `cargo xtask gpu-bundle` builds `target/gpu-bundle/`: release test binaries, the example,
 //!   the kernels and a `run.sh` that runs it all on a GPU machine without Rust or network.
 
 mod bundle;
 mod codegen;
+mod wheel;
 
 use std::process::Command;
 
@@ -20,6 +23,7 @@ fn main() -> Result<()> {
         Some("codegen") => codegen::run(rest.contains(&"--check")),
         Some("test") => test(),
         Some("gpu-bundle") => bundle::run(),
+        Some("wheel") => wheel::build().map(|w| println!("wheel: {}", w.display())),
         Some(other) => bail!("unknown task `{other}`\n\n{USAGE}"),
         None => {
             println!("{USAGE}");
@@ -33,6 +37,7 @@ const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   codegen [--check]   regenerate cuda-sys bindings from the pinned cuda.h (--check: fail on any difference)
   test                run everything that needs no GPU: fmt, clippy, codegen --check, all tests
+  wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
   gpu-bundle          build target/gpu-bundle/ (release test binaries, example, run.sh) for a GPU machine";
 
 /// Runs a command from the workspace root, failing with the command line if it fails.
@@ -73,6 +78,9 @@ fn test() -> Result<()> {
     ]))?;
     codegen::run(true)?;
     run_cmd(cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]))?;
+    // The Python extension: build the wheel, install it into target/py-venv, run pytest.
+    let w = wheel::build()?;
+    wheel::pytest(&w)?;
     println!(
         "xtask test: all passed (GPU tests are listed above as ignored; run them from the GPU bundle)"
     );

@@ -1,0 +1,172 @@
+//! `cargo xtask wheel`: the abi3 wheel of `tile-py` (maturin), the CPU pytest run of
+//! `cargo xtask test`, and the Python part of the GPU bundle.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{run_cmd, workspace_root};
+
+/// The Python used to build and test (`TILE_PYTHON`, else `python3`).
+fn python() -> String {
+    std::env::var("TILE_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Builds `target/wheels/tile_py-*.whl` (release, abi3) and returns its path. Installs maturin
+/// with pip when it is missing.
+pub fn build() -> Result<PathBuf> {
+    let root = workspace_root();
+    let py = python();
+    if !succeeds(Command::new(&py).args(["-m", "maturin", "--version"])) {
+        run_cmd(Command::new(&py).args(["-m", "pip", "install", "--quiet", "maturin>=1.7,<2"]))?;
+    }
+    let wheels = root.join("target/wheels");
+    if wheels.exists() {
+        for e in fs::read_dir(&wheels)? {
+            let p = e?.path();
+            if p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("tile_py-"))
+            {
+                fs::remove_file(&p)?;
+            }
+        }
+    }
+    run_cmd(Command::new(&py).args([
+        "-m",
+        "maturin",
+        "build",
+        "--release",
+        "--manifest-path",
+        "tile-py/Cargo.toml",
+        "--out",
+        "target/wheels",
+    ]))?;
+    find_wheel(&wheels)
+}
+
+fn find_wheel(dir: &Path) -> Result<PathBuf> {
+    for e in fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("tile_py-") && name.ends_with(".whl") {
+            if !name.contains("abi3") {
+                bail!("{name} is not an abi3 wheel");
+            }
+            return Ok(p);
+        }
+    }
+    bail!("maturin built no tile_py wheel in {}", dir.display())
+}
+
+/// Installs `wheel` into `target/py-venv` (created with NumPy and pytest from PyPI on first
+/// use) and runs the pytest suite there. Without a GPU the `gpu` tests are reported as skipped,
+/// with the reason.
+pub fn pytest(wheel: &Path) -> Result<()> {
+    let root = workspace_root();
+    let venv = root.join("target/py-venv");
+    let vpy = venv.join("bin/python");
+    if !vpy.exists() {
+        run_cmd(Command::new(python()).args(["-m", "venv"]).arg(&venv))?;
+    }
+    if !succeeds(Command::new(&vpy).args(["-c", "import numpy, pytest"])) {
+        run_cmd(Command::new(&vpy).args(["-m", "pip", "install", "--quiet", "numpy", "pytest"]))?;
+    }
+    run_cmd(
+        Command::new(&vpy)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--force-reinstall",
+                "--no-deps",
+            ])
+            .arg(wheel),
+    )?;
+    run_cmd(Command::new(&vpy).args([
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "tile-py/tests",
+    ]))
+}
+
+/// Puts the wheel, the pytest suite, the Python example and `python/run_pytest.sh` under
+/// `<bundle>/python/`.
+pub fn bundle(out: &Path) -> Result<()> {
+    let root = workspace_root();
+    let wheel = build()?;
+    let dir = out.join("python");
+    fs::create_dir_all(dir.join("tests"))?;
+    fs::create_dir_all(dir.join("examples"))?;
+    let name = wheel.file_name().context("wheel has a file name")?;
+    fs::copy(&wheel, dir.join(name))?;
+    for e in fs::read_dir(root.join("tile-py/tests"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "py") {
+            fs::copy(
+                &p,
+                dir.join("tests").join(p.file_name().context("file name")?),
+            )?;
+        }
+    }
+    fs::copy(
+        root.join("examples/torch_vector_add.py"),
+        dir.join("examples/torch_vector_add.py"),
+    )?;
+    fs::write(dir.join("run_pytest.sh"), RUN_PYTEST_SH)?;
+    println!(
+        "gpu-bundle: python/{} and python/tests",
+        name.to_string_lossy()
+    );
+    Ok(())
+}
+
+const RUN_PYTEST_SH: &str = r#"#!/usr/bin/env bash
+# Installs the tile_py wheel into a temporary directory (no network, no Rust) and runs the pytest
+# suite: the CPU tests, then the GPU tests with TILE_REQUIRE_GPU=1 (a missing GPU fails), then the
+# example. Usage: bash python/run_pytest.sh
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$py" -m pip install --quiet --no-index --no-deps --target "$tmp/site" "$here"/tile_py-*.whl || exit 1
+# NVRTC from the pip package nvidia-cuda-nvrtc too, when present (the toolkit's comes first).
+nvrtc_dirs=$("$py" -c '
+import glob, os, sys
+dirs = set()
+for p in sys.path:
+    for f in glob.glob(os.path.join(p, "nvidia", "**", "libnvrtc.so*"), recursive=True):
+        dirs.add(os.path.dirname(f))
+print(":".join(sorted(dirs)))
+' 2>/dev/null)
+if [ -n "$nvrtc_dirs" ]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nvrtc_dirs"; fi
+export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+cd "$tmp"
+status=0
+echo "-- tile_py CPU tests"
+"$py" -m pytest -q -rs -p no:cacheprovider "$here/tests" -m "not gpu" || status=1
+echo "-- tile_py GPU tests (TILE_REQUIRE_GPU=1)"
+TILE_REQUIRE_GPU=1 "$py" -m pytest -v -rs -p no:cacheprovider "$here/tests" -m gpu || status=1
+echo "-- example torch_vector_add.py"
+"$py" "$here/examples/torch_vector_add.py" || status=1
+if [ -f "$here/tests/bench_launch.py" ]; then
+    echo "-- launch overhead (tile_py vs cuda.core)"
+    "$py" "$here/tests/bench_launch.py" || echo "(benchmark failed; not a test)"
+fi
+exit $status
+"#;
