@@ -452,3 +452,64 @@ fn bad_arguments_consume_nothing() -> Result<()> {
     ensure!(launch.stats().launches == 0, "nothing launched");
     Ok(())
 }
+
+/// The negative control for `premature_release_is_not_possible`: the same scenario, but the
+/// inputs are passed as borrowed views and their memory is freed right after `launch` returns,
+/// as a launcher that releases early would. The sentinel then reaches the kernel's inputs. This
+/// shows that the scenario detects an early release, so the positive test is not vacuous.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn negative_control_early_free_corrupts_the_output() -> Result<()> {
+    let f = fixture()?;
+    let n = 1usize << 24;
+    let launch = Stream::new(&f.ctx)?;
+    let ha = random(n, 300);
+    let hb = random(n, 400);
+    let a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let mut c = f.producer.alloc_zeros::<f32>(n)?;
+    f.producer.memcpy_htod(&vec![f32::NAN; n], &mut c)?;
+    f.producer.synchronize()?;
+    let ptr = |s: &CudaSlice<f32>| {
+        let (p, sync) = s.device_ptr(&f.producer);
+        drop(sync);
+        p
+    };
+    let (ta, _) = borrowed_view(ptr(&a), n, 1, 0)?;
+    let (tb, _) = borrowed_view(ptr(&b), n, 1, 0)?;
+    let (tc, _) = borrowed_view(ptr(&c), n, 1, 0)?;
+    launch
+        .launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?
+        .defer();
+    let h = launch.launch(
+        &f.add,
+        &LaunchConfig::for_elements(n as u64, 256),
+        [
+            ta.into(),
+            1i64.into(),
+            tb.into(),
+            1i64.into(),
+            tc.into(),
+            1i64.into(),
+            (n as u64).into(),
+        ],
+    )?;
+    // Free the inputs now, stream-ordered on the producer's stream, then reuse the memory.
+    drop((a, b));
+    let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
+    let mut s2 = f.producer.alloc_zeros::<f32>(n)?;
+    f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s1)?;
+    f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s2)?;
+    f.producer.synchronize()?;
+    h.retire()?;
+    let hc = f.producer.clone_dtoh(&c)?;
+    f.producer.synchronize()?;
+    let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
+    println!("negative control: {wrong} of {n} elements wrong after an early free");
+    ensure!(
+        wrong > 0,
+        "an early free went unnoticed: the scenario cannot detect premature release"
+    );
+    drop((s1, s2));
+    Ok(())
+}
