@@ -1,0 +1,297 @@
+//! The launch path's argument checks, on the CPU: every check runs before anything is
+//! consumed, so a refused launch leaves every producer's tensor unconsumed (deleter count 0)
+//! and releases an already-owned tensor exactly once.
+
+use tile_dlpack::testing::{TensorSpec, counted_tensor};
+use tile_dlpack::{DType, Device};
+use tile_launch::{Arg, Error, Param, ScalarType, Signature, check_args};
+
+fn add_signature() -> Signature {
+    Signature::new([
+        Param::input(DType::F32),
+        Param::input(DType::F32),
+        Param::output(DType::F32),
+        Param::scalar(ScalarType::U32),
+    ])
+}
+
+#[test]
+fn valid_arguments_pass_and_consume_nothing() {
+    let spec = TensorSpec::new(&[1024], DType::F32);
+    let (a, ca) = counted_tensor(&spec);
+    let (b, cb) = counted_tensor(&spec);
+    let (c, cc) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 1024u32.into()];
+    check_args("add", &add_signature(), &args, 0).unwrap();
+    drop(args);
+    // Checking only peeks: the producer still owns all three.
+    assert_eq!((ca.get(), cb.get(), cc.get()), (0, 0, 0));
+}
+
+#[test]
+fn wrong_count_names_both_numbers() {
+    let (a, ca) = counted_tensor(&TensorSpec::new(&[4], DType::F32));
+    let args: Vec<Arg<'_>> = vec![a.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ArgumentCount {
+                expected: 4,
+                got: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "kernel `add` expects 4 arguments but 1 were given"
+    );
+    drop(args);
+    assert_eq!(ca.get(), 0);
+}
+
+#[test]
+fn dtype_mismatch_names_index_and_both_dtypes() {
+    let (a, ca) = counted_tensor(&TensorSpec::new(&[4], DType::F32));
+    let (b, cb) = counted_tensor(&TensorSpec::new(&[4], DType::BF16));
+    let (c, cc) = counted_tensor(&TensorSpec::new(&[4], DType::F32));
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DtypeMismatch {
+                index: 1,
+                expected: DType::F32,
+                got: DType::BF16
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("argument 1"), "{e}");
+    assert!(e.to_string().contains("bfloat16"), "{e}");
+    drop(args);
+    assert_eq!((ca.get(), cb.get(), cc.get()), (0, 0, 0));
+}
+
+#[test]
+fn read_only_output_is_refused_before_consuming() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, ca) = counted_tensor(&spec);
+    let (b, cb) = counted_tensor(&spec);
+    let (c, cc) = counted_tensor(&spec.clone().read_only());
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Descriptor {
+                index: 2,
+                source: tile_dlpack::DescriptorError::ReadOnly
+            }
+        ),
+        "{e}"
+    );
+    drop(args);
+    assert_eq!((ca.get(), cb.get(), cc.get()), (0, 0, 0));
+}
+
+#[test]
+fn read_only_input_is_accepted() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, _) = counted_tensor(&spec.clone().read_only());
+    let (b, _) = counted_tensor(&spec);
+    let (c, _) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    check_args("add", &add_signature(), &args, 0).unwrap();
+}
+
+#[test]
+fn broadcast_output_is_refused() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, _) = counted_tensor(&spec);
+    let (b, _) = counted_tensor(&spec);
+    let (c, cc) = counted_tensor(&spec.clone().strides(&[0]));
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Descriptor {
+                index: 2,
+                source: tile_dlpack::DescriptorError::InternalOverlap { .. }
+            }
+        ),
+        "{e}"
+    );
+    drop(args);
+    assert_eq!(cc.get(), 0);
+}
+
+#[test]
+fn tensor_on_another_device_is_refused() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, _) = counted_tensor(&spec.clone().device(Device::cuda(1)));
+    let (b, _) = counted_tensor(&spec);
+    let (c, _) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                index: 0,
+                stream_device: 0,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("cuda:1"), "{e}");
+}
+
+#[test]
+fn host_tensor_is_refused() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, ca) = counted_tensor(&spec.clone().device(Device::CPU));
+    let (b, _) = counted_tensor(&spec);
+    let (c, _) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { index: 0, .. }), "{e}");
+    drop(args);
+    assert_eq!(ca.get(), 0);
+}
+
+#[test]
+fn scalar_out_of_range_is_refused() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, _) = counted_tensor(&spec);
+    let (b, _) = counted_tensor(&spec);
+    let (c, _) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), (1u64 << 32).into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(matches!(e, Error::ArgumentKind { index: 3, .. }), "{e}");
+    assert!(e.to_string().contains("4294967296"), "{e}");
+}
+
+#[test]
+fn tensor_for_scalar_and_scalar_for_tensor_are_refused() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, _) = counted_tensor(&spec);
+    let (b, _) = counted_tensor(&spec);
+    let (c, _) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![1.5f32.into(), a.into(), b.into(), c.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(matches!(e, Error::ArgumentKind { index: 0, .. }), "{e}");
+}
+
+#[test]
+fn malformed_descriptor_is_refused_with_its_index() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, ca) = counted_tensor(&spec);
+    let (b, cb) = counted_tensor(&spec.clone().data(0));
+    let (c, _) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Descriptor {
+                index: 1,
+                source: tile_dlpack::DescriptorError::NullData { numel: 4 }
+            }
+        ),
+        "{e}"
+    );
+    drop(args);
+    assert_eq!((ca.get(), cb.get()), (0, 0));
+}
+
+#[test]
+fn owned_tensor_is_released_once_when_the_launch_is_refused() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let (a, ca) = counted_tensor(&spec);
+    let used = a.consume().unwrap();
+    let (b, cb) = counted_tensor(&TensorSpec::new(&[4], DType::I32));
+    let args: Vec<Arg<'_>> = vec![used.into(), b.into()];
+    let sig = Signature::new([Param::input(DType::F32), Param::input(DType::F32)]);
+    let e = check_args("k", &sig, &args, 0).unwrap_err();
+    assert!(matches!(e, Error::DtypeMismatch { index: 1, .. }), "{e}");
+    drop(args);
+    // We owned argument 0 (nothing was launched): released exactly once; argument 1 never
+    // consumed.
+    assert_eq!((ca.get(), cb.get()), (1, 0));
+}
+
+fn h200_like_limits() -> tile_launch::DeviceLimits {
+    let mut l = tile_launch::DeviceLimits::default();
+    l.max_block = [1024, 1024, 64];
+    l.max_threads_per_block = 1024;
+    l.max_grid = [2_147_483_647, 65535, 65535];
+    l.max_shared_mem_per_block = 49152;
+    l.max_shared_mem_per_block_optin = 232_448;
+    l.cluster_launch = true;
+    l.cooperative_launch = true;
+    l
+}
+
+#[test]
+fn launch_config_limits_name_the_value_and_the_limit() {
+    use tile_launch::{Dim3, LaunchConfig};
+    let l = h200_like_limits();
+    LaunchConfig::new((65535, 65535), (32, 32))
+        .validate(&l)
+        .unwrap();
+    let cases: [(LaunchConfig, &str); 5] = [
+        (LaunchConfig::new(0, 1), "grid.x is 0, limit 1"),
+        (
+            LaunchConfig::new((1, 65536), 1),
+            "grid.y is 65536, limit 65535",
+        ),
+        (LaunchConfig::new(1, 1025), "block.x is 1025, limit 1024"),
+        (
+            LaunchConfig::new(1, (64, 32)),
+            "block size (x*y*z) is 2048, limit 1024",
+        ),
+        (
+            LaunchConfig {
+                shared_mem_bytes: 49153,
+                ..LaunchConfig::new(1, 1)
+            },
+            "shared_mem_bytes is 49153, limit 49152",
+        ),
+    ];
+    for (cfg, want) in cases {
+        let e = cfg.validate(&l).unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+        assert!(e.to_string().contains(want), "{e} (wanted {want})");
+    }
+    let cluster = LaunchConfig {
+        cluster: Some(Dim3::new(2, 1, 1)),
+        ..LaunchConfig::new(3, 128)
+    };
+    let e = cluster.validate(&l).unwrap_err();
+    assert!(e.to_string().contains("grid.x % cluster.x"), "{e}");
+    let too_big = LaunchConfig {
+        cluster: Some(Dim3::new(16, 1, 1)),
+        ..LaunchConfig::new(32, 128)
+    };
+    assert!(
+        too_big
+            .validate(&l)
+            .unwrap_err()
+            .to_string()
+            .contains("cluster size")
+    );
+    let mut no_coop = l;
+    no_coop.cooperative_launch = false;
+    let coop = LaunchConfig {
+        cooperative: true,
+        ..LaunchConfig::new(1, 1)
+    };
+    assert!(coop.validate(&no_coop).is_err());
+    coop.validate(&l).unwrap();
+}
