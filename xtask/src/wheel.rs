@@ -21,14 +21,30 @@ fn succeeds(cmd: &mut Command) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Builds `target/wheels/tile_py-*.whl` (release, abi3) and returns its path. Installs maturin
-/// with pip when it is missing.
+/// `target/py-venv/bin/python`, creating the virtual environment (from `TILE_PYTHON`, else
+/// `python3`) on first use and installing `packages` from PyPI into it when an import of
+/// `modules` fails. A venv keeps pip away from a system Python that forbids installing (PEP 668).
+fn venv_python(modules: &str, packages: &[&str]) -> Result<PathBuf> {
+    let venv = workspace_root().join("target/py-venv");
+    let vpy = venv.join("bin/python");
+    if !vpy.exists() {
+        run_cmd(Command::new(python()).args(["-m", "venv"]).arg(&venv))?;
+    }
+    if !succeeds(Command::new(&vpy).args(["-c", &format!("import {modules}")])) {
+        run_cmd(
+            Command::new(&vpy)
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(packages),
+        )?;
+    }
+    Ok(vpy)
+}
+
+/// Builds `target/wheels/tile_py-*.whl` (release, abi3) with maturin from `target/py-venv`
+/// (installed there when missing) and returns its path.
 pub fn build() -> Result<PathBuf> {
     let root = workspace_root();
-    let py = python();
-    if !succeeds(Command::new(&py).args(["-m", "maturin", "--version"])) {
-        run_cmd(Command::new(&py).args(["-m", "pip", "install", "--quiet", "maturin>=1.7,<2"]))?;
-    }
+    let vpy = venv_python("maturin", &["maturin>=1.7,<2"])?;
     let wheels = root.join("target/wheels");
     if wheels.exists() {
         for e in fs::read_dir(&wheels)? {
@@ -41,7 +57,7 @@ pub fn build() -> Result<PathBuf> {
             }
         }
     }
-    run_cmd(Command::new(&py).args([
+    run_cmd(Command::new(&vpy).args([
         "-m",
         "maturin",
         "build",
@@ -72,15 +88,7 @@ fn find_wheel(dir: &Path) -> Result<PathBuf> {
 /// use) and runs the pytest suite there. Without a GPU the `gpu` tests are reported as skipped,
 /// with the reason.
 pub fn pytest(wheel: &Path) -> Result<()> {
-    let root = workspace_root();
-    let venv = root.join("target/py-venv");
-    let vpy = venv.join("bin/python");
-    if !vpy.exists() {
-        run_cmd(Command::new(python()).args(["-m", "venv"]).arg(&venv))?;
-    }
-    if !succeeds(Command::new(&vpy).args(["-c", "import numpy, pytest"])) {
-        run_cmd(Command::new(&vpy).args(["-m", "pip", "install", "--quiet", "numpy", "pytest"]))?;
-    }
+    let vpy = venv_python("numpy, pytest", &["numpy", "pytest"])?;
     run_cmd(
         Command::new(&vpy)
             .args([
