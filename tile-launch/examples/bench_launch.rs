@@ -1,0 +1,459 @@
+//! Launch-overhead benchmark (Rust side): a 4096-element float32 vector add with three tensor
+//! arguments, per launch, on one stream.
+//!
+//! Measures, in one process: the raw `cuLaunchKernel` loop through `cuda-sys` (the floor), the
+//! raw `cuLaunchKernelEx` loop, DLPack export alone (three tensors made and released), and
+//! `tile-launch` with three DLPack tensors and deferred release, and with `retire` after every
+//! launch; then the release latency (kernel completion to deleters run, while launching), and
+//! a scale run (1,000,000 deferred launches with producers that free on release).
+//!
+//! Timing: host time from the first enqueue to the end of a stream synchronisation, over
+//! `--launches` launches after `--warmup` launches, median of `--reps` repetitions. Never on
+//! zeros: inputs are random. Prints a table; writes all figures as JSON to `--out` (a file).
+//! It asserts no time.
+//!
+//! Run: `cargo run --release -p tile-launch --features nvrtc --example bench_launch -- --out r.json`
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+use cuda_sys::{CUdeviceptr, CUfunction, CUlaunchConfig, CuResultExt, driver};
+use tile_dlpack::dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensorVersioned};
+use tile_dlpack::dlpark::metadata::Dynamic;
+use tile_dlpack::{DType, Used};
+use tile_launch::{
+    Arg, Context, Kernel, LaunchConfig, Library, Param, ReleaseConfig, ScalarType, Signature,
+    Stream,
+};
+
+const KERNELS: &str = include_str!("../kernels/vector_add.cu");
+const N: usize = 4096;
+
+struct Opts {
+    launches: usize,
+    warmup: usize,
+    reps: usize,
+    scale: usize,
+    out: Option<String>,
+}
+
+fn opts() -> Result<Opts> {
+    let mut o = Opts {
+        launches: 20_000,
+        warmup: 2_000,
+        reps: 5,
+        scale: 1_000_000,
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut val = || it.next().context("missing value");
+        match a.as_str() {
+            "--launches" => o.launches = val()?.parse()?,
+            "--warmup" => o.warmup = val()?.parse()?,
+            "--reps" => o.reps = val()?.parse()?,
+            "--scale" => o.scale = val()?.parse()?,
+            "--out" => o.out = Some(val()?),
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    Ok(o)
+}
+
+fn main() -> std::process::ExitCode {
+    if let Err(e) = driver() {
+        eprintln!("bench_launch: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench_launch: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Device buffers for a, b, c, filled with random values.
+struct Buffers {
+    a: CUdeviceptr,
+    b: CUdeviceptr,
+    c: CUdeviceptr,
+}
+
+fn buffers() -> Result<Buffers> {
+    let d = driver()?;
+    let alloc = || -> Result<CUdeviceptr> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        unsafe { (d.cuMemAlloc)(&mut p, N * 4) }.check("cuMemAlloc")?;
+        Ok(p)
+    };
+    let (a, b, c) = (alloc()?, alloc()?, alloc()?);
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for p in [a, b] {
+        let host: Vec<f32> = (0..N)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32
+            })
+            .collect();
+        // SAFETY: `host` holds N floats; `p` is an allocation of N floats.
+        unsafe { (d.cuMemcpyHtoD)(p, host.as_ptr().cast(), N * 4) }.check("cuMemcpyHtoD")?;
+    }
+    Ok(Buffers { a, b, c })
+}
+
+/// Counts deleter calls (and, for the latency run, stamps the time of the first).
+struct Owner {
+    count: Arc<AtomicUsize>,
+    stamp: Option<Arc<AtomicU64>>,
+    _payload: Vec<u8>,
+    origin: Instant,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(s) = &self.stamp {
+            s.store(self.origin.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A versioned DLPack tensor of N float32 at `ptr`, whose deleter frees its owner.
+fn tensor(ptr: CUdeviceptr, owner: Owner) -> Result<Used> {
+    let mut init = Dynamic::new([N as i64], [1i64])
+        .prepare_as::<DLManagedTensorVersioned>()?
+        .initialize(Box::new(owner));
+    init.set_data(ptr as usize as *mut c_void)
+        .set_device(DLDevice::cuda(0))
+        .set_dtype(DLDataType {
+            code: DLDataTypeCode::FLOAT,
+            bits: 32,
+            lanes: 1,
+        });
+    // SAFETY: every field is set; the buffers outlive the benchmark.
+    let managed = unsafe { init.finish() };
+    Ok(Used::from_managed_versioned(managed)?)
+}
+
+/// When the host function after a sampled launch ran (ns since `.1`).
+type CompletionStamp = (AtomicU64, Instant);
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Runs `body(i)` for warmup + launches iterations `reps` times; returns µs per launch of each
+/// repetition (host time from first enqueue to the end of `sync`).
+fn time_loop(
+    o: &Opts,
+    mut body: impl FnMut(usize) -> Result<()>,
+    mut sync: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
+    let mut per = Vec::new();
+    for _ in 0..o.reps {
+        for i in 0..o.warmup {
+            body(i)?;
+        }
+        sync()?;
+        let t = Instant::now();
+        for i in 0..o.launches {
+            body(i)?;
+        }
+        sync()?;
+        per.push(t.elapsed().as_secs_f64() * 1e6 / o.launches as f64);
+    }
+    Ok(per)
+}
+
+fn run() -> Result<()> {
+    let o = opts()?;
+    let d = driver()?;
+    let ctx = Context::new(0)?;
+    let _bound = ctx.bind()?;
+    let stream = Stream::with_config(&ctx, ReleaseConfig::default())?;
+    let lib = Library::from_cuda_source(KERNELS, &[])?;
+    let sig = Signature::new([
+        Param::input(DType::F32),
+        Param::scalar(ScalarType::I64),
+        Param::input(DType::F32),
+        Param::scalar(ScalarType::I64),
+        Param::output(DType::F32),
+        Param::scalar(ScalarType::I64),
+        Param::scalar(ScalarType::U64),
+    ]);
+    let add: Kernel = lib.kernel("vector_add", sig)?;
+    let buf = buffers()?;
+    let cfg = LaunchConfig::for_elements(N as u64, 256);
+    let grid = cfg.grid.x;
+    let raw = stream.raw();
+    let sync = || -> Result<()> {
+        // SAFETY: `raw` is a live stream.
+        unsafe { (d.cuStreamSynchronize)(raw) }.check("cuStreamSynchronize")?;
+        Ok(())
+    };
+
+    // 1. Floors: raw pointers, no ownership.
+    let (mut pa, mut pb, mut pc) = (buf.a, buf.b, buf.c);
+    let (mut one, mut n) = (1i64, N as u64);
+    let mut params: [*mut c_void; 7] = [
+        (&raw mut pa).cast(),
+        (&raw mut one).cast(),
+        (&raw mut pb).cast(),
+        (&raw mut one).cast(),
+        (&raw mut pc).cast(),
+        (&raw mut one).cast(),
+        (&raw mut n).cast(),
+    ];
+    let f = add.raw() as CUfunction;
+    let floor = time_loop(
+        &o,
+        |_| {
+            // SAFETY: `params` point at live values of the kernel's parameter types.
+            unsafe {
+                (d.cuLaunchKernel)(
+                    f,
+                    grid,
+                    1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    raw,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .check("cuLaunchKernel")?;
+            Ok(())
+        },
+        sync,
+    )?;
+    let ex_cfg = CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 256,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: raw,
+        attrs: std::ptr::null_mut(),
+        numAttrs: 0,
+    };
+    let floor_ex = time_loop(
+        &o,
+        |_| {
+            // SAFETY: as above.
+            unsafe { (d.cuLaunchKernelEx)(&ex_cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+                .check("cuLaunchKernelEx")?;
+            Ok(())
+        },
+        sync,
+    )?;
+
+    // 2. DLPack export alone: three tensors made and released per iteration.
+    let count = Arc::new(AtomicUsize::new(0));
+    let origin = Instant::now();
+    let owner = |stamp: Option<Arc<AtomicU64>>| Owner {
+        count: Arc::clone(&count),
+        stamp,
+        _payload: Vec::with_capacity(64),
+        origin,
+    };
+    let export_only = time_loop(
+        &o,
+        |_| {
+            let t = [
+                tensor(buf.a, owner(None))?,
+                tensor(buf.b, owner(None))?,
+                tensor(buf.c, owner(None))?,
+            ];
+            drop(t);
+            Ok(())
+        },
+        || Ok(()),
+    )?;
+
+    // 3. tile-launch with deferred release, and with retire after each launch.
+    let launch = |stamp: Option<Arc<AtomicU64>>| -> Result<tile_launch::LaunchHandle> {
+        let args: [Arg<'static>; 7] = [
+            tensor(buf.a, owner(stamp))?.into(),
+            1i64.into(),
+            tensor(buf.b, owner(None))?.into(),
+            1i64.into(),
+            tensor(buf.c, owner(None))?.into(),
+            1i64.into(),
+            (N as u64).into(),
+        ];
+        Ok(stream.launch(&add, &cfg, args)?)
+    };
+    let deferred = time_loop(
+        &o,
+        |_| {
+            launch(None)?.defer();
+            Ok(())
+        },
+        || Ok(stream.synchronize()?),
+    )?;
+    let retired = time_loop(
+        &o,
+        |_| {
+            launch(None)?.retire()?;
+            Ok(())
+        },
+        || Ok(stream.synchronize()?),
+    )?;
+
+    // 4. Release latency: a host function after each sampled launch stamps the kernel's
+    // completion; the deleter stamps its run. Launching goes on meanwhile.
+    extern "C" fn stamp_now(user: *mut c_void) {
+        // SAFETY: `user` is a `*const Stamp` kept alive until the stream is synchronised.
+        let s = unsafe { &*(user as *const CompletionStamp) };
+        s.0.store(s.1.elapsed().as_nanos() as u64, Ordering::SeqCst);
+    }
+    let mut samples: Vec<(Box<CompletionStamp>, Arc<AtomicU64>)> = Vec::new();
+    for i in 0..o.launches {
+        if i % 97 == 0 {
+            let done: Box<CompletionStamp> = Box::new((AtomicU64::new(0), origin));
+            let released = Arc::new(AtomicU64::new(0));
+            launch(Some(Arc::clone(&released)))?.defer();
+            // SAFETY: `done` lives in `samples` until after the synchronisation below.
+            unsafe {
+                (d.cuLaunchHostFunc)(
+                    raw,
+                    Some(stamp_now),
+                    (&*done as *const CompletionStamp) as *mut c_void,
+                )
+            }
+            .check("cuLaunchHostFunc")?;
+            samples.push((done, released));
+        } else {
+            launch(None)?.defer();
+        }
+    }
+    stream.synchronize()?;
+    let mut lat: Vec<f64> = samples
+        .iter()
+        .map(|(done, rel)| {
+            (rel.load(Ordering::SeqCst) as f64 - done.0.load(Ordering::SeqCst) as f64) / 1e3
+        })
+        .collect();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let lat_med = lat[lat.len() / 2];
+    let lat_p99 = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
+
+    // 5. Scale: deferred launches with producers that free on release.
+    let rss = || -> u64 {
+        std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map_or(0, |pages| pages * 4096)
+    };
+    stream.synchronize()?;
+    let before = count.load(Ordering::SeqCst);
+    let rss_start = rss();
+    let (mut max_pending, mut max_bytes, mut max_rss) = (0usize, 0u64, rss_start);
+    let t = Instant::now();
+    for i in 0..o.scale {
+        launch(None)?.defer();
+        if i % 1000 == 0 {
+            let s = stream.stats();
+            max_pending = max_pending.max(s.pending_guards);
+            max_bytes = max_bytes.max(s.pending_bytes);
+            max_rss = max_rss.max(rss());
+        }
+    }
+    stream.synchronize()?;
+    let scale_s = t.elapsed().as_secs_f64();
+    let rss_end = rss();
+    let deleters = count.load(Ordering::SeqCst) - before;
+    let stats = stream.stats();
+
+    let m = |v: &Vec<f64>| median(v.clone());
+    let (fl, flx, ex, de, re) = (
+        m(&floor),
+        m(&floor_ex),
+        m(&export_only),
+        m(&deferred),
+        m(&retired),
+    );
+    println!(
+        "per launch, 4096-element f32 vector add, 3 tensors, median of {} reps x {} launches",
+        o.reps, o.launches
+    );
+    println!("{:<58} {:>9}", "path", "us/launch");
+    println!("{:<58} {:>9.3}", "raw cuLaunchKernel (floor)", fl);
+    println!("{:<58} {:>9.3}", "raw cuLaunchKernelEx", flx);
+    println!(
+        "{:<58} {:>9.3}",
+        "DLPack export of 3 tensors alone (make + release)", ex
+    );
+    println!(
+        "{:<58} {:>9.3}",
+        "tile-launch, 3 DLPack tensors, deferred release", de
+    );
+    println!(
+        "{:<58} {:>9.3}",
+        "tile-launch, 3 DLPack tensors, retire each launch", re
+    );
+    println!(
+        "ratio deferred / floor:                    {:.3}  (target <= 1.10)",
+        de / fl
+    );
+    println!(
+        "ratio (deferred - export) / floor:         {:.3}  (launcher alone)",
+        (de - ex) / fl
+    );
+    println!(
+        "release latency (completion -> deleter):   median {lat_med:.1} us, p99 {lat_p99:.1} us ({} samples)",
+        lat.len()
+    );
+    println!(
+        "scale: {} launches in {scale_s:.1} s; deleters {deleters} (expected {}); max pending guards {max_pending}, max pending bytes {max_bytes}; RSS start {} KiB, max {} KiB, end {} KiB; leaked {}",
+        o.scale,
+        o.scale * 3,
+        rss_start / 1024,
+        max_rss / 1024,
+        rss_end / 1024,
+        stats.leaked
+    );
+    if let Some(path) = &o.out {
+        let v = |x: &Vec<f64>| {
+            format!(
+                "[{}]",
+                x.iter()
+                    .map(|f| format!("{f:.4}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let json = format!(
+            "{{\n  \"device\": \"{}\",\n  \"driver\": {},\n  \"launches\": {},\n  \"warmup\": {},\n  \"reps\": {},\n  \"us_per_launch\": {{\n    \"raw_cuLaunchKernel\": {},\n    \"raw_cuLaunchKernelEx\": {},\n    \"dlpack_export_3_tensors\": {},\n    \"tile_launch_deferred\": {},\n    \"tile_launch_retire_each\": {}\n  }},\n  \"release_latency_us\": {{ \"median\": {lat_med:.2}, \"p99\": {lat_p99:.2}, \"samples\": {} }},\n  \"scale\": {{ \"launches\": {}, \"seconds\": {scale_s:.2}, \"deleters\": {deleters}, \"max_pending_guards\": {max_pending}, \"max_pending_bytes\": {max_bytes}, \"rss_start_bytes\": {rss_start}, \"rss_max_bytes\": {max_rss}, \"rss_end_bytes\": {rss_end}, \"leaked\": {} }}\n}}\n",
+            ctx.name()?,
+            d.version(),
+            o.launches,
+            o.warmup,
+            o.reps,
+            v(&floor),
+            v(&floor_ex),
+            v(&export_only),
+            v(&deferred),
+            v(&retired),
+            lat.len(),
+            o.scale,
+            stats.leaked
+        );
+        std::fs::write(path, json).with_context(|| format!("cannot write {path}"))?;
+    }
+    Ok(())
+}
