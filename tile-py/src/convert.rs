@@ -147,6 +147,7 @@ pub(crate) fn convert_args(
             } = out;
             drop(args);
             Converted::rollback(claims, owners, &[]);
+            crate::release::drain(py);
             return Err(e);
         }
     }

@@ -142,6 +142,32 @@ def make_capsule(
     destructor=True,
 ):
     """Returns ``(capsule, counter)``."""
+    key, counter, default_name = make_managed(
+        shape, dtype, device, data, strides, byte_offset, versioned, version, flags, ndim, null_shape
+    )
+    cname = _NAMES.get(name or default_name, None)
+    if cname is None:
+        cname = (name or default_name).encode()
+        _NAMES[name] = cname
+    dtor = ctypes.cast(_capsule_destructor, c_void_p) if destructor else None
+    cap = _api.PyCapsule_New(key, cname, dtor)
+    return cap, counter
+
+
+def make_managed(
+    shape=(4,),
+    dtype=F32,
+    device=(kDLCUDA, 0),
+    data=0x10000,
+    strides=None,
+    byte_offset=0,
+    versioned=True,
+    version=(1, 3),
+    flags=0,
+    ndim=None,
+    null_shape=False,
+):
+    """A managed tensor without a capsule: returns ``(address, counter, capsule_name)``."""
     counter = Counter()
     shape_arr = (ctypes.c_int64 * max(len(shape), 1))(*shape)
     strides_arr = (ctypes.c_int64 * max(len(shape), 1))(*strides) if strides is not None else None
@@ -168,13 +194,7 @@ def make_capsule(
     m.deleter = deleter
     with _LOCK:
         _LIVE[key] = (m, shape_arr, strides_arr, deleter)
-    cname = _NAMES.get(name or default_name, None)
-    if cname is None:
-        cname = (name or default_name).encode()
-        _NAMES[name] = cname
-    dtor = ctypes.cast(_capsule_destructor, c_void_p) if destructor else None
-    cap = _api.PyCapsule_New(key, cname, dtor)
-    return cap, counter
+    return key, counter, default_name
 
 
 def capsule_name(cap):
@@ -223,3 +243,72 @@ class LegacyProducer(Producer):
     def __dlpack__(self):
         self.calls.append({})
         return self._export()
+
+
+# ---- a fake producer type with the DLPack C exchange API (DLPack 1.3) ----------------------------
+
+
+class DLPackExchangeAPIHeader(ctypes.Structure):
+    _fields_ = [("version", DLPackVersion), ("prev_api", c_void_p)]
+
+
+FROM_OBJ = ctypes.CFUNCTYPE(ctypes.c_int, c_void_p, ctypes.POINTER(c_void_p))
+CURRENT_STREAM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(c_void_p))
+
+
+class DLPackExchangeAPI(ctypes.Structure):
+    _fields_ = [
+        ("header", DLPackExchangeAPIHeader),
+        ("managed_tensor_allocator", c_void_p),
+        ("managed_tensor_from_py_object_no_sync", FROM_OBJ),
+        ("managed_tensor_to_py_object_no_sync", c_void_p),
+        ("dltensor_from_py_object_no_sync", c_void_p),
+        ("current_work_stream", CURRENT_STREAM),
+    ]
+
+
+assert ctypes.sizeof(DLPackExchangeAPI) == 56
+
+
+def make_exchange_producer_type(current_stream=0x777):
+    """A class whose instances export through ``__dlpack_c_exchange_api__``; ``__dlpack__``
+    raises, so a test sees which path was taken. Instances take capsule keyword arguments."""
+    log = {"from_obj": 0, "current_work_stream": [], "dlpack": 0}
+
+    def from_obj(obj_ptr, out):
+        obj = ctypes.cast(obj_ptr, ctypes.py_object).value
+        key, counter, _ = make_managed(**obj.kwargs)
+        obj.counters.append(counter)
+        log["from_obj"] += 1
+        out[0] = key
+        return 0
+
+    def current(device_type, device_id, out):
+        log["current_work_stream"].append((device_type, device_id))
+        out[0] = current_stream
+        return 0
+
+    api = DLPackExchangeAPI()
+    api.header.version = DLPackVersion(1, 3)
+    f1, f2 = FROM_OBJ(from_obj), CURRENT_STREAM(current)
+    api.managed_tensor_from_py_object_no_sync = f1
+    api.current_work_stream = f2
+    capsule = _api.PyCapsule_New(ctypes.addressof(api), b"dlpack_exchange_api", None)
+
+    class ExchangeProducer:
+        __dlpack_c_exchange_api__ = capsule
+        _keep = (api, f1, f2)
+
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+            self.counters = []
+
+        @property
+        def deleted(self):
+            return sum(c.calls for c in self.counters)
+
+        def __dlpack__(self, **kw):
+            log["dlpack"] += 1
+            raise AssertionError("__dlpack__ must not be called when the C exchange API exists")
+
+    return ExchangeProducer, log

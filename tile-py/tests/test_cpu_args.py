@@ -639,3 +639,42 @@ def test_stats_shape():
     for k in ("pending_guards", "pending_bytes", "held_guards", "held_bytes", "released", "leaked", "launches"):
         assert isinstance(s[k], int)
     tile_py.synchronize()
+
+
+# ---- the DLPack C exchange API -------------------------------------------------------------------
+
+
+def test_exchange_api_used_without_python_call(counters):
+    from dlpack_ctypes import make_exchange_producer_type
+
+    Ex, log = make_exchange_producer_type(current_stream=0x777)
+    p = Ex()
+    check([In("float32")], (p,))
+    assert log["dlpack"] == 0 and log["from_obj"] == 1
+    assert log["current_work_stream"] == [(kDLCUDA, 0)]
+    assert p.deleted == 1
+    assert counters["consumed"] == 1
+
+
+def test_exchange_api_no_sync_skips_current_stream(counters):
+    from dlpack_ctypes import make_exchange_producer_type
+
+    Ex, log = make_exchange_producer_type()
+    p = Ex()
+    check([In("float32")], (p,), sync=False)
+    assert log["current_work_stream"] == [] and p.deleted == 1
+
+
+def test_exchange_api_rollback_releases(counters):
+    from dlpack_ctypes import make_exchange_producer_type
+
+    Ex, log = make_exchange_producer_type()
+    p, q = Ex(), Ex(dtype=I32)
+    with pytest.raises(TypeError, match=r"argument 1: expected a tensor of float32, got int32"):
+        check([In("float32"), In("float32")], (p, q))
+    assert (p.deleted, q.deleted) == (1, 1)
+    p2 = Ex()
+    with pytest.raises(TypeError, match=r"argument 1: expected a tensor"):
+        check([In("float32"), In("float32")], (p2, object()))
+    assert p2.deleted == 1
+    assert counters["consumed"] == 0
