@@ -81,14 +81,17 @@ pub fn run() -> Result<()> {
         "cudarc,nvrtc",
         "--example",
         "vector_add",
+        "--example",
+        "bench_launch",
     ]))?;
-    fs::copy(
-        root.join("target/release/examples/vector_add"),
-        out.join("examples/vector_add"),
-    )?;
+    for example in ["vector_add", "bench_launch"] {
+        fs::copy(
+            root.join("target/release/examples").join(example),
+            out.join("examples").join(example),
+        )?;
+    }
     copy_dir(&root.join("tile-launch/kernels"), &out.join("kernels"))?;
     fs::write(out.join("run.sh"), RUN_SH)?;
-    crate::wheel::bundle(&out)?;
     crate::wheel::bundle(&out)?;
     strip_debug_info(&out)?;
     copied.sort();
@@ -145,8 +148,11 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
-# Runs the GPU bundle: every test binary with the GPU tests included, then the example.
-# Fails if no NVIDIA GPU is found. Usage: bash run.sh
+# Runs the GPU bundle. Fails if no NVIDIA GPU is found.
+#   bash run.sh                 every test binary with the GPU tests included, the example, and
+#                               the tile_py wheel's pytest suite
+#   bash run.sh --bench [DIR]   the launch benchmarks (Rust, then Python); figures go to DIR
+#                               (default ./bench-results), the table to standard output
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then
@@ -158,6 +164,17 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 for d in "${CUDA_HOME:-}" /usr/local/cuda; do
     if [ -n "$d" ] && [ -d "$d/lib64" ]; then export LD_LIBRARY_PATH="$d/lib64:${LD_LIBRARY_PATH:-}"; break; fi
 done
+if [ "${1:-}" = "--bench" ]; then
+    results=${2:-bench-results}
+    mkdir -p "$results"
+    stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
+    status=0
+    echo "== Rust launch benchmark"
+    "$here/examples/bench_launch" --out "$results/$stamp-rust.json" || status=1
+    echo "== Python launch benchmark"
+    bash "$here/python/run_pytest.sh" --bench "$results/$stamp-python.json" || status=1
+    exit $status
+fi
 status=0
 failed=()
 for t in "$here"/tests/*; do
@@ -167,8 +184,6 @@ for t in "$here"/tests/*; do
 done
 echo "== example vector_add"
 if ! "$here/examples/vector_add"; then status=1; failed+=("vector_add"); fi
-echo "== tile_py (wheel + pytest)"
-if ! bash "$here/python/run_pytest.sh"; then status=1; failed+=("tile_py"); fi
 echo "== tile_py (wheel + pytest)"
 if ! bash "$here/python/run_pytest.sh"; then status=1; failed+=("tile_py"); fi
 if [ $status -ne 0 ]; then echo "run.sh: FAILED: ${failed[*]}"; else echo "run.sh: all passed"; fi

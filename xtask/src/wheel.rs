@@ -135,6 +135,11 @@ pub fn bundle(out: &Path) -> Result<()> {
         root.join("examples/torch_vector_add.py"),
         dir.join("examples/torch_vector_add.py"),
     )?;
+    fs::create_dir_all(dir.join("bench"))?;
+    fs::copy(
+        root.join("bench/launch_bench.py"),
+        dir.join("bench/launch_bench.py"),
+    )?;
     fs::write(dir.join("run_pytest.sh"), RUN_PYTEST_SH)?;
     println!(
         "gpu-bundle: python/{} and python/tests",
@@ -164,6 +169,10 @@ print(":".join(sorted(dirs)))
 ' 2>/dev/null)
 if [ -n "$nvrtc_dirs" ]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nvrtc_dirs"; fi
 export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${1:-}" = "--bench" ]; then
+    "$py" "$here/bench/launch_bench.py" --out "${2:-python-bench.json}"
+    exit $?
+fi
 cd "$tmp"
 status=0
 echo "-- tile_py CPU tests"

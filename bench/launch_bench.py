@@ -1,0 +1,242 @@
+"""Launch-overhead benchmark, Python side: one process, one stream, one kernel.
+
+Per launch of a 4096-element float32 vector add with three tensor arguments, host time from the
+first enqueue to a stream synchronisation, over LAUNCHES launches after WARMUP launches, median of
+REPS repetitions (each path's repetitions are interleaved with the other paths'). Paths:
+
+  cuda.core launch, raw pointers                     the floor users would pick
+  tile_py.launch, 3 torch tensors                    DLPack C exchange API path
+  tile_py.launch, 3 plain __dlpack__ objects         generic DLPack path (Python __dlpack__ calls)
+  tile_py.launch, 3 CuPy arrays
+  cuda.core launch + 3 x StridedMemoryView           consumes DLPack, capsule lives with the view
+  CuPy RawKernel + 3 x cupy.from_dlpack
+  torch.add(out=)                                    a reference op
+
+then a scale run: SCALE launches whose first input is a fresh torch tensor each time (freed when
+released), tracking the release queue and torch's allocated memory.
+
+    python bench/launch_bench.py [--launches N] [--warmup N] [--reps N] [--scale N] [--out FILE]
+
+Prints a table and the ratios; writes every figure to --out as JSON. It asserts no time.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+import tile_py
+
+N = 4096
+SOURCE = r"""
+extern "C" __global__ void vector_add(const float* a, const float* b, float* c,
+                                      unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+class PlainDLPack:
+    """Exposes only __dlpack__ / __dlpack_device__, as a generic producer does."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, **kw):
+        return self._t.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def timed(fn, launches, warmup, sync):
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(launches):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / launches * 1e6
+
+
+def cuda_core_setup(stream):
+    try:
+        from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+    except ImportError:
+        from cuda.core.experimental import Device, LaunchConfig, Program, ProgramOptions, launch
+    dev = Device(torch.cuda.current_device())
+    dev.set_current()
+    cc = dev.compute_capability
+    prog = Program(SOURCE, code_type="c++", options=ProgramOptions(arch=f"sm_{cc[0]}{cc[1]}"))
+    kernel = prog.compile("cubin", name_expressions=("vector_add",)).get_kernel("vector_add")
+    s = dev.create_stream(stream)
+    cfg = LaunchConfig(grid=(N + 255) // 256, block=256)
+    return launch, kernel, s, cfg
+
+
+def strided_memory_view():
+    try:
+        from cuda.core.utils import StridedMemoryView
+    except ImportError:
+        from cuda.core.experimental.utils import StridedMemoryView
+    if hasattr(StridedMemoryView, "from_dlpack"):
+        return lambda obj, s: StridedMemoryView.from_dlpack(obj, s)
+    return lambda obj, s: StridedMemoryView(obj, stream_ptr=s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launches", type=int, default=20_000)
+    ap.add_argument("--warmup", type=int, default=2_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--scale", type=int, default=1_000_000)
+    ap.add_argument("--out", default=None)
+    o = ap.parse_args()
+
+    torch.manual_seed(0)
+    a, b, c = (torch.randn(N, device="cuda") for _ in range(3))
+    stream = torch.cuda.Stream()
+    handle = stream.cuda_stream
+    grid = (N + 255) // 256
+    sync = stream.synchronize
+
+    lib = tile_py.Library.from_cuda_source(SOURCE)
+    k = lib.kernel("vector_add", [tile_py.In("f32"), tile_py.In("f32"), tile_py.Out("f32"),
+                                  tile_py.Scalar("u64")])
+    paths = {}
+
+    def add(name, fn, s=sync):
+        paths[name] = (fn, s)
+
+    # cuda.core, raw pointers.
+    try:
+        launch, ck, cs, cfg = cuda_core_setup(stream)
+        pa, pb, pc = (np.uint64(t.data_ptr()) for t in (a, b, c))
+        n64 = np.uint64(N)
+        add("cuda.core launch, raw pointers", lambda: launch(cs, cfg, ck, pa, pb, pc, n64))
+        smv = strided_memory_view()
+
+        def cuda_core_smv():
+            va, vb, vc = smv(a, handle), smv(b, handle), smv(c, handle)
+            launch(cs, cfg, ck, np.uint64(va.ptr), np.uint64(vb.ptr), np.uint64(vc.ptr), n64)
+
+        add("cuda.core launch + 3 x StridedMemoryView", cuda_core_smv)
+    except Exception as e:  # noqa: BLE001 - a missing library is reported, not fatal
+        print(f"cuda.core paths unavailable: {e!r}", file=sys.stderr)
+
+    add("tile_py.launch, 3 torch tensors (C exchange API)",
+        lambda: tile_py.launch(stream, grid, k, (a, b, c, N), block=256))
+    pA, pB, pC = PlainDLPack(a), PlainDLPack(b), PlainDLPack(c)
+    add("tile_py.launch, 3 plain __dlpack__ objects",
+        lambda: tile_py.launch(stream, grid, k, (pA, pB, pC, N), block=256))
+    try:
+        import cupy
+
+        xs = cupy.cuda.ExternalStream(handle)
+        ca, cb, cc = (cupy.from_dlpack(t) for t in (a, b, c))
+        add("tile_py.launch, 3 CuPy arrays",
+            lambda: tile_py.launch(xs, grid, k, (ca, cb, cc, N), block=256))
+        raw = cupy.RawKernel(SOURCE, "vector_add")
+
+        def cupy_from_dlpack():
+            with xs:
+                raw((grid,), (256,), (cupy.from_dlpack(a), cupy.from_dlpack(b),
+                                      cupy.from_dlpack(c), np.uint64(N)))
+
+        add("CuPy RawKernel + 3 x cupy.from_dlpack", cupy_from_dlpack)
+    except Exception as e:  # noqa: BLE001
+        print(f"CuPy paths unavailable: {e!r}", file=sys.stderr)
+
+    def torch_add():
+        with torch.cuda.stream(stream):
+            torch.add(a, b, out=c)
+
+    add("torch.add(out=) (reference op)", torch_add)
+
+    results = {name: [] for name in paths}
+    errors = {}
+    for _ in range(o.reps):
+        for name, (fn, s) in paths.items():
+            if name in errors:
+                continue
+            try:
+                results[name].append(timed(fn, o.launches, o.warmup, s))
+            except Exception as e:  # noqa: BLE001
+                errors[name] = repr(e)
+            tile_py.synchronize()
+    med = {name: statistics.median(v) for name, v in results.items() if v}
+
+    # Correctness of the measured kernel, once: c = a + b.
+    tile_py.launch(stream, grid, k, (a, b, c, N), block=256).wait()
+    sync()
+    correct = bool(torch.equal(c, a + b))
+
+    # Scale: a fresh input tensor per launch, freed when released.
+    tile_py.synchronize()
+    s0 = tile_py.stats()
+    base_mem = torch.cuda.memory_allocated()
+    max_pending = max_bytes = max_mem = 0
+    t0 = time.perf_counter()
+    for i in range(o.scale):
+        x = torch.empty(N, device="cuda")
+        tile_py.launch(stream, grid, k, (x, b, c, N), block=256)
+        del x
+        if i % 1000 == 0:
+            st = tile_py.stats()
+            max_pending = max(max_pending, st.get("pending_guards", 0))
+            max_bytes = max(max_bytes, st.get("pending_bytes", 0))
+            max_mem = max(max_mem, torch.cuda.memory_allocated() - base_mem)
+    tile_py.synchronize()
+    scale_s = time.perf_counter() - t0
+    s1 = tile_py.stats()
+    released = s1.get("released", 0) - s0.get("released", 0)
+    end_mem = torch.cuda.memory_allocated() - base_mem
+
+    floor = med.get("cuda.core launch, raw pointers")
+    torch_path = med.get("tile_py.launch, 3 torch tensors (C exchange API)")
+    plain = med.get("tile_py.launch, 3 plain __dlpack__ objects")
+    smv_t = med.get("cuda.core launch + 3 x StridedMemoryView")
+    print(f"per launch, {N}-element f32 vector add, 3 tensors, median of {o.reps} reps x "
+          f"{o.launches} launches (after {o.warmup} warm-up)")
+    print(f"{'path':<52} {'us/launch':>9}")
+    for name, v in med.items():
+        print(f"{name:<52} {v:>9.2f}")
+    for name, e in errors.items():
+        print(f"{name:<52} failed: {e}")
+    ratios = {}
+    if floor and torch_path:
+        ratios["tile_py_torch_over_cuda_core_raw"] = torch_path / floor
+        print(f"ratio tile_py (torch) / cuda.core raw:              {torch_path / floor:.3f}  (target <= 1.3)")
+    if plain and smv_t:
+        ratios["tile_py_plain_over_cuda_core_smv"] = plain / smv_t
+        print(f"ratio tile_py (plain __dlpack__) / cuda.core + SMV: {plain / smv_t:.3f}  (target <= 0.2)")
+    print(f"kernel result correct: {correct}")
+    print(f"scale: {o.scale} launches in {scale_s:.1f} s; guards released {released} "
+          f"(expected {3 * o.scale}); max pending guards {max_pending}, max pending bytes "
+          f"{max_bytes}; torch memory above baseline: max {max_mem} B, end {end_mem} B; "
+          f"leaked {s1.get('leaked', 0)}")
+    if o.out:
+        with open(o.out, "w") as f:
+            json.dump({
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "launches": o.launches, "warmup": o.warmup, "reps": o.reps,
+                "us_per_launch": results, "median_us": med, "errors": errors,
+                "ratios": ratios, "kernel_correct": correct,
+                "scale": {"launches": o.scale, "seconds": scale_s, "released": released,
+                          "max_pending_guards": max_pending, "max_pending_bytes": max_bytes,
+                          "torch_mem_max_above_baseline": max_mem,
+                          "torch_mem_end_above_baseline": end_mem,
+                          "leaked": s1.get("leaked", 0)},
+            }, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
