@@ -238,6 +238,7 @@ entry_points! {
     /// `cuStreamBeginCapture_v2` (with a capture mode), as cuda.h maps the name.
     cuStreamBeginCapture: PFN_cuStreamBeginCapture_v10010 @ 10010;
     cuStreamEndCapture: PFN_cuStreamEndCapture_v10000 @ 10000;
+    cuThreadExchangeStreamCaptureMode: PFN_cuThreadExchangeStreamCaptureMode_v10010 @ 10010;
     cuStreamWaitEvent: PFN_cuStreamWaitEvent_v3020 @ 3020;
     // Events.
     cuEventCreate: PFN_cuEventCreate_v2000 @ 2000;
@@ -253,7 +254,10 @@ entry_points! {
     cuLibraryUnload: PFN_cuLibraryUnload_v12000 @ 12000;
     cuLibraryGetKernel: PFN_cuLibraryGetKernel_v12000 @ 12000;
     cuKernelGetAttribute: PFN_cuKernelGetAttribute_v12000 @ 12000;
+    cuKernelSetAttribute: PFN_cuKernelSetAttribute_v12000 @ 12000;
     cuKernelGetFunction: PFN_cuKernelGetFunction_v12000 @ 12000;
+    cuOccupancyMaxActiveBlocksPerMultiprocessor:
+        PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050 @ 6050;
     cuKernelGetParamInfo: PFN_cuKernelGetParamInfo_v12040 @ 12040;
     cuFuncGetAttribute: PFN_cuFuncGetAttribute_v2020 @ 2020;
     // Launches.
@@ -288,6 +292,7 @@ entry_points! {
     cuGraphRetainUserObject: PFN_cuGraphRetainUserObject_v11030 @ 11030;
     cuGraphCreate: PFN_cuGraphCreate_v10000 @ 10000;
     cuGraphDestroy: PFN_cuGraphDestroy_v10000 @ 10000;
+    cuGraphClone: PFN_cuGraphClone_v10000 @ 10000;
     /// The flags form `cuGraphInstantiate(CUgraphExec *, CUgraph, unsigned long long flags)`
     /// that cuda.h 12.0+ declares: cuda.h maps the name to `cuGraphInstantiateWithFlags`, which is
     /// the symbol resolved.

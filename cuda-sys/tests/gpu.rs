@@ -370,7 +370,33 @@ fn every_entry_point_behaves_as_its_abi_says() {
     // A graph built directly, and a user object released by hand.
     let mut empty: CUgraph = ptr::null_mut();
     cu!(cuGraphCreate(&mut empty, 0));
+    let mut cloned: CUgraph = ptr::null_mut();
+    cu!(cuGraphClone(&mut cloned, empty));
+    cu!(cuGraphDestroy(cloned));
     cu!(cuGraphDestroy(empty));
+
+    // The thread's capture mode, swapped to relaxed and back.
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    cu!(cuThreadExchangeStreamCaptureMode(&mut mode));
+    assert_eq!(mode, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+    cu!(cuThreadExchangeStreamCaptureMode(&mut mode));
+    assert_eq!(mode, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+
+    // Occupancy and the dynamic shared memory opt-in.
+    let mut blocks = 0;
+    cu!(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        &mut blocks,
+        function,
+        32,
+        0
+    ));
+    assert!(blocks >= 1, "{blocks} blocks per SM");
+    cu!(cuKernelSetAttribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        64 << 10,
+        kernel,
+        device
+    ));
     let mut loose: CUuserObject = ptr::null_mut();
     cu!(cuUserObjectCreate(
         &mut loose,

@@ -27,10 +27,25 @@ pub struct DeviceLimits {
     pub compute_capability: (u32, u32),
     /// Number of streaming multiprocessors.
     pub multiprocessor_count: u32,
+    /// Most resident blocks per streaming multiprocessor, whatever the kernel.
+    pub max_blocks_per_multiprocessor: u32,
     /// Whether the device supports cooperative launches.
     pub cooperative_launch: bool,
     /// Whether the device supports thread block clusters.
     pub cluster_launch: bool,
+}
+
+impl DeviceLimits {
+    /// The largest grid (in blocks) a cooperative launch could have on this device, whatever the
+    /// kernel: [`max_blocks_per_multiprocessor`](DeviceLimits::max_blocks_per_multiprocessor)
+    /// times [`multiprocessor_count`](DeviceLimits::multiprocessor_count), or `u64::MAX` when
+    /// either is unknown (0). The kernel's own bound (its occupancy) is checked at launch.
+    pub fn max_cooperative_grid(&self) -> u64 {
+        if self.multiprocessor_count == 0 || self.max_blocks_per_multiprocessor == 0 {
+            return u64::MAX;
+        }
+        u64::from(self.max_blocks_per_multiprocessor) * u64::from(self.multiprocessor_count)
+    }
 }
 
 /// A device's primary context, retained for as long as this value (and every stream, library
@@ -110,6 +125,9 @@ impl Context {
                 get(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
             ),
             multiprocessor_count: get(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            max_blocks_per_multiprocessor: get(
+                A::CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR,
+            )?,
             cooperative_launch: get(A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? != 0,
             cluster_launch: get(A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? != 0,
         })
@@ -129,9 +147,21 @@ impl Context {
         Ok(n)
     }
 
+    /// Whether the process sees more than one CUDA device (`cuDeviceGetCount`, asked once per
+    /// process); `false` if the driver cannot tell.
+    pub(crate) fn several_devices() -> bool {
+        static SEVERAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *SEVERAL.get_or_init(|| Self::device_count().is_ok_and(|n| n > 1))
+    }
+
     /// The device ordinal this context belongs to.
     pub fn ordinal(&self) -> i32 {
         self.ordinal
+    }
+
+    /// The raw `CUdevice` handle of this context's device.
+    pub(crate) fn device(&self) -> CUdevice {
+        self.device
     }
 
     /// The raw `CUcontext` handle.

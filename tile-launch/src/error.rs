@@ -77,6 +77,31 @@ pub enum Error {
         stream_device: i32,
     },
 
+    /// A tensor's memory is on another device than the one its DLPack descriptor names (the
+    /// pointer's `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`), and so not on the launch stream's.
+    #[error(
+        "argument {index}: tensor says it is on {tensor}, but its memory is on \
+         cuda:{pointer_device}; the launch stream is on cuda:{stream_device}"
+    )]
+    PointerDeviceMismatch {
+        /// Zero-based argument index.
+        index: usize,
+        /// The tensor's DLPack device.
+        tensor: Device,
+        /// The device ordinal the driver reports for the tensor's data pointer.
+        pointer_device: i32,
+        /// The device ordinal of the launch stream.
+        stream_device: i32,
+    },
+
+    /// The launch was captured into a CUDA graph: it runs each time the graph is launched, and
+    /// the graph owns its tensors, so there is no single completion to ask about.
+    #[error(
+        "the launch was captured into a CUDA graph; it runs when the graph is launched, and the \
+         graph owns its tensors until it is destroyed"
+    )]
+    CapturedLaunch,
+
     /// A launch configuration value is outside what the device or CUDA allows.
     #[error("invalid launch configuration: {what} is {value}, limit {limit}")]
     InvalidConfig {

@@ -126,11 +126,13 @@ impl LaunchConfig {
             b.volume(),
             limits.max_threads_per_block.into(),
         )?;
-        if self.shared_mem_bytes > limits.max_shared_mem_per_block {
+        // Above `max_shared_mem_per_block` the kernel opts in at launch; the kernel's static
+        // shared memory is subtracted there too (`Kernel::prepare_launch`).
+        if self.shared_mem_bytes > limits.max_shared_mem_per_block_optin {
             return Err(Error::InvalidConfig {
-                what: "shared_mem_bytes",
+                what: "shared_mem_bytes (the device's opt-in limit per block)",
                 value: self.shared_mem_bytes.into(),
-                limit: limits.max_shared_mem_per_block.into(),
+                limit: limits.max_shared_mem_per_block_optin.into(),
             });
         }
         if let Some(c) = self.cluster {
@@ -164,6 +166,23 @@ impl LaunchConfig {
                 what: "cooperative (device has no cooperative launch)",
                 value: 1,
                 limit: 0,
+            });
+        }
+        if self.cooperative && self.grid.volume() > limits.max_cooperative_grid() {
+            return Err(Error::InvalidConfig {
+                what: "grid size (x*y*z) of a cooperative launch (the device's most resident \
+                       blocks per SM times its SM count)",
+                value: self.grid.volume(),
+                limit: limits.max_cooperative_grid(),
+            });
+        }
+        let (major, _) = limits.compute_capability;
+        if self.programmatic_dependent_launch && major < 9 {
+            return Err(Error::InvalidConfig {
+                what: "programmatic_dependent_launch (needs compute capability 9.0; the device's \
+                       major version is the value)",
+                value: major.into(),
+                limit: 9,
             });
         }
         Ok(())
@@ -335,56 +354,96 @@ impl fmt::Debug for Guard {
 /// at later launches, [`Stream::poll`], [`Stream::synchronize`] or when the stream is dropped).
 /// Dropping an unretired handle blocks until the work is done, then releases: never earlier.
 /// `mem::forget` leaks the tensors; it never frees them early.
+///
+/// A launch made while the stream was capturing a CUDA graph ([`is_captured`](Self::is_captured))
+/// owns nothing: its tensors belong to the graph (through a CUDA user object) and are released
+/// when the last graph, clone or executable graph holding them is destroyed. For such a handle
+/// `retire`, `try_retire` and `defer` return at once having released nothing, dropping it does
+/// not block, and [`is_complete`](Self::is_complete) is an error ([`Error::CapturedLaunch`]).
 #[must_use = "the launch's tensors stay alive until the handle is retired, deferred or dropped \
               (dropping blocks until the GPU work is done)"]
 pub struct LaunchHandle {
-    pending: Pending<CudaTimeline, Guard>,
+    inner: HandleInner,
+}
+
+enum HandleInner {
+    /// On the stream's release queue.
+    Tracked(Pending<CudaTimeline, Guard>),
+    /// Captured into a graph, which owns this many guards.
+    Captured { guards: usize },
 }
 
 impl fmt::Debug for LaunchHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LaunchHandle")
-            .field("seq", &self.pending.seq())
-            .finish()
+        let mut d = f.debug_struct("LaunchHandle");
+        match &self.inner {
+            HandleInner::Tracked(p) => d.field("seq", &p.seq()),
+            HandleInner::Captured { guards } => d.field("captured_guards", guards),
+        }
+        .finish()
     }
 }
 
 impl LaunchHandle {
+    /// Whether the launch was captured into a CUDA graph (its tensors then belong to the graph).
+    pub fn is_captured(&self) -> bool {
+        matches!(self.inner, HandleInner::Captured { .. })
+    }
+
     /// Whether the launched work has completed (`cuEventQuery`; records an event if none covers
     /// this launch yet).
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] if the query fails (e.g. the context is poisoned by a kernel fault).
+    /// [`Error::Cuda`] if the query fails (e.g. the context is poisoned by a kernel fault, or
+    /// the stream captures a graph now, so that no event can be recorded on it:
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); [`Error::CapturedLaunch`] for a captured
+    /// launch, which has no single completion.
     #[doc(alias = "cuEventQuery")]
     pub fn is_complete(&self) -> Result<bool> {
-        Ok(self.pending.is_complete()?)
+        match &self.inner {
+            HandleInner::Tracked(p) => Ok(p.is_complete()?),
+            HandleInner::Captured { .. } => Err(Error::CapturedLaunch),
+        }
     }
 
     /// Blocks until the work is done (`cuEventSynchronize`), then releases this launch's
-    /// tensors, and any deferred tensors of earlier launches, in launch order.
+    /// tensors, and any deferred tensors of earlier launches, in launch order. A captured
+    /// launch returns at once, having released nothing.
     ///
     /// # Errors
     ///
     /// [`Error::Cuda`] if the wait fails. The tensors are then leaked, never released, since
-    /// their work may still be running; the stream's [`stats`](Stream::stats) count them.
+    /// their work may still be running; the stream's [`stats`](Stream::stats) count them. While
+    /// the stream captures a graph no event can be recorded on it, so waiting for a launch that
+    /// no earlier event covers fails (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and leaks: defer
+    /// handles during capture instead.
     #[doc(alias = "cuEventSynchronize")]
     pub fn retire(self) -> Result<Retired> {
-        self.pending
-            .retire()
-            .map_err(|e| Error::Cuda(e.into_error()))
+        match self.inner {
+            HandleInner::Tracked(p) => p.retire().map_err(|e| Error::Cuda(e.into_error())),
+            HandleInner::Captured { .. } => Ok(Retired::nothing()),
+        }
     }
 
-    /// Releases the tensors if the work is done, else gives the handle back.
+    /// Releases the tensors if the work is done, else gives the handle back. A captured launch
+    /// returns `Ok` at once, having released nothing.
     pub fn try_retire(self) -> Result<Retired, LaunchHandle> {
-        self.pending
-            .try_retire()
-            .map_err(|pending| LaunchHandle { pending })
+        match self.inner {
+            HandleInner::Tracked(p) => p.try_retire().map_err(|pending| LaunchHandle {
+                inner: HandleInner::Tracked(pending),
+            }),
+            HandleInner::Captured { .. } => Ok(Retired::nothing()),
+        }
     }
 
-    /// Hands the tensors to the stream's release queue and returns at once.
+    /// Hands the tensors to the stream's release queue and returns at once (a captured launch
+    /// has nothing to hand over).
     pub fn defer(self) {
-        self.pending.defer()
+        match self.inner {
+            HandleInner::Tracked(p) => p.defer(),
+            HandleInner::Captured { .. } => {}
+        }
     }
 }
 
@@ -407,11 +466,21 @@ impl Stream {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
-    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::Descriptor`] from the checks
-    /// (nothing consumed, nothing launched); [`Error::Cuda`] if a wait or the launch fails (the
-    /// consumed tensors are released before the error returns: nothing was enqueued that uses
-    /// them).
+    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
+    /// [`Error::Descriptor`] from the checks (nothing consumed, nothing launched);
+    /// [`Error::Cuda`] from a driver call made by the checks (e.g.
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when the stream's capture was invalidated: nothing
+    /// consumed), or if a wait or the launch fails (the consumed tensors are released before the
+    /// error returns, since nothing was enqueued that uses them; for a capturing stream, they are
+    /// released with the graph).
+    ///
+    /// # Capture
+    ///
+    /// One `cuStreamGetCaptureInfo` per launch tells whether the stream is capturing a graph.
+    /// If it is, the tensors are handed to the graph (see [`capture`](crate::capture)) and the
+    /// handle owns nothing ([`LaunchHandle::is_captured`]).
     #[doc(alias = "cuLaunchKernelEx")]
+    #[doc(alias = "cuStreamGetCaptureInfo")]
     pub fn launch<'a>(
         &self,
         kernel: &Kernel,
@@ -446,8 +515,18 @@ impl Stream {
         let ctx = self.context();
         config.validate(ctx.limits())?;
         let args: SmallVec<[Arg<'a>; INLINE_ARGS]> = args.into_iter().collect();
-        // 1. Check everything without consuming anything.
+        // 1. Check everything without consuming anything: the arguments, the kernel's own
+        //    limits on this device, the tensors' memory, and whether the stream is capturing.
         let mut values = check_all(kernel.name(), kernel.signature(), &args, ctx.ordinal())?;
+        let d = cuda_sys::driver()?;
+        let _bound = ctx.bind_with(d)?;
+        if config.shared_mem_bytes > 0 || config.cooperative {
+            kernel.prepare_launch(d, ctx, config)?;
+        }
+        if self.checks_pointer_devices() {
+            check_pointer_devices(d, &args, ctx.ordinal())?;
+        }
+        let capture = crate::capture::capturing_graph(d, self.raw())?;
         // 2. Consume. A failure here releases what was consumed so far (nothing is launched).
         let mut guards = Vec::with_capacity(args.len());
         let mut waits: SmallVec<[CUstream; 4]> = SmallVec::new();
@@ -473,16 +552,27 @@ impl Stream {
             .map(|v| (v as *mut u64).cast::<c_void>())
             .collect();
         // 4. Order after the producers, then launch.
-        let d = cuda_sys::driver()?;
-        let _bound = ctx.bind_with(d)?;
         for s in waits {
             // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context.
             unsafe { self.wait_for_raw(s) }?;
         }
         let mut attrs = launch_attributes(config);
-        if attrs.is_empty() {
-            // No launch attributes: the plain entry point, measurably cheaper than the Ex one.
-            let pending = self.tracker().launch(guards, bytes, || {
+        let cfg = CUlaunchConfig {
+            gridDimX: config.grid.x,
+            gridDimY: config.grid.y,
+            gridDimZ: config.grid.z,
+            blockDimX: config.block.x,
+            blockDimY: config.block.y,
+            blockDimZ: config.block.z,
+            sharedMemBytes: config.shared_mem_bytes,
+            hStream: self.raw(),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
+        };
+        let mut enqueue = || {
+            if cfg.numAttrs == 0 {
+                // No launch attributes: the plain entry point, measurably cheaper than the Ex
+                // one.
                 // SAFETY: as for `cuLaunchKernelEx` below; a `CUkernel` may be passed where a
                 // `CUfunction` is expected (CUDA 12.0 and later).
                 unsafe {
@@ -501,38 +591,86 @@ impl Stream {
                     )
                 }
                 .check("cuLaunchKernel")
-            })?;
-            return Ok(LaunchHandle { pending });
-        }
-        let cfg = CUlaunchConfig {
-            gridDimX: config.grid.x,
-            gridDimY: config.grid.y,
-            gridDimZ: config.grid.z,
-            blockDimX: config.block.x,
-            blockDimY: config.block.y,
-            blockDimZ: config.block.z,
-            sharedMemBytes: config.shared_mem_bytes,
-            hStream: self.raw(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
-        };
-        let pending = self.tracker().launch(guards, bytes, || {
-            // SAFETY: `cfg` points at live attributes; `ptrs` has one pointer per declared
-            // parameter, each to an 8-byte slot holding a value of the declared size (checked
-            // against `cuKernelGetParamInfo` when the kernel was loaded); the tensors the
-            // pointers address are owned by `guards` until the launched work completes.
-            unsafe {
-                (d.cuLaunchKernelEx)(
-                    &cfg,
-                    kernel.raw() as CUfunction,
-                    ptrs.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
+            } else {
+                // SAFETY: `cfg` points at live attributes; `ptrs` has one pointer per declared
+                // parameter, each to an 8-byte slot holding a value of the declared size
+                // (checked against `cuKernelGetParamInfo` when the kernel was loaded); the
+                // tensors the pointers address are owned by `guards` (or by the graph being
+                // captured) until the launched work completes.
+                unsafe {
+                    (d.cuLaunchKernelEx)(
+                        &cfg,
+                        kernel.raw() as CUfunction,
+                        ptrs.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                }
+                .check("cuLaunchKernelEx")
             }
-            .check("cuLaunchKernelEx")
-        })?;
-        Ok(LaunchHandle { pending })
+        };
+        if let Some(graph) = capture {
+            // The graph owns the guards before the kernel node exists. If the launch then fails,
+            // they are released with the graph (a failed launch invalidates the capture, and
+            // ending it destroys the graph).
+            let guards = crate::capture::attach(d, graph, guards)?;
+            enqueue()?;
+            return Ok(LaunchHandle {
+                inner: HandleInner::Captured { guards },
+            });
+        }
+        let pending = self.tracker().launch(guards, bytes, enqueue)?;
+        Ok(LaunchHandle {
+            inner: HandleInner::Tracked(pending),
+        })
     }
+}
+
+/// Checks that the memory of every non-empty device tensor (`kDLCUDA`) is on device `ordinal`
+/// (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, one call per tensor).
+/// A pointer the driver does not know is let through: the descriptor's device was checked.
+/// Pinned host memory (`kDLCUDAHost`) is usable from every device and managed memory
+/// (`kDLCUDAManaged`) migrates, so neither is asked about.
+fn check_pointer_devices(d: &cuda_sys::Driver, args: &[Arg<'_>], ordinal: i32) -> Result<()> {
+    for (index, arg) in args.iter().enumerate() {
+        let Arg::Tensor(t) = arg else { continue };
+        let view = match &t.source {
+            TensorSource::Unused(u) => u
+                .peek()
+                .map_err(|source| Error::Descriptor { index, source })?,
+            TensorSource::Used(u) => u.view(),
+        };
+        let tensor = view.device();
+        if tensor.device_type != tile_dlpack::ffi::DLDeviceType::CUDA || view.nbytes_spanned() == 0
+        {
+            continue;
+        }
+        let mut on: std::ffi::c_int = -1;
+        // SAFETY: the out-pointer is a local `int`, the size this attribute writes; the driver
+        // answers for any address.
+        let r = unsafe {
+            (d.cuPointerGetAttribute)(
+                (&raw mut on).cast::<c_void>(),
+                cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                view.data_ptr(),
+            )
+        };
+        if r != cuda_sys::CUresult::CUDA_SUCCESS {
+            log::debug!(
+                "argument {index}: cuPointerGetAttribute(DEVICE_ORDINAL) returned {r:?}; the \
+                 descriptor's device is trusted"
+            );
+            continue;
+        }
+        if on != ordinal {
+            return Err(Error::PointerDeviceMismatch {
+                index,
+                tensor,
+                pointer_device: on,
+                stream_device: ordinal,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks `args` against `signature` exactly as [`Stream::launch`] does before consuming

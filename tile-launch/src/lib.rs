@@ -18,7 +18,16 @@
 //!   the bound, a launch first waits for the oldest work.
 //! - A tensor whose data is written on another stream is ordered with
 //!   [`TensorArg::ready_on`]: the launch stream waits on the device, the host never blocks.
-//! - The stream's context is made current for the launch and restored afterwards.
+//! - The stream's context is made current for the launch and restored afterwards. Every tensor's
+//!   DLPack device must be the stream's device; with several devices visible, each device
+//!   tensor's data pointer is checked too ([`Stream::checks_pointer_devices`]).
+//! - A launch on a stream that is capturing a CUDA graph becomes part of the graph, which owns
+//!   its tensors through a CUDA user object until the last graph, clone or executable graph
+//!   holding it is destroyed; the tensors are then released by a dedicated thread, never on a
+//!   CUDA callback thread ([`capture`]). [`Stream::begin_capture`] is a minimal capture API.
+//! - Launch configuration (grid, block, cluster, cooperative, programmatic dependent launch,
+//!   dynamic shared memory up to the opt-in limit) is checked against the device's and the
+//!   kernel's limits before anything is consumed ([`LaunchConfig::validate`]).
 //!
 //! # Layering
 //!
@@ -58,6 +67,7 @@
 //! # }
 //! ```
 
+pub mod capture;
 mod context;
 mod error;
 mod launch;
@@ -69,6 +79,7 @@ mod sync;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
+pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use context::{Context, ContextGuard, DeviceLimits};
 pub use error::{Error, Result};
 pub use launch::{

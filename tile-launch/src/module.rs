@@ -2,12 +2,16 @@
 
 use std::ffi::{CString, c_void};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use cuda_sys::{CUkernel, CUlibrary, CUresult, CuResultExt, Driver, driver};
+use cuda_sys::{
+    CUfunction, CUfunction_attribute, CUkernel, CUlibrary, CUresult, CuResultExt, Driver, driver,
+};
 use tile_dlpack::DType;
 
+use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::launch::LaunchConfig;
 
 /// How a kernel uses a tensor parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -332,6 +336,7 @@ impl Library {
             raw,
             name: name.to_owned(),
             signature: Arc::new(signature),
+            per_device: Arc::new(Mutex::new(Vec::new())),
             _library: self.clone(),
         })
     }
@@ -372,6 +377,17 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
     Ok(())
 }
 
+/// What a kernel knows about itself on one device, learnt at its first launch there that needs
+/// it.
+#[derive(Clone, Copy, Debug)]
+struct OnDevice {
+    ordinal: i32,
+    /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory per block, in bytes.
+    static_shared: u32,
+    /// The `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` we set, in bytes (0: not set).
+    dynamic_opt_in: u32,
+}
+
 /// A kernel of a loaded [`Library`] with its declared [`Signature`]. Cheap to clone; keeps the
 /// library loaded.
 #[derive(Clone)]
@@ -379,6 +395,7 @@ pub struct Kernel {
     raw: CUkernel,
     name: String,
     signature: Arc<Signature>,
+    per_device: Arc<Mutex<Vec<OnDevice>>>,
     _library: Library,
 }
 
@@ -410,5 +427,117 @@ impl Kernel {
     /// The raw `CUkernel` handle.
     pub fn raw(&self) -> CUkernel {
         self.raw
+    }
+}
+
+impl Kernel {
+    /// The kernel-specific checks and set-up of a launch on `ctx`'s device, made before anything
+    /// is consumed. `ctx` must be current.
+    ///
+    /// - Dynamic shared memory: at most the device's opt-in limit minus the kernel's static
+    ///   shared memory (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, read once per device). Above the
+    ///   default limit (48 KiB on current GPUs, minus the static part), the kernel opts in once
+    ///   per device, to the full opt-in limit (`cuKernelSetAttribute` with
+    ///   `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`). Launches with no dynamic shared
+    ///   memory skip all of this.
+    /// - Cooperative launches: the grid must fit co-resident on the device, i.e. at most
+    ///   `cuOccupancyMaxActiveBlocksPerMultiprocessor` (for this block size and shared memory)
+    ///   times the number of SMs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] naming the limit and the value; [`Error::Cuda`] if a driver call
+    /// fails.
+    pub(crate) fn prepare_launch(
+        &self,
+        d: &Driver,
+        ctx: &Context,
+        config: &LaunchConfig,
+    ) -> Result<()> {
+        let limits = ctx.limits();
+        let dynamic = config.shared_mem_bytes;
+        if dynamic > 0 {
+            let mut st = self.per_device.lock().unwrap_or_else(|p| p.into_inner());
+            let i = match st.iter().position(|k| k.ordinal == ctx.ordinal()) {
+                Some(i) => i,
+                None => {
+                    let mut v: std::ffi::c_int = 0;
+                    // SAFETY: out-pointer to a local; `self.raw` is a kernel of a loaded library
+                    // and `ctx.device()` a valid device.
+                    unsafe {
+                        (d.cuKernelGetAttribute)(
+                            &mut v,
+                            CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                            self.raw,
+                            ctx.device(),
+                        )
+                    }
+                    .check("cuKernelGetAttribute")?;
+                    st.push(OnDevice {
+                        ordinal: ctx.ordinal(),
+                        static_shared: u32::try_from(v).unwrap_or(0),
+                        dynamic_opt_in: 0,
+                    });
+                    st.len() - 1
+                }
+            };
+            let k = &mut st[i];
+            let limit = limits
+                .max_shared_mem_per_block_optin
+                .saturating_sub(k.static_shared);
+            if dynamic > limit {
+                return Err(Error::InvalidConfig {
+                    what: "shared_mem_bytes (the device's opt-in limit per block minus the \
+                           kernel's static shared memory)",
+                    value: dynamic.into(),
+                    limit: limit.into(),
+                });
+            }
+            let default = limits
+                .max_shared_mem_per_block
+                .saturating_sub(k.static_shared);
+            if dynamic > default && dynamic > k.dynamic_opt_in {
+                // SAFETY: a valid attribute and value (at most the opt-in limit minus the static
+                // part) for a kernel of a loaded library on a valid device.
+                unsafe {
+                    (d.cuKernelSetAttribute)(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        std::ffi::c_int::try_from(limit).unwrap_or(std::ffi::c_int::MAX),
+                        self.raw,
+                        ctx.device(),
+                    )
+                }
+                .check("cuKernelSetAttribute")?;
+                k.dynamic_opt_in = limit;
+            }
+        }
+        if config.cooperative {
+            let mut func: CUfunction = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local; `ctx` is current.
+            unsafe { (d.cuKernelGetFunction)(&mut func, self.raw) }.check("cuKernelGetFunction")?;
+            let mut per_sm: std::ffi::c_int = 0;
+            let block = std::ffi::c_int::try_from(config.block.volume()).unwrap_or(0);
+            // SAFETY: out-pointer to a local; `func` is the kernel's function in the current
+            // context; block size and shared memory were validated against the device's limits.
+            unsafe {
+                (d.cuOccupancyMaxActiveBlocksPerMultiprocessor)(
+                    &mut per_sm,
+                    func,
+                    block,
+                    dynamic as usize,
+                )
+            }
+            .check("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+            let limit = u64::try_from(per_sm).unwrap_or(0) * u64::from(limits.multiprocessor_count);
+            if config.grid.volume() > limit {
+                return Err(Error::InvalidConfig {
+                    what: "grid size (x*y*z) of a cooperative launch (co-resident blocks: blocks \
+                           per SM for this block size and shared memory, times the SM count)",
+                    value: config.grid.volume(),
+                    limit,
+                });
+            }
+        }
+        Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! Streams, the events that mark progress on them, and their release queues.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::{
@@ -60,6 +61,20 @@ impl CudaTimeline {
         self.raw
     }
 
+    /// Refuses, without calling `function`, while the stream captures a graph: recording an
+    /// event there would add a node to the graph, and synchronising would invalidate the capture.
+    /// One `cuStreamIsCapturing`; the release queue records markers sparingly, so this stays off
+    /// the per-launch path.
+    fn refuse_if_capturing(&self, function: &'static str) -> Result<(), CudaError> {
+        if crate::capture::is_capturing(self.d, self.raw)? {
+            return Err(CudaError::new(
+                CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                function,
+            ));
+        }
+        Ok(())
+    }
+
     /// Makes this stream wait, on the device, for all work enqueued so far on `producer`
     /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent`). The host does not block.
     fn wait_for(&self, producer: CUstream) -> Result<(), CudaError> {
@@ -84,6 +99,7 @@ impl Timeline for CudaTimeline {
 
     fn record(&self) -> Result<Event, Self::Error> {
         let d = self.d;
+        self.refuse_if_capturing("cuEventRecord")?;
         let ev = self.event()?;
         // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
         match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
@@ -97,24 +113,33 @@ impl Timeline for CudaTimeline {
 
     fn query(&self, marker: &Event) -> Result<bool, Self::Error> {
         let d = self.d;
-        // SAFETY: `marker` is a live event.
-        let r = unsafe { (d.cuEventQuery)(marker.0) };
-        if r == CUresult::CUDA_ERROR_NOT_READY {
-            return Ok(false);
-        }
-        r.check("cuEventQuery").map(|()| true)
+        // Our events are recorded outside capture only; relaxed mode keeps the query from
+        // failing, or invalidating another thread's global-mode capture.
+        crate::capture::relaxed(d, || {
+            // SAFETY: `marker` is a live event.
+            let r = unsafe { (d.cuEventQuery)(marker.0) };
+            if r == CUresult::CUDA_ERROR_NOT_READY {
+                return Ok(false);
+            }
+            r.check("cuEventQuery").map(|()| true)
+        })
     }
 
     fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
         let d = self.d;
-        // SAFETY: `marker` is a live event.
-        unsafe { (d.cuEventSynchronize)(marker.0) }.check("cuEventSynchronize")
+        crate::capture::relaxed(d, || {
+            // SAFETY: `marker` is a live event.
+            unsafe { (d.cuEventSynchronize)(marker.0) }.check("cuEventSynchronize")
+        })
     }
 
     fn synchronize(&self) -> Result<(), Self::Error> {
         let d = self.d;
-        // SAFETY: `self.raw` is a live stream.
-        unsafe { (d.cuStreamSynchronize)(self.raw) }.check("cuStreamSynchronize")
+        self.refuse_if_capturing("cuStreamSynchronize")?;
+        crate::capture::relaxed(d, || {
+            // SAFETY: `self.raw` is a live stream.
+            unsafe { (d.cuStreamSynchronize)(self.raw) }.check("cuStreamSynchronize")
+        })
     }
 
     fn recycle(&self, marker: Event) {
@@ -160,6 +185,7 @@ pub struct Stream {
 
 struct StreamInner {
     tracker: Arc<StreamTracker>,
+    check_pointer_devices: AtomicBool,
 }
 
 impl Drop for StreamInner {
@@ -272,6 +298,7 @@ impl Stream {
         Stream {
             inner: Arc::new(StreamInner {
                 tracker: Tracker::new(timeline, config),
+                check_pointer_devices: AtomicBool::new(Context::several_devices()),
             }),
         }
     }
@@ -326,6 +353,28 @@ impl Stream {
     /// were released.
     pub fn poll(&self) -> usize {
         self.inner.tracker.poll()
+    }
+
+    /// Whether launches on this stream check each device tensor's data pointer against the
+    /// stream's device (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, one
+    /// driver call per non-empty `kDLCUDA` tensor per launch, before anything is consumed).
+    ///
+    /// On by default when the process sees more than one CUDA device, off with a single device
+    /// (where a device pointer cannot be on another device). Pinned host and managed memory are
+    /// never checked (usable from every device); a pointer the driver does not know is let
+    /// through. A mismatch is [`Error::PointerDeviceMismatch`](crate::Error::PointerDeviceMismatch).
+    pub fn checks_pointer_devices(&self) -> bool {
+        self.inner.check_pointer_devices.load(Ordering::Relaxed)
+    }
+
+    /// Turns the pointer-device check of [`checks_pointer_devices`](Stream::checks_pointer_devices)
+    /// on or off for this stream and its clones (e.g. off on a hot path whose producers are
+    /// trusted to describe their devices correctly).
+    #[doc(alias = "cuPointerGetAttribute")]
+    pub fn set_check_pointer_devices(&self, on: bool) {
+        self.inner
+            .check_pointer_devices
+            .store(on, Ordering::Relaxed);
     }
 
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.

@@ -235,6 +235,9 @@ fn h200_like_limits() -> tile_launch::DeviceLimits {
     l.max_shared_mem_per_block_optin = 232_448;
     l.cluster_launch = true;
     l.cooperative_launch = true;
+    l.compute_capability = (9, 0);
+    l.multiprocessor_count = 132;
+    l.max_blocks_per_multiprocessor = 32;
     l
 }
 
@@ -258,10 +261,10 @@ fn launch_config_limits_name_the_value_and_the_limit() {
         ),
         (
             LaunchConfig {
-                shared_mem_bytes: 49153,
+                shared_mem_bytes: 232_449,
                 ..LaunchConfig::new(1, 1)
             },
-            "shared_mem_bytes is 49153, limit 49152",
+            "shared_mem_bytes (the device's opt-in limit per block) is 232449, limit 232448",
         ),
     ];
     for (cfg, want) in cases {
@@ -294,4 +297,117 @@ fn launch_config_limits_name_the_value_and_the_limit() {
     };
     assert!(coop.validate(&no_coop).is_err());
     coop.validate(&l).unwrap();
+}
+
+#[test]
+fn shared_memory_above_the_default_limit_is_accepted_up_to_the_opt_in_limit() {
+    use tile_launch::LaunchConfig;
+    let l = h200_like_limits();
+    for bytes in [49_153, 100_000, 232_448] {
+        LaunchConfig {
+            shared_mem_bytes: bytes,
+            ..LaunchConfig::new(1, 1)
+        }
+        .validate(&l)
+        .unwrap();
+    }
+}
+
+#[test]
+fn cooperative_grid_is_bounded_by_resident_blocks() {
+    use tile_launch::LaunchConfig;
+    let l = h200_like_limits();
+    // 32 blocks per SM x 132 SMs.
+    LaunchConfig {
+        cooperative: true,
+        ..LaunchConfig::new(4224, 32)
+    }
+    .validate(&l)
+    .unwrap();
+    let e = LaunchConfig {
+        cooperative: true,
+        ..LaunchConfig::new((4225, 1), 32)
+    }
+    .validate(&l)
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+    assert!(text.contains("cooperative launch"), "{text}");
+    assert!(text.contains("is 4225, limit 4224"), "{text}");
+    // Unknown SM count: no kernel-independent bound (the occupancy check at launch remains).
+    let mut unknown = l;
+    unknown.multiprocessor_count = 0;
+    LaunchConfig {
+        cooperative: true,
+        ..LaunchConfig::new(1 << 20, 32)
+    }
+    .validate(&unknown)
+    .unwrap();
+}
+
+#[test]
+fn programmatic_dependent_launch_needs_compute_capability_9() {
+    use tile_launch::LaunchConfig;
+    let pdl = LaunchConfig {
+        programmatic_dependent_launch: true,
+        ..LaunchConfig::new(1, 1)
+    };
+    pdl.validate(&h200_like_limits()).unwrap();
+    let mut ampere = h200_like_limits();
+    ampere.compute_capability = (8, 0);
+    let e = pdl.validate(&ampere).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("programmatic_dependent_launch (needs compute capability 9.0"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("is 8, limit 9"), "{e}");
+}
+
+#[test]
+fn cluster_limits_name_the_value_and_the_limit() {
+    use tile_launch::{Dim3, LaunchConfig};
+    let l = h200_like_limits();
+    LaunchConfig {
+        cluster: Some(Dim3::new(2, 2, 2)),
+        ..LaunchConfig::new((4, 4, 2), 64)
+    }
+    .validate(&l)
+    .unwrap();
+    let e = LaunchConfig {
+        cluster: Some(Dim3::new(4, 4, 1)),
+        ..LaunchConfig::new((8, 8), 64)
+    }
+    .validate(&l)
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("cluster size (x*y*z, portable limit) is 16, limit 8"),
+        "{e}"
+    );
+    let mut no_cluster = l;
+    no_cluster.cluster_launch = false;
+    let e = LaunchConfig {
+        cluster: Some(Dim3::new(2, 1, 1)),
+        ..LaunchConfig::new(2, 64)
+    }
+    .validate(&no_cluster)
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("device has no cluster launch"),
+        "{e}"
+    );
+}
+
+#[test]
+fn pointer_device_mismatch_names_both_devices() {
+    let e = Error::PointerDeviceMismatch {
+        index: 2,
+        tensor: tile_dlpack::Device::cuda(0),
+        pointer_device: 1,
+        stream_device: 0,
+    };
+    let text = e.to_string();
+    assert!(text.starts_with("argument 2:"), "{text}");
+    assert!(text.contains("cuda:1") && text.contains("cuda:0"), "{text}");
 }

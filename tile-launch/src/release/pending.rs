@@ -18,6 +18,16 @@ pub struct Retired {
     pub deferred_released: usize,
 }
 
+impl Retired {
+    /// Nothing released (e.g. a launch captured into a graph, which owns its guards).
+    pub(crate) fn nothing() -> Retired {
+        Retired {
+            released: 0,
+            deferred_released: 0,
+        }
+    }
+}
+
 /// The work of one launch on a [`Tracker`]'s stream and the guards it keeps alive: the core of
 /// a `LaunchHandle`.
 ///

@@ -1,0 +1,590 @@
+//! CUDA graph capture: launches on a capturing stream, the user objects that keep their tensors
+//! alive, the release thread, and a minimal capture API ([`Capture`], [`Graph`], [`GraphExec`]).
+//!
+//! # Launching while a stream captures
+//!
+//! A launch on a stream that is capturing a CUDA graph does not run; it becomes a kernel node of
+//! the graph and runs each time an executable instance of the graph is launched. Recording or
+//! querying a completion event there would break the capture, and no event could tell when the
+//! tensors are free anyway: the graph may be replayed any number of times. So
+//! [`Stream::launch`](crate::Stream::launch) detects capture (`cuStreamGetCaptureInfo`, one driver
+//! call per launch) and, when the stream captures, bypasses the release queue:
+//!
+//! 1. the launch's guards are boxed into a *parcel* and owned by a CUDA user object
+//!    (`cuUserObjectCreate` with `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`);
+//! 2. the graph being captured takes over the user object's only reference
+//!    (`cuGraphRetainUserObject` with `CU_GRAPH_USER_OBJECT_MOVE`). Every executable graph
+//!    instantiated from it, and every clone, holds its own reference;
+//! 3. the kernel is launched (captured).
+//!
+//! When the last graph, clone or executable graph holding the user object is destroyed (for an
+//! executable graph: once its launches in flight have completed), CUDA calls the destructor on one
+//! of its internal threads. The destructor ([`release_parcel`]) only moves the guards into a
+//! channel; a dedicated release thread (`tile-graph-release`) drops them, each inside
+//! `catch_unwind`. The destructor calls neither CUDA nor Python, never blocks on anything but the
+//! channel's short internal lock, and never unwinds into C.
+//!
+//! A capture that is aborted or invalidated destroys its graph, which runs the destructor: the
+//! guards are released then, exactly once.
+//!
+//! The returned [`LaunchHandle`](crate::LaunchHandle) owns nothing: `retire`, `try_retire` and
+//! `defer` return at once, and `is_complete` is an error ([`Error::CapturedLaunch`]).
+//!
+//! # The release queue during capture
+//!
+//! A stream's release queue never records an event on its stream while the stream captures
+//! (recording fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` without calling the driver, and
+//! the queue then keeps its entries, or leaks a handle's tensors if a caller insisted on waiting).
+//! Every event query and wait the queue makes runs with the calling thread's capture mode
+//! switched to relaxed (`cuThreadExchangeStreamCaptureMode`), so that it can neither fail nor
+//! invalidate a capture that another thread began in global mode. Its events are only ever
+//! recorded outside capture, so querying them is legal.
+//!
+//! # Shutdown
+//!
+//! The release thread lives for the rest of the process. Parcels whose graphs are still alive at
+//! exit are never released (their deleters do not run): a documented leak, counted by nobody.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::mem::{self, ManuallyDrop};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, OnceLock};
+
+use cuda_sys::{
+    CUgraph, CUgraphExec, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags, CuResultExt, CudaError, Driver,
+};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::launch::Guard;
+use crate::stream::Stream;
+
+/// Counters of a [`GraphReleaser`]. Totals count since it was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct CaptureStats {
+    /// Guards attached to graphs (parcels made).
+    pub attached: u64,
+    /// Guards whose parcel's destructor has run (handed to the release thread).
+    pub handed_off: u64,
+    /// Guards dropped by the release thread (including those whose drop panicked).
+    pub released: u64,
+    /// Guards whose drop panicked (also counted in `released`).
+    pub release_panics: u64,
+    /// Guards never dropped because the release thread was gone when their parcel was
+    /// destroyed.
+    pub leaked: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    attached: AtomicU64,
+    handed_off: AtomicU64,
+    released: AtomicU64,
+    release_panics: AtomicU64,
+    leaked: AtomicU64,
+}
+
+/// Hands the guards of captured launches from user-object destructors (CUDA's internal threads)
+/// to a release thread that drops them.
+///
+/// Independent of CUDA: [`parcel`](GraphReleaser::parcel) packs guards into the pointer a user
+/// object carries, and [`release_parcel`] is the destructor CUDA calls with it. Tests drive the
+/// two directly. The process-wide releaser of [`Guard`]s is [`graph_releaser`].
+pub struct GraphReleaser<G: Send + 'static> {
+    tx: Sender<Vec<G>>,
+    counters: Arc<Counters>,
+}
+
+impl<G: Send + 'static> std::fmt::Debug for GraphReleaser<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GraphReleaser")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// What a user object owns: the guards and the way to the release thread.
+struct Parcel<G: Send + 'static> {
+    guards: ManuallyDrop<Vec<G>>,
+    tx: Sender<Vec<G>>,
+    counters: Arc<Counters>,
+}
+
+impl<G: Send + 'static> GraphReleaser<G> {
+    /// Starts a release thread named `name`. The thread ends once this releaser and every parcel
+    /// it made are gone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Module`] if the thread cannot be spawned.
+    pub fn new(name: &str) -> Result<Self> {
+        let (tx, rx) = channel::<Vec<G>>();
+        let counters = Arc::new(Counters::default());
+        let c = Arc::clone(&counters);
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                for guards in rx {
+                    let mut panics = 0u64;
+                    let n = guards.len() as u64;
+                    for guard in guards {
+                        if panic::catch_unwind(AssertUnwindSafe(move || drop(guard))).is_err() {
+                            panics += 1;
+                            log::error!(
+                                "tile-launch graph release: a guard's drop (a tensor's deleter) \
+                                 panicked"
+                            );
+                        }
+                    }
+                    c.released.fetch_add(n, Ordering::SeqCst);
+                    c.release_panics.fetch_add(panics, Ordering::SeqCst);
+                }
+            })
+            .map_err(|e| Error::Module(format!("cannot start the graph release thread: {e}")))?;
+        Ok(Self { tx, counters })
+    }
+
+    /// Packs `guards` into a parcel for a user object. The pointer must reach
+    /// [`release_parcel::<G>`] exactly once (CUDA's destructor call does that), or be given to
+    /// [`GraphReleaser::reclaim`]; until then the guards are alive.
+    pub fn parcel(&self, guards: Vec<G>) -> *mut c_void {
+        self.counters
+            .attached
+            .fetch_add(guards.len() as u64, Ordering::SeqCst);
+        let parcel = Box::new(Parcel {
+            guards: ManuallyDrop::new(guards),
+            tx: self.tx.clone(),
+            counters: Arc::clone(&self.counters),
+        });
+        Box::into_raw(parcel).cast()
+    }
+
+    /// Takes the guards back out of a parcel that no user object owns (creating the user object
+    /// failed).
+    ///
+    /// # Safety
+    ///
+    /// `p` came from [`parcel`](GraphReleaser::parcel) of a releaser of the same `G` and was
+    /// neither reclaimed nor passed to [`release_parcel`].
+    pub unsafe fn reclaim(p: *mut c_void) -> Vec<G> {
+        // SAFETY: the caller's contract: `p` is an unconsumed `Box<Parcel<G>>`.
+        let parcel = unsafe { Box::from_raw(p.cast::<Parcel<G>>()) };
+        let n = parcel.guards.len() as u64;
+        parcel.counters.attached.fetch_sub(n, Ordering::SeqCst);
+        let mut parcel = ManuallyDrop::new(parcel);
+        // SAFETY: taken once; the parcel's remaining fields are dropped below.
+        let guards = unsafe { ManuallyDrop::take(&mut parcel.guards) };
+        drop(ManuallyDrop::into_inner(parcel));
+        guards
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CaptureStats {
+        let c = &self.counters;
+        CaptureStats {
+            attached: c.attached.load(Ordering::SeqCst),
+            handed_off: c.handed_off.load(Ordering::SeqCst),
+            released: c.released.load(Ordering::SeqCst),
+            release_panics: c.release_panics.load(Ordering::SeqCst),
+            leaked: c.leaked.load(Ordering::SeqCst),
+        }
+    }
+}
+
+/// The user-object destructor: moves a parcel's guards into the release thread's channel.
+///
+/// Runs on a CUDA internal thread. It calls no CUDA function and no Python, drops no guard
+/// (if the channel is closed the guards are leaked and counted), and catches every panic.
+///
+/// # Safety
+///
+/// `p` came from [`GraphReleaser::parcel`] of a releaser of the same `G`, and this is the only
+/// call made with it (CUDA calls a user object's destructor once).
+pub unsafe extern "C" fn release_parcel<G: Send + 'static>(p: *mut c_void) {
+    let result = panic::catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the caller's contract: `p` is an unconsumed `Box<Parcel<G>>`.
+        let parcel = unsafe { Box::from_raw(p.cast::<Parcel<G>>()) };
+        let mut parcel = ManuallyDrop::new(parcel);
+        // SAFETY: taken once; the guards are never dropped on this thread.
+        let guards = unsafe { ManuallyDrop::take(&mut parcel.guards) };
+        let n = guards.len() as u64;
+        let counters = Arc::clone(&parcel.counters);
+        counters.handed_off.fetch_add(n, Ordering::SeqCst);
+        if let Err(back) = parcel.tx.send(guards) {
+            counters.leaked.fetch_add(n, Ordering::SeqCst);
+            mem::forget(back.0);
+        }
+        // Drops the sender clone and the counters' `Arc`: no guard, no CUDA, no Python.
+        drop(ManuallyDrop::into_inner(parcel));
+    }));
+    if let Err(payload) = result {
+        // Never unwind into C; never drop a payload whose drop could panic again.
+        mem::forget(payload);
+    }
+}
+
+/// The process-wide release thread of captured launches' guards, started on first use.
+///
+/// # Errors
+///
+/// [`Error::Module`] if the thread cannot be spawned.
+pub fn graph_releaser() -> Result<&'static GraphReleaser<Guard>> {
+    static RELEASER: OnceLock<GraphReleaser<Guard>> = OnceLock::new();
+    if let Some(r) = RELEASER.get() {
+        return Ok(r);
+    }
+    let r = GraphReleaser::new("tile-graph-release")?;
+    // Another thread may have won the race; its releaser is used and ours ends with it.
+    Ok(RELEASER.get_or_init(|| r))
+}
+
+/// Counters of the process-wide release of captured launches' guards ([`graph_releaser`]);
+/// all zero before the first captured launch.
+pub fn capture_stats() -> CaptureStats {
+    graph_releaser().map(|r| r.stats()).unwrap_or_default()
+}
+
+/// The graph `stream` is capturing into, or `None` when it is not capturing
+/// (`cuStreamGetCaptureInfo`, one call).
+///
+/// An invalidated capture is an error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`): a launch into
+/// it would fail anyway.
+pub(crate) fn capturing_graph(d: &Driver, stream: CUstream) -> Result<Option<CUgraph>, CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0u64;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the optional dependency outputs are null (not wanted).
+    unsafe {
+        (d.cuStreamGetCaptureInfo)(
+            stream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    .check("cuStreamGetCaptureInfo")?;
+    match status {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+        _ => Err(CudaError::new(
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+            "cuStreamGetCaptureInfo",
+        )),
+    }
+}
+
+/// Whether `stream` is capturing (active or invalidated), with `cuStreamIsCapturing`.
+pub(crate) fn is_capturing(d: &Driver, stream: CUstream) -> Result<bool, CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuStreamIsCapturing)(stream, &mut status) }.check("cuStreamIsCapturing")?;
+    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Runs `f` with the calling thread's stream-capture mode set to relaxed, then restores it
+/// (`cuThreadExchangeStreamCaptureMode`, twice). Potentially unsafe calls (event queries and
+/// waits) made by `f` then neither fail nor invalidate another thread's global-mode capture.
+pub(crate) fn relaxed<R>(
+    d: &Driver,
+    f: impl FnOnce() -> Result<R, CudaError>,
+) -> Result<R, CudaError> {
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: in/out pointer to a local holding a valid mode.
+    unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) }
+        .check("cuThreadExchangeStreamCaptureMode")?;
+    // Restore even if `f` panics.
+    struct Restore<'a>(&'a Driver, CUstreamCaptureMode);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            // SAFETY: in/out pointer to our field, holding the mode we swapped out.
+            let r = unsafe { (self.0.cuThreadExchangeStreamCaptureMode)(&mut self.1) };
+            if let Err(e) = r.check("cuThreadExchangeStreamCaptureMode") {
+                log::error!("{e}");
+            }
+        }
+    }
+    let _restore = Restore(d, mode);
+    f()
+}
+
+/// Attaches `guards` to `graph` (being captured) with a user object the graph owns. Returns how
+/// many guards were attached.
+///
+/// On error nothing owns the guards any more but the release path: if the user object could not
+/// be created they are dropped here at once (nothing was launched that uses them); if the graph
+/// refused the reference, releasing the user object hands them to the release thread.
+pub(crate) fn attach(d: &Driver, graph: CUgraph, guards: Vec<Guard>) -> Result<usize> {
+    let releaser = graph_releaser()?;
+    let n = guards.len();
+    let p = releaser.parcel(guards);
+    let mut object: CUuserObject = std::ptr::null_mut();
+    // SAFETY: `p` is a parcel of `Guard`s and `release_parcel::<Guard>` its matching destructor,
+    // which CUDA calls exactly once when the last reference goes; one initial reference (ours).
+    let created = unsafe {
+        (d.cuUserObjectCreate)(
+            &mut object,
+            p,
+            Some(release_parcel::<Guard>),
+            1,
+            CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
+        )
+    }
+    .check("cuUserObjectCreate");
+    if let Err(e) = created {
+        // SAFETY: no user object owns `p`; it is reclaimed once.
+        drop(unsafe { GraphReleaser::<Guard>::reclaim(p) });
+        return Err(e.into());
+    }
+    // SAFETY: `graph` is the graph the stream is capturing into; `object` is live with our one
+    // reference, which MOVE transfers to the graph.
+    let retained = unsafe {
+        (d.cuGraphRetainUserObject)(
+            graph,
+            object,
+            1,
+            CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0,
+        )
+    }
+    .check("cuGraphRetainUserObject");
+    if let Err(e) = retained {
+        // SAFETY: we still hold the one reference; releasing it runs the destructor (hand-off).
+        if let Err(e2) = unsafe { (d.cuUserObjectRelease)(object, 1) }.check("cuUserObjectRelease")
+        {
+            log::error!("tile-launch capture: {e2}; the launch's tensors are leaked");
+        }
+        return Err(e.into());
+    }
+    Ok(n)
+}
+
+/// How a capture interacts with potentially unsafe CUDA calls made by other code while it runs
+/// (`CUstreamCaptureMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CaptureMode {
+    /// Unsafe calls from any thread in global mode fail and invalidate the capture
+    /// (`CU_STREAM_CAPTURE_MODE_GLOBAL`, PyTorch's default).
+    Global,
+    /// Only unsafe calls from the capturing thread are prohibited
+    /// (`CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`).
+    ThreadLocal,
+    /// Nothing is prohibited (`CU_STREAM_CAPTURE_MODE_RELAXED`).
+    Relaxed,
+}
+
+impl CaptureMode {
+    fn raw(self) -> CUstreamCaptureMode {
+        match self {
+            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        }
+    }
+}
+
+/// A capture in progress on a stream, begun by [`Stream::begin_capture`]. End it with
+/// [`end`](Capture::end) to get the [`Graph`]; dropping it aborts the capture (ends it and
+/// destroys the graph, which releases the tensors of the launches captured so far).
+///
+/// Not `Send`: a capture not begun in relaxed mode must end on the thread that began it.
+#[must_use = "dropping a capture aborts it"]
+#[derive(Debug)]
+pub struct Capture<'s> {
+    stream: &'s Stream,
+    ended: bool,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Stream {
+    /// Begins capturing the work enqueued on this stream into a CUDA graph
+    /// (`cuStreamBeginCapture`). Launches on the stream until [`Capture::end`] are captured:
+    /// they run when the graph is launched, and the graph owns their tensors.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the driver refuses, e.g. on the legacy default stream
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) or a stream already capturing
+    /// (`CUDA_ERROR_ILLEGAL_STATE`).
+    #[doc(alias = "cuStreamBeginCapture")]
+    pub fn begin_capture(&self, mode: CaptureMode) -> Result<Capture<'_>> {
+        let d = cuda_sys::driver()?;
+        let _bound = self.context().bind_with(d)?;
+        // SAFETY: `self.raw()` is a live stream of the current context.
+        unsafe { (d.cuStreamBeginCapture)(self.raw(), mode.raw()) }
+            .check("cuStreamBeginCapture")?;
+        Ok(Capture {
+            stream: self,
+            ended: false,
+            _thread: PhantomData,
+        })
+    }
+}
+
+impl Capture<'_> {
+    fn end_raw(&mut self) -> Result<CUgraph> {
+        self.ended = true;
+        let d = cuda_sys::driver()?;
+        let _bound = self.stream.context().bind_with(d)?;
+        let mut graph: CUgraph = std::ptr::null_mut();
+        // SAFETY: the stream captures (begun by us, on this thread); out-pointer to a local.
+        unsafe { (d.cuStreamEndCapture)(self.stream.raw(), &mut graph) }
+            .check("cuStreamEndCapture")?;
+        Ok(graph)
+    }
+
+    /// Ends the capture and returns the captured graph (`cuStreamEndCapture`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` if the capture was
+    /// invalidated (e.g. by a synchronising call during capture); CUDA has then destroyed the
+    /// partial graph, and the captured launches' tensors are released.
+    #[doc(alias = "cuStreamEndCapture")]
+    pub fn end(mut self) -> Result<Graph> {
+        let raw = self.end_raw()?;
+        Ok(Graph {
+            raw,
+            ctx: Arc::clone(self.stream.context()),
+        })
+    }
+}
+
+impl Drop for Capture<'_> {
+    /// Aborts: ends the capture and destroys the graph (`cuStreamEndCapture` +
+    /// `cuGraphDestroy`).
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        match self.end_raw() {
+            Ok(raw) if !raw.is_null() => drop(Graph {
+                raw,
+                ctx: Arc::clone(self.stream.context()),
+            }),
+            Ok(_) => {}
+            Err(e) => log::debug!("tile-launch: aborting a capture: {e}"),
+        }
+    }
+}
+
+/// A CUDA graph (`CUgraph`), destroyed when dropped (`cuGraphDestroy`). Destroying it drops its
+/// references to the user objects of captured launches; their tensors are released once no
+/// clone or executable graph holds them either.
+///
+/// `Send` but not `Sync`: CUDA graphs are not internally synchronised.
+#[derive(Debug)]
+pub struct Graph {
+    raw: CUgraph,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a graph handle may be used from any thread, one at a time (`Graph` is not `Sync`).
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// The raw `CUgraph` handle; still owned by this value.
+    pub fn raw(&self) -> CUgraph {
+        self.raw
+    }
+
+    /// A copy of the graph (`cuGraphClone`); it holds its own references to the user objects.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the driver refuses.
+    #[doc(alias = "cuGraphClone")]
+    pub fn try_clone(&self) -> Result<Graph> {
+        let d = cuda_sys::driver()?;
+        let _bound = self.ctx.bind_with(d)?;
+        let mut raw: CUgraph = std::ptr::null_mut();
+        // SAFETY: `self.raw` is a live graph; out-pointer to a local.
+        unsafe { (d.cuGraphClone)(&mut raw, self.raw) }.check("cuGraphClone")?;
+        Ok(Graph {
+            raw,
+            ctx: Arc::clone(&self.ctx),
+        })
+    }
+
+    /// Instantiates an executable graph (`cuGraphInstantiate`, flags 0); it holds its own
+    /// references to the user objects.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the driver refuses.
+    #[doc(alias = "cuGraphInstantiate")]
+    #[doc(alias = "cuGraphInstantiateWithFlags")]
+    pub fn instantiate(&self) -> Result<GraphExec> {
+        let d = cuda_sys::driver()?;
+        let _bound = self.ctx.bind_with(d)?;
+        let mut raw: CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `self.raw` is a live graph of the current context; out-pointer to a local.
+        unsafe { (d.cuGraphInstantiate)(&mut raw, self.raw, 0) }.check("cuGraphInstantiate")?;
+        Ok(GraphExec {
+            raw,
+            ctx: Arc::clone(&self.ctx),
+        })
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        let Ok(d) = cuda_sys::driver() else { return };
+        // SAFETY: the graph is ours and nothing else refers to it.
+        if let Err(e) = unsafe { (d.cuGraphDestroy)(self.raw) }.check("cuGraphDestroy") {
+            log::error!("{e}");
+        }
+    }
+}
+
+/// An executable graph (`CUgraphExec`), destroyed when dropped (`cuGraphExecDestroy`; launches
+/// still in flight finish first, and the user objects they hold are released after them).
+///
+/// `Send` but not `Sync`: executable graphs are not internally synchronised.
+#[derive(Debug)]
+pub struct GraphExec {
+    raw: CUgraphExec,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: an executable graph handle may be used from any thread, one at a time (not `Sync`).
+unsafe impl Send for GraphExec {}
+
+impl GraphExec {
+    /// The raw `CUgraphExec` handle; still owned by this value.
+    pub fn raw(&self) -> CUgraphExec {
+        self.raw
+    }
+
+    /// Launches the graph on `stream` (`cuGraphLaunch`); returns at once. The stream must belong
+    /// to the graph's device.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the launch fails (e.g. a stream of another device).
+    #[doc(alias = "cuGraphLaunch")]
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        let d = cuda_sys::driver()?;
+        let _bound = self.ctx.bind_with(d)?;
+        // SAFETY: `self.raw` is a live executable graph; `stream.raw()` a live stream.
+        unsafe { (d.cuGraphLaunch)(self.raw, stream.raw()) }.check("cuGraphLaunch")?;
+        Ok(())
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        let Ok(d) = cuda_sys::driver() else { return };
+        // SAFETY: the executable graph is ours and nothing else refers to it; CUDA frees it
+        // after its launches in flight.
+        if let Err(e) = unsafe { (d.cuGraphExecDestroy)(self.raw) }.check("cuGraphExecDestroy") {
+            log::error!("{e}");
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Fixtures shared by the GPU tests of issue 5 (`gpu_capture.rs`, `gpu_config.rs`,
+//! `gpu_multi.rs`): a device's context and producer stream, the test kernels compiled with
+//! NVRTC, and DLPack tensors over `cudarc` buffers whose deleters free and count.
+
+#![allow(dead_code)] // not every test file uses every helper
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use tile_dlpack::dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
+use tile_dlpack::dlpark::metadata::Dynamic;
+use tile_dlpack::{DType, Used};
+use tile_launch::{Context, Kernel, Library, Param, ScalarType, Signature, TensorArg};
+
+pub const VECTOR_ADD: &str = include_str!("../../kernels/vector_add.cu");
+pub const LAUNCH_CONFIG: &str = include_str!("../../kernels/launch_config.cu");
+
+/// One device: our context, a `cudarc` context and producer stream.
+pub struct Gpu {
+    pub ordinal: i32,
+    pub ctx: Arc<Context>,
+    pub producer: Arc<CudaStream>,
+}
+
+pub fn gpu(ordinal: i32) -> Result<Gpu> {
+    // Probe through cuda-sys first: cudarc panics when libcuda is missing.
+    cuda_sys::driver().context("no CUDA driver")?;
+    let ctx = Context::new(ordinal)?;
+    let cu = CudaContext::new(ordinal as usize)?;
+    let producer = cu.new_stream()?;
+    Ok(Gpu {
+        ordinal,
+        ctx,
+        producer,
+    })
+}
+
+/// `vector_add(a, stride, b, stride, c, stride, n)` of `kernels/vector_add.cu`, loaded while
+/// `ctx` is current.
+pub fn vector_add(ctx: &Context) -> Result<Kernel> {
+    let _bound = ctx.bind()?;
+    let lib = Library::from_cuda_source(VECTOR_ADD, &[])?;
+    Ok(lib.kernel(
+        "vector_add",
+        Signature::new([
+            Param::input(DType::F32),
+            Param::scalar(ScalarType::I64),
+            Param::input(DType::F32),
+            Param::scalar(ScalarType::I64),
+            Param::output(DType::F32),
+            Param::scalar(ScalarType::I64),
+            Param::scalar(ScalarType::U64),
+        ]),
+    )?)
+}
+
+/// `kernels/launch_config.cu`, compiled for compute capability 9.0.
+pub fn config_library(ctx: &Context) -> Result<Library> {
+    let _bound = ctx.bind()?;
+    Ok(Library::from_cuda_source(
+        LAUNCH_CONFIG,
+        &["-arch=compute_90"],
+    )?)
+}
+
+/// Counts deleter calls.
+#[derive(Clone, Debug, Default)]
+pub struct Count(pub Arc<AtomicUsize>);
+impl Count {
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits up to 5 s for the count to reach `n` (deleters of captured launches run on the
+    /// release thread, after CUDA's destructor), then checks it stays there for a moment.
+    pub fn expect_eventually(&self, n: usize, what: &str) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.get() < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        ensure!(
+            self.get() == n,
+            "{what}: deleter count {} want {n}",
+            self.get()
+        );
+        Ok(())
+    }
+}
+
+struct Owner<T> {
+    slice: Option<T>,
+    count: Count,
+}
+impl<T> Drop for Owner<T> {
+    fn drop(&mut self) {
+        drop(self.slice.take());
+        self.count.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn f32_type() -> DLDataType {
+    DLDataType {
+        code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT,
+        bits: 32,
+        lanes: 1,
+    }
+}
+
+/// A contiguous f32 tensor over `slice`, described as on `cuda:described_device`, whose
+/// deleter frees the slice (stream-ordered) and counts. The caller makes sure the slice's data
+/// is ready (no `ready_on`: usable inside a capture).
+pub fn owned_tensor(
+    slice: CudaSlice<f32>,
+    described_device: i32,
+) -> Result<(TensorArg<'static>, Count)> {
+    let count = Count::default();
+    let n = slice.len() as i64;
+    let stream = slice.stream().clone();
+    let (ptr, sync) = slice.device_ptr(&stream);
+    drop(sync);
+    let mut init = Dynamic::new([n], [1])
+        .prepare_as::<DLManagedTensorVersioned>()?
+        .initialize(Box::new(Owner {
+            slice: Some(slice),
+            count: count.clone(),
+        }));
+    init.set_data(ptr as usize as *mut std::ffi::c_void)
+        .set_device(DLDevice::cuda(described_device))
+        .set_dtype(f32_type());
+    // SAFETY: every field is set; the slice owned by the deleter context keeps the data valid.
+    let managed = unsafe { init.finish() };
+    Ok((
+        TensorArg::from(Used::from_managed_versioned(managed)?),
+        count,
+    ))
+}
+
+/// A contiguous f32 view of `n` elements at `ptr` on `cuda:device`, memory the caller keeps
+/// owning (the deleter only counts).
+pub fn view(ptr: u64, n: usize, device: i32) -> Result<(TensorArg<'static>, Count)> {
+    let count = Count::default();
+    let mut init = Dynamic::new([n as i64], [1])
+        .prepare_as::<DLManagedTensorVersioned>()?
+        .initialize(Box::new(Owner::<()> {
+            slice: None,
+            count: count.clone(),
+        }));
+    init.set_data(ptr as usize as *mut std::ffi::c_void)
+        .set_device(DLDevice::cuda(device))
+        .set_dtype(f32_type());
+    // SAFETY: the caller keeps the memory alive until the launch's work is done.
+    let managed = unsafe { init.finish() };
+    Ok((
+        TensorArg::from(Used::from_managed_versioned(managed)?),
+        count,
+    ))
+}
+
+/// The device address of a `cudarc` slice.
+pub fn address<T>(slice: &CudaSlice<T>) -> u64 {
+    let stream = slice.stream().clone();
+    let (p, s) = slice.device_ptr(&stream);
+    drop(s);
+    p
+}
+
+pub fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 200.0 - 100.0
+        })
+        .collect()
+}
