@@ -128,11 +128,15 @@ fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
     if let Ok(d) = obj.getattr(intern!(py, "device"))
         && let Ok(i) = d.getattr(intern!(py, "index"))
         && let Ok(i) = i.extract::<i32>()
+        && i >= 0
     {
         return Some(i);
     }
+    // CuPy streams say -1 when they do not know their device (e.g. `ExternalStream(handle)`):
+    // then the driver is asked.
     if let Ok(d) = obj.getattr(intern!(py, "device_id"))
         && let Ok(i) = d.extract::<i32>()
+        && i >= 0
     {
         return Some(i);
     }

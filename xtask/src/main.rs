@@ -23,6 +23,7 @@ fn main() -> Result<()> {
         Some("codegen") => codegen::run(rest.contains(&"--check")),
         Some("test") => test(),
         Some("gpu-bundle") => bundle::run(),
+        Some("bench") => bench(),
         Some("wheel") => wheel::build().map(|w| println!("wheel: {}", w.display())),
         Some(other) => bail!("unknown task `{other}`\n\n{USAGE}"),
         None => {
@@ -38,7 +39,19 @@ tasks:
   codegen [--check]   regenerate cuda-sys bindings from the pinned cuda.h (--check: fail on any difference)
   test                run everything that needs no GPU: fmt, clippy, codegen --check, all tests
   wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
-  gpu-bundle          build target/gpu-bundle/ (release test binaries, example, run.sh) for a GPU machine";
+  gpu-bundle          build target/gpu-bundle/ (release test binaries, example, run.sh) for a GPU machine
+  bench               build the bundle and run its benchmarks here (needs a GPU); results in bench/results/.
+                      On a GPU machine without Rust: bash target/gpu-bundle/run.sh --bench DIR";
+
+/// `cargo xtask bench`: the bundle's benchmarks, run on this machine's GPU.
+fn bench() -> Result<()> {
+    bundle::run()?;
+    let root = workspace_root();
+    run_cmd(Command::new("bash").arg(root.join("target/gpu-bundle/run.sh")).args([
+        "--bench".as_ref(),
+        root.join("bench/results").as_os_str(),
+    ]))
+}
 
 /// Runs a command from the workspace root, failing with the command line if it fails.
 pub(crate) fn run_cmd(cmd: &mut Command) -> Result<()> {
