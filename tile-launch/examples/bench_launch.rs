@@ -151,27 +151,48 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs `body(i)` for warmup + launches iterations `reps` times; returns µs per launch of each
-/// repetition (host time from first enqueue to the end of `sync`).
-fn time_loop(
-    o: &Opts,
-    mut body: impl FnMut(usize) -> Result<()>,
-    mut sync: impl FnMut() -> Result<()>,
-) -> Result<Vec<f64>> {
-    let mut per = Vec::new();
-    for _ in 0..o.reps {
-        for i in 0..o.warmup {
-            body(i)?;
+/// One measured path: its loop body and how to wait for its work.
+struct Path<'a> {
+    name: &'static str,
+    body: Box<dyn FnMut() -> Result<()> + 'a>,
+    sync: Box<dyn FnMut() -> Result<()> + 'a>,
+    us: Vec<f64>,
+}
+
+/// Runs every path `reps` times, interleaved (the path order rotates each repetition so that
+/// drift over the run favours no path). Each run: `warmup` iterations, a sync, then `launches`
+/// iterations timed from the first enqueue to the end of a sync.
+fn measure(o: &Opts, paths: &mut [Path<'_>]) -> Result<()> {
+    for rep in 0..o.reps {
+        for k in 0..paths.len() {
+            let n = paths.len();
+            let p = &mut paths[(k + rep) % n];
+            for _ in 0..o.warmup {
+                (p.body)()?;
+            }
+            (p.sync)()?;
+            let t = Instant::now();
+            for _ in 0..o.launches {
+                (p.body)()?;
+            }
+            (p.sync)()?;
+            p.us.push(t.elapsed().as_secs_f64() * 1e6 / o.launches as f64);
         }
-        sync()?;
-        let t = Instant::now();
-        for i in 0..o.launches {
-            body(i)?;
-        }
-        sync()?;
-        per.push(t.elapsed().as_secs_f64() * 1e6 / o.launches as f64);
     }
-    Ok(per)
+    Ok(())
+}
+
+/// Host time per call of `f`, in nanoseconds (median of 5 runs of 100,000 calls).
+fn ns_per_call(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut v = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..100_000 {
+            f()?;
+        }
+        v.push(t.elapsed().as_secs_f64() * 1e9 / 100_000.0);
+    }
+    Ok(median(v))
 }
 
 fn run() -> Result<()> {
@@ -201,7 +222,7 @@ fn run() -> Result<()> {
         Ok(())
     };
 
-    // 1. Floors: raw pointers, no ownership.
+    // Paths: raw floors (no ownership), DLPack export alone, tile-launch deferred and retired.
     let (mut pa, mut pb, mut pc) = (buf.a, buf.b, buf.c);
     let (mut one, mut n) = (1i64, N as u64);
     let mut params: [*mut c_void; 7] = [
@@ -213,31 +234,8 @@ fn run() -> Result<()> {
         (&raw mut one).cast(),
         (&raw mut n).cast(),
     ];
+    let params_ptr = params.as_mut_ptr();
     let f = add.raw() as CUfunction;
-    let floor = time_loop(
-        &o,
-        |_| {
-            // SAFETY: `params` point at live values of the kernel's parameter types.
-            unsafe {
-                (d.cuLaunchKernel)(
-                    f,
-                    grid,
-                    1,
-                    1,
-                    256,
-                    1,
-                    1,
-                    0,
-                    raw,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            }
-            .check("cuLaunchKernel")?;
-            Ok(())
-        },
-        sync,
-    )?;
     let ex_cfg = CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
@@ -250,18 +248,6 @@ fn run() -> Result<()> {
         attrs: std::ptr::null_mut(),
         numAttrs: 0,
     };
-    let floor_ex = time_loop(
-        &o,
-        |_| {
-            // SAFETY: as above.
-            unsafe { (d.cuLaunchKernelEx)(&ex_cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-                .check("cuLaunchKernelEx")?;
-            Ok(())
-        },
-        sync,
-    )?;
-
-    // 2. DLPack export alone: three tensors made and released per iteration.
     let count = Arc::new(AtomicUsize::new(0));
     let origin = Instant::now();
     let owner = |stamp: Option<Arc<AtomicU64>>| Owner {
@@ -270,21 +256,6 @@ fn run() -> Result<()> {
         _payload: Vec::with_capacity(64),
         origin,
     };
-    let export_only = time_loop(
-        &o,
-        |_| {
-            let t = [
-                tensor(buf.a, owner(None))?,
-                tensor(buf.b, owner(None))?,
-                tensor(buf.c, owner(None))?,
-            ];
-            drop(t);
-            Ok(())
-        },
-        || Ok(()),
-    )?;
-
-    // 3. tile-launch with deferred release, and with retire after each launch.
     let launch = |stamp: Option<Arc<AtomicU64>>| -> Result<tile_launch::LaunchHandle> {
         let args: [Arg<'static>; 7] = [
             tensor(buf.a, owner(stamp))?.into(),
@@ -297,22 +268,151 @@ fn run() -> Result<()> {
         ];
         Ok(stream.launch(&add, &cfg, args)?)
     };
-    let deferred = time_loop(
-        &o,
-        |_| {
-            launch(None)?.defer();
-            Ok(())
+    let stream_sync = || -> Result<()> { Ok(stream.synchronize()?) };
+    let mut paths = vec![
+        Path {
+            name: "raw cuLaunchKernel (floor)",
+            body: Box::new(|| {
+                // SAFETY: `params` point at live values of the kernel's parameter types.
+                unsafe {
+                    (d.cuLaunchKernel)(
+                        f,
+                        grid,
+                        1,
+                        1,
+                        256,
+                        1,
+                        1,
+                        0,
+                        raw,
+                        params_ptr,
+                        std::ptr::null_mut(),
+                    )
+                }
+                .check("cuLaunchKernel")?;
+                Ok(())
+            }),
+            sync: Box::new(sync),
+            us: Vec::new(),
         },
-        || Ok(stream.synchronize()?),
-    )?;
-    let retired = time_loop(
-        &o,
-        |_| {
-            launch(None)?.retire()?;
-            Ok(())
+        Path {
+            name: "raw cuLaunchKernelEx",
+            body: Box::new(|| {
+                // SAFETY: as above.
+                unsafe { (d.cuLaunchKernelEx)(&ex_cfg, f, params_ptr, std::ptr::null_mut()) }
+                    .check("cuLaunchKernelEx")?;
+                Ok(())
+            }),
+            sync: Box::new(sync),
+            us: Vec::new(),
         },
-        || Ok(stream.synchronize()?),
-    )?;
+        Path {
+            name: "DLPack export of 3 tensors alone (make + release)",
+            body: Box::new(|| {
+                let t = [
+                    tensor(buf.a, owner(None))?,
+                    tensor(buf.b, owner(None))?,
+                    tensor(buf.c, owner(None))?,
+                ];
+                drop(t);
+                Ok(())
+            }),
+            sync: Box::new(|| Ok(())),
+            us: Vec::new(),
+        },
+        Path {
+            name: "tile-launch, 3 DLPack tensors, deferred release",
+            body: Box::new(|| {
+                launch(None)?.defer();
+                Ok(())
+            }),
+            sync: Box::new(stream_sync),
+            us: Vec::new(),
+        },
+        Path {
+            name: "tile-launch, 3 DLPack tensors, retire each launch",
+            body: Box::new(|| {
+                launch(None)?.retire()?;
+                Ok(())
+            }),
+            sync: Box::new(stream_sync),
+            us: Vec::new(),
+        },
+    ];
+    measure(&o, &mut paths)?;
+    let med: Vec<f64> = paths.iter().map(|p| median(p.us.clone())).collect();
+    let (fl, ex, de) = (med[0], med[2], med[3]);
+
+    // What single driver calls of the launch path cost here (host ns per call).
+    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut capture_id = 0u64;
+    let mut graph: cuda_sys::CUgraph = std::ptr::null_mut();
+    let mut cur: cuda_sys::CUcontext = std::ptr::null_mut();
+    let mut ev: cuda_sys::CUevent = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; a context is current (2 = CU_EVENT_DISABLE_TIMING).
+    unsafe { (d.cuEventCreate)(&mut ev, 2) }.check("cuEventCreate")?;
+    // SAFETY: `ev` and `raw` are live.
+    unsafe { (d.cuEventRecord)(ev, raw) }.check("cuEventRecord")?;
+    sync()?;
+    let mut ordinal = 0i32;
+    let costs: Vec<(&str, f64)> = vec![
+        (
+            "cuCtxGetCurrent",
+            ns_per_call(|| {
+                // SAFETY: out-pointer to a local.
+                Ok(unsafe { (d.cuCtxGetCurrent)(&mut cur) }.check("cuCtxGetCurrent")?)
+            })?,
+        ),
+        (
+            "cuStreamGetCaptureInfo",
+            ns_per_call(|| {
+                // SAFETY: out-pointers to locals; `raw` is live; optional outputs null.
+                Ok(unsafe {
+                    (d.cuStreamGetCaptureInfo)(
+                        raw,
+                        &mut status,
+                        &mut capture_id,
+                        &mut graph,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                }
+                .check("cuStreamGetCaptureInfo")?)
+            })?,
+        ),
+        (
+            "cuStreamIsCapturing",
+            ns_per_call(|| {
+                // SAFETY: out-pointer to a local; `raw` is live.
+                Ok(unsafe { (d.cuStreamIsCapturing)(raw, &mut status) }
+                    .check("cuStreamIsCapturing")?)
+            })?,
+        ),
+        (
+            "cuEventQuery (completed event)",
+            ns_per_call(|| {
+                // SAFETY: `ev` is live.
+                Ok(unsafe { (d.cuEventQuery)(ev) }.check("cuEventQuery")?)
+            })?,
+        ),
+        (
+            "cuPointerGetAttribute (device ordinal)",
+            ns_per_call(|| {
+                // SAFETY: out-pointer to a local of the attribute's type; `buf.a` is device memory.
+                Ok(unsafe {
+                    (d.cuPointerGetAttribute)(
+                        (&raw mut ordinal).cast(),
+                        cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                        buf.a,
+                    )
+                }
+                .check("cuPointerGetAttribute")?)
+            })?,
+        ),
+    ];
+    // SAFETY: `ev` is no longer used.
+    unsafe { (d.cuEventDestroy)(ev) }.check("cuEventDestroy")?;
 
     // 4. Release latency: a host function after each sampled launch stamps the kernel's
     // completion; the deleter stamps its run. Launching goes on meanwhile.
@@ -379,33 +479,14 @@ fn run() -> Result<()> {
     let deleters = count.load(Ordering::SeqCst) - before;
     let stats = stream.stats();
 
-    let m = |v: &Vec<f64>| median(v.clone());
-    let (fl, flx, ex, de, re) = (
-        m(&floor),
-        m(&floor_ex),
-        m(&export_only),
-        m(&deferred),
-        m(&retired),
-    );
     println!(
-        "per launch, 4096-element f32 vector add, 3 tensors, median of {} reps x {} launches",
+        "per launch, 4096-element f32 vector add, 3 tensors, median of {} interleaved reps x {} launches",
         o.reps, o.launches
     );
     println!("{:<58} {:>9}", "path", "us/launch");
-    println!("{:<58} {:>9.3}", "raw cuLaunchKernel (floor)", fl);
-    println!("{:<58} {:>9.3}", "raw cuLaunchKernelEx", flx);
-    println!(
-        "{:<58} {:>9.3}",
-        "DLPack export of 3 tensors alone (make + release)", ex
-    );
-    println!(
-        "{:<58} {:>9.3}",
-        "tile-launch, 3 DLPack tensors, deferred release", de
-    );
-    println!(
-        "{:<58} {:>9.3}",
-        "tile-launch, 3 DLPack tensors, retire each launch", re
-    );
+    for (p, m) in paths.iter().zip(&med) {
+        println!("{:<58} {:>9.3}", p.name, m);
+    }
     println!(
         "ratio deferred / floor:                    {:.3}  (target <= 1.10)",
         de / fl
@@ -414,6 +495,9 @@ fn run() -> Result<()> {
         "ratio (deferred - export) / floor:         {:.3}  (launcher alone)",
         (de - ex) / fl
     );
+    for (name, ns) in &costs {
+        println!("driver call {name:<40} {ns:>7.0} ns");
+    }
     println!(
         "release latency (completion -> deleter):   median {lat_med:.1} us, p99 {lat_p99:.1} us ({} samples)",
         lat.len()
@@ -428,27 +512,29 @@ fn run() -> Result<()> {
         stats.leaked
     );
     if let Some(path) = &o.out {
-        let v = |x: &Vec<f64>| {
-            format!(
-                "[{}]",
-                x.iter()
-                    .map(|f| format!("{f:.4}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+        let list = |x: &[f64]| {
+            x.iter()
+                .map(|f| format!("{f:.4}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
+        let per_path = paths
+            .iter()
+            .map(|p| format!("    \"{}\": [{}]", p.name, list(&p.us)))
+            .collect::<Vec<_>>()
+            .join(",\n");
+        let per_call = costs
+            .iter()
+            .map(|(n, ns)| format!("    \"{n}\": {ns:.1}"))
+            .collect::<Vec<_>>()
+            .join(",\n");
         let json = format!(
-            "{{\n  \"device\": \"{}\",\n  \"driver\": {},\n  \"launches\": {},\n  \"warmup\": {},\n  \"reps\": {},\n  \"us_per_launch\": {{\n    \"raw_cuLaunchKernel\": {},\n    \"raw_cuLaunchKernelEx\": {},\n    \"dlpack_export_3_tensors\": {},\n    \"tile_launch_deferred\": {},\n    \"tile_launch_retire_each\": {}\n  }},\n  \"release_latency_us\": {{ \"median\": {lat_med:.2}, \"p99\": {lat_p99:.2}, \"samples\": {} }},\n  \"scale\": {{ \"launches\": {}, \"seconds\": {scale_s:.2}, \"deleters\": {deleters}, \"max_pending_guards\": {max_pending}, \"max_pending_bytes\": {max_bytes}, \"rss_start_bytes\": {rss_start}, \"rss_max_bytes\": {max_rss}, \"rss_end_bytes\": {rss_end}, \"leaked\": {} }}\n}}\n",
+            "{{\n  \"device\": \"{}\",\n  \"driver\": {},\n  \"launches\": {},\n  \"warmup\": {},\n  \"reps\": {},\n  \"us_per_launch\": {{\n{per_path}\n  }},\n  \"driver_call_ns\": {{\n{per_call}\n  }},\n  \"release_latency_us\": {{ \"median\": {lat_med:.2}, \"p99\": {lat_p99:.2}, \"samples\": {} }},\n  \"scale\": {{ \"launches\": {}, \"seconds\": {scale_s:.2}, \"deleters\": {deleters}, \"max_pending_guards\": {max_pending}, \"max_pending_bytes\": {max_bytes}, \"rss_start_bytes\": {rss_start}, \"rss_max_bytes\": {max_rss}, \"rss_end_bytes\": {rss_end}, \"leaked\": {} }}\n}}\n",
             ctx.name()?,
             d.version(),
             o.launches,
             o.warmup,
             o.reps,
-            v(&floor),
-            v(&floor_ex),
-            v(&export_only),
-            v(&deferred),
-            v(&retired),
             lat.len(),
             o.scale,
             stats.leaked

@@ -5,6 +5,7 @@
 mod gpu_common;
 
 use anyhow::{Result, ensure};
+use cuda_sys::CuResultExt;
 use cudarc::driver::CudaSlice;
 use gpu_common::{Count, Gpu, address, gpu, owned_tensor, random, vector_add, view};
 use tile_launch::{CaptureMode, Kernel, LaunchConfig, Stream, TensorArg};
@@ -253,18 +254,37 @@ fn release_queues_do_not_break_a_global_capture() -> Result<()> {
         }
     }
     let c = case(&g, 200)?;
+    // Which step, if any, invalidates the capture: checked after each one.
+    let active = |step: &str| -> Result<()> {
+        let d = cuda_sys::driver()?;
+        let mut st = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `s` is a live stream; out-pointer to a local.
+        unsafe { (d.cuStreamIsCapturing)(s.raw(), &mut st) }.check("cuStreamIsCapturing")?;
+        ensure!(
+            st == cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            "capture not active after {step}: status {}",
+            st.0
+        );
+        Ok(())
+    };
     let cap = s.begin_capture(CaptureMode::Global)?;
     let (h, _) = launch_add(&s, &k, c.ta, c.tb, &out, &g)?;
+    active("a launch with tensors ready on the producer stream")?;
     h.defer();
+    active("defer")?;
     // The capturing stream's queue: polling neither records nor queries anything illegal.
     s.poll();
+    active("poll of the capturing stream")?;
     ensure!(
         s.synchronize().is_err(),
         "synchronize of a capturing stream must refuse, not invalidate"
     );
+    active("synchronize of the capturing stream")?;
     // Another stream's queue, from the capturing thread: relaxed-mode queries and waits.
     other.poll();
+    active("poll of another stream")?;
     other.synchronize()?;
+    active("synchronize of another stream")?;
     let graph = cap.end()?;
     let exec = graph.instantiate()?;
     exec.launch(&s)?;
