@@ -122,10 +122,18 @@ pub trait Timeline: Send + Sync + 'static {
     fn recycle(&self, marker: Self::Marker) {
         drop(marker);
     }
+
+    /// Runs `release`, which drops guards (runs foreign deleters). The default just calls it;
+    /// the CUDA timeline relaxes the thread's stream-capture mode around it, so that a deleter
+    /// making a call that is illegal during a global-mode capture (a synchronous free, say)
+    /// neither fails nor invalidates a capture this thread has in progress.
+    fn releasing(&self, release: &mut dyn FnMut()) {
+        release();
+    }
 }
 
 /// Tuning of a [`Tracker`]. `ReleaseConfig::default()` is
-/// `{ marker_every: 64, max_pending_guards: 65_536, max_pending_bytes: 4 GiB }`.
+/// `{ marker_every: 64, poll_every: 16, max_pending_guards: 65_536, max_pending_bytes: 4 GiB }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReleaseConfig {
     /// Launches between two amortised markers: at a launch, a marker is recorded when the queue
@@ -135,6 +143,11 @@ pub struct ReleaseConfig {
     /// [`Tracker::poll`], [`Tracker::synchronize`]) record a marker whenever none covers what
     /// they need.
     pub marker_every: u32,
+    /// Launches between two polls of the oldest marker at launch time (`0` is treated as `1`).
+    /// A poll is a `cuEventQuery`, which costs about as much as a third of a launch, so launches
+    /// poll only every this many; a larger value lowers the launch cost and raises the time
+    /// from a kernel's completion to its deleters running.
+    pub poll_every: u32,
     /// Most guards the queue (deferred launches) may hold. Past it, `launch` and `defer` wait for
     /// the oldest queued work first. A single launch with more guards than this is waited for
     /// and released when it is deferred, rather than queued.
@@ -148,6 +161,7 @@ impl Default for ReleaseConfig {
     fn default() -> Self {
         Self {
             marker_every: 64,
+            poll_every: 16,
             max_pending_guards: 65_536,
             max_pending_bytes: 4 << 30,
         }

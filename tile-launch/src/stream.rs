@@ -148,6 +148,21 @@ impl Timeline for CudaTimeline {
             .unwrap_or_else(|p| p.into_inner())
             .push(marker);
     }
+
+    fn releasing(&self, release: &mut dyn FnMut()) {
+        let mut ran = false;
+        let relaxed = crate::capture::relaxed(self.d, || {
+            ran = true;
+            release();
+            Ok(())
+        });
+        if !ran {
+            if let Err(e) = relaxed {
+                log::warn!("releasing without relaxing the stream-capture mode: {e}");
+            }
+            release();
+        }
+    }
 }
 
 impl Drop for CudaTimeline {

@@ -62,9 +62,12 @@ struct Harness {
     next_launch: AtomicU64,
 }
 
+/// A configuration that polls at every launch, so that a test sees releases at the first launch
+/// after a completion (`poll_every` has its own test).
 fn config(marker_every: u32) -> ReleaseConfig {
     ReleaseConfig {
         marker_every,
+        poll_every: 1,
         ..ReleaseConfig::default()
     }
 }
@@ -968,6 +971,7 @@ fn concurrency_smoke_tight_bounds() {
     concurrency_smoke(
         ReleaseConfig {
             marker_every: 4,
+            poll_every: 2,
             max_pending_guards: 24,
             max_pending_bytes: 2_000,
         },
@@ -1058,4 +1062,35 @@ fn handles_and_trackers_cross_threads() {
     assert_eq!(h.dropped(), 2);
     let stats = h.stats();
     assert_eq!((stats.held_guards, stats.held_bytes), (0, 0));
+}
+
+#[test]
+fn launches_poll_only_every_poll_every_launches() {
+    let h = Harness::new(ReleaseConfig {
+        marker_every: 1,
+        poll_every: 4,
+        ..ReleaseConfig::default()
+    });
+    // Launch 1 (poll counter 1): deferred, a marker covers it.
+    h.launch(2).defer();
+    h.fake.complete_all();
+    // Launches 2 and 3 do not poll: the completed launch stays queued.
+    for _ in 0..2 {
+        h.launch(1).defer();
+    }
+    assert_eq!(h.dropped(), 0, "released before a poll was due");
+    let queries_before = h.fake.calls().query;
+    // Launch 4 polls and releases what completed.
+    h.launch(1).defer();
+    assert!(
+        h.fake.calls().query > queries_before,
+        "the 4th launch queries"
+    );
+    assert!(
+        h.dropped() >= 2,
+        "the first launch's guards are released at the 4th launch"
+    );
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 5);
+    h.assert_sound();
 }

@@ -37,6 +37,8 @@ struct State<T: Timeline, G> {
     completed_through: u64,
     /// Successful launches since the last marker was recorded.
     launches_since_marker: u32,
+    /// Successful launches since the last launch-time poll.
+    launches_since_poll: u32,
     /// Recorded, not yet known complete; `covers` non-decreasing from front to back.
     markers: VecDeque<MarkerSlot<T::Marker>>,
     /// Markers no longer needed that another thread still referred to (it was waiting for
@@ -213,6 +215,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 next_seq: 0,
                 completed_through: 0,
                 launches_since_marker: 0,
+                launches_since_poll: 0,
                 markers: VecDeque::new(),
                 orphans: Vec::new(),
                 deferred: BTreeMap::new(),
@@ -309,7 +312,11 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         st.held_guards += n;
         st.held_bytes = st.held_bytes.saturating_add(bytes);
         self.maybe_record(&mut st);
-        self.poll_if_worth_it(&mut st);
+        st.launches_since_poll = st.launches_since_poll.saturating_add(1);
+        if st.launches_since_poll >= self.config.poll_every.max(1) {
+            st.launches_since_poll = 0;
+            self.poll_if_worth_it(&mut st);
+        }
         let batch = st.take_completed(None);
         drop(st);
         if !batch.is_empty() {
@@ -480,8 +487,9 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         }
         st.unhold(n, bytes);
         st.insert_deferred(seq, guards, bytes);
+        // Polling is left to later launches (every `poll_every`), `poll` and `synchronize`: a
+        // query costs about a third of a launch. What is already known complete goes now.
         self.maybe_record(&mut st);
-        self.poll_if_worth_it(&mut st);
         let batch = st.take_completed(None);
         drop(st);
         if !batch.is_empty() {
@@ -684,13 +692,34 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// Drops guards whose work has completed, in order, each inside `catch_unwind`. Must be
     /// called without the lock held. Returns how many were dropped.
     fn release_batch(&self, batch: Vec<Held<G>>) -> usize {
+        if batch.is_empty() {
+            return 0;
+        }
         let mut released = 0usize;
         let mut panics = 0u64;
+        let mut batch = Some(batch);
+        self.timeline.releasing(&mut || {
+            let Some(batch) = batch.take() else { return };
+            Self::drop_all(batch, &mut released, &mut panics);
+        });
+        // Were `releasing` not to call us back, the guards are dropped here all the same.
+        if let Some(batch) = batch.take() {
+            Self::drop_all(batch, &mut released, &mut panics);
+        }
+        self.released.fetch_add(released as u64, Ordering::Relaxed);
+        if panics > 0 {
+            self.release_panics.fetch_add(panics, Ordering::Relaxed);
+        }
+        released
+    }
+
+    /// Drops every guard of `batch` in order, each inside `catch_unwind`.
+    fn drop_all(batch: Vec<Held<G>>, released: &mut usize, panics: &mut u64) {
         for held in batch {
             for guard in ManuallyDrop::into_inner(held) {
-                released += 1;
+                *released += 1;
                 if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(move || drop(guard))) {
-                    panics += 1;
+                    *panics += 1;
                     log::error!(
                         "tile-launch release queue: a guard's drop (a tensor's deleter) panicked: {}",
                         panic_message(&*payload)
@@ -703,11 +732,6 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 }
             }
         }
-        self.released.fetch_add(released as u64, Ordering::Relaxed);
-        if panics > 0 {
-            self.release_panics.fetch_add(panics, Ordering::Relaxed);
-        }
-        released
     }
 }
 
