@@ -174,8 +174,8 @@ def main():
     # repetition so that drift favours none.
     with torch.cuda.stream(stream):
         for rep in range(o.reps):
-            for k in range(len(names)):
-                name = names[(k + rep) % len(names)]
+            for j in range(len(names)):
+                name = names[(j + rep) % len(names)]
                 fn, s = paths[name]
                 if name in errors:
                     continue
