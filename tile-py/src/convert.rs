@@ -10,6 +10,7 @@
 //! capsule can be used again, and a capsule made by `__dlpack__` for us runs its deleter through
 //! its destructor when we drop it), an owned tensor is released.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::{CStr, c_void};
 use std::sync::Mutex;
@@ -22,6 +23,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::critical_section::with_critical_section;
 use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use smallvec::SmallVec;
 use tile_dlpack::ffi::{
     DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackVersion,
     DLTensor,
@@ -61,11 +63,17 @@ pub(crate) enum Claim {
 // any thread. The capsule is a `Py`, which is `Send`.
 unsafe impl Send for Claim {}
 
+/// Per-argument state held inline (no allocation) for up to this many arguments.
+const INLINE: usize = 8;
+
+/// Per-argument claims of one launch.
+pub(crate) type Claims = SmallVec<[Option<Claim>; INLINE]>;
+
 /// The converted argument list of one launch.
 pub(crate) struct Converted {
-    pub args: Vec<Arg<'static>>,
+    pub args: SmallVec<[Arg<'static>; INLINE]>,
     /// Per argument: how a tensor was claimed (`None` for scalars).
-    pub claims: Vec<Option<Claim>>,
+    pub claims: Claims,
     /// Python objects the launch must keep alive (`__cuda_array_interface__` exporters).
     pub owners: Vec<Py<PyAny>>,
 }
@@ -73,7 +81,7 @@ pub(crate) struct Converted {
 impl Converted {
     /// Undoes every claim whose tensor was not consumed (`consumed[i]` is false), after the
     /// `Unused` values have been dropped. Owners are released through the release queue.
-    pub(crate) fn rollback(claims: Vec<Option<Claim>>, owners: Vec<Py<PyAny>>, consumed: &[bool]) {
+    pub(crate) fn rollback(claims: Claims, owners: Vec<Py<PyAny>>, consumed: &[bool]) {
         for (i, claim) in claims.into_iter().enumerate() {
             if consumed.get(i).copied().unwrap_or(false) {
                 continue;
@@ -114,8 +122,8 @@ pub(crate) fn convert_args(
     hs: &Handshake,
 ) -> PyResult<Converted> {
     let mut out = Converted {
-        args: Vec::with_capacity(args.len()),
-        claims: Vec::with_capacity(args.len()),
+        args: SmallVec::new(),
+        claims: SmallVec::new(),
         owners: Vec::new(),
     };
     for (index, (obj, param)) in args.iter().zip(params).enumerate() {
@@ -178,8 +186,8 @@ fn convert_tensor(
     if let Some(api) = exchange_api(py, &obj.get_type())? {
         return from_exchange_api(py, index, obj, api, hs);
     }
-    if obj.hasattr(intern!(py, "__dlpack__"))? {
-        let cap = call_dlpack(py, index, obj, hs)?;
+    if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
+        let cap = call_dlpack(py, index, obj, &method, hs)?;
         return claim_capsule(py, index, &cap);
     }
     if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
@@ -299,14 +307,89 @@ fn is_keyword_type_error(py: Python<'_>, e: &PyErr) -> bool {
     e.is_instance_of::<PyTypeError>(py) && e.value(py).to_string().contains("keyword")
 }
 
-/// `obj.__dlpack__(stream=..., max_version=(1, 3))`, retried with fewer keywords when the
-/// producer does not accept them, then as the legacy `__dlpack__()`.
+/// Which keywords a producer type's `__dlpack__` took last time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Keywords {
+    /// `stream=..., max_version=(1, 3)`.
+    StreamAndVersion,
+    /// `stream=...` only (DLPack before 1.0).
+    Stream,
+    /// None: the legacy `__dlpack__()`.
+    Legacy,
+}
+
+impl Keywords {
+    fn fewer(self) -> Option<Keywords> {
+        match self {
+            Keywords::StreamAndVersion => Some(Keywords::Stream),
+            Keywords::Stream => Some(Keywords::Legacy),
+            Keywords::Legacy => None,
+        }
+    }
+}
+
+/// Per producer type whose `__dlpack__` rejected a keyword: the keywords to start with, so the
+/// `TypeError` and the retry happen once per type, not once per call. Types absent here start
+/// with [`Keywords::StreamAndVersion`]. A type whose instances differ (one instance rejected
+/// keywords that an earlier one took) is marked `mixed` and every call starts with all keywords
+/// again, so an instance that takes `max_version` always gets the chance to say so (a versioned
+/// capsule carries the read-only flag). Holds the type so its address is not reused.
+struct KeywordEntry {
+    _ty: Py<PyType>,
+    start: Keywords,
+    mixed: bool,
+}
+static DLPACK_KEYWORDS: Mutex<Option<HashMap<usize, KeywordEntry>>> = Mutex::new(None);
+
+fn start_keywords(ty: usize) -> Keywords {
+    DLPACK_KEYWORDS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&ty))
+        .map_or(Keywords::StreamAndVersion, |e| {
+            if e.mixed {
+                Keywords::StreamAndVersion
+            } else {
+                e.start
+            }
+        })
+}
+
+/// Records that an instance of `ty` took `took` after starting from `started`.
+fn note_keywords(ty: &Bound<'_, PyType>, started: Keywords, took: Keywords) {
+    let key = ty.as_ptr() as usize;
+    let mut g = DLPACK_KEYWORDS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    match map.get_mut(&key) {
+        // Instances of this type differ: always start from all keywords.
+        Some(e) if took != e.start => e.mixed = true,
+        Some(_) => {}
+        None if took != started || took != Keywords::StreamAndVersion => {
+            map.insert(
+                key,
+                KeywordEntry {
+                    _ty: ty.clone().unbind(),
+                    start: took,
+                    mixed: false,
+                },
+            );
+        }
+        None => {}
+    }
+}
+
+/// `obj.__dlpack__(stream=..., max_version=(1, 3))` (`method` is `obj.__dlpack__`), retried
+/// with fewer keywords when the producer does not accept them, then as the legacy
+/// `__dlpack__()`. The keywords a type took are remembered ([`DLPACK_KEYWORDS`]).
 fn call_dlpack<'py>(
     py: Python<'py>,
     index: usize,
     obj: &Bound<'py, PyAny>,
+    method: &Bound<'py, PyAny>,
     hs: &Handshake,
 ) -> PyResult<Bound<'py, PyAny>> {
+    static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     let note = |e: PyErr| with_note(py, e, format!("while converting argument {index}"));
     // CPU producers accept only stream=None.
     let cpu = match obj.call_method0(intern!(py, "__dlpack_device__")) {
@@ -318,21 +401,32 @@ fn call_dlpack<'py>(
         Err(e) => return Err(note(e)),
     };
     let stream: Option<i64> = if cpu { None } else { Some(hs.dlpack_stream) };
-    let method = intern!(py, "__dlpack__");
-    let kwargs = PyDict::new(py);
-    kwargs.set_item(intern!(py, "stream"), stream)?;
-    kwargs.set_item(intern!(py, "max_version"), (1u32, 3u32))?;
-    let r = match obj.call_method(method, (), Some(&kwargs)) {
-        Err(e) if is_keyword_type_error(py, &e) => {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item(intern!(py, "stream"), stream)?;
-            match obj.call_method(method, (), Some(&kwargs)) {
-                Err(e) if is_keyword_type_error(py, &e) => obj.call_method0(method),
-                r => r,
+    let ty = obj.get_type();
+    let started = start_keywords(ty.as_ptr() as usize);
+    let mut kw = started;
+    let r = loop {
+        let r = match kw {
+            Keywords::Legacy => method.call0(),
+            _ => {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item(intern!(py, "stream"), stream)?;
+                if kw == Keywords::StreamAndVersion {
+                    let v = MAX_VERSION.get_or_try_init(py, || {
+                        PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind)
+                    })?;
+                    kwargs.set_item(intern!(py, "max_version"), v.bind(py))?;
+                }
+                method.call((), Some(&kwargs))
             }
+        };
+        match (r, kw.fewer()) {
+            (Err(e), Some(fewer)) if is_keyword_type_error(py, &e) => kw = fewer,
+            (r, _) => break r,
         }
-        r => r,
     };
+    if r.is_ok() {
+        note_keywords(&ty, started, kw);
+    }
     let cap = r.map_err(note)?;
     if cap.cast::<PyCapsule>().is_err() {
         return Err(arg_err(
@@ -358,7 +452,25 @@ unsafe impl Send for ApiPtr {}
 type ApiCache = HashMap<usize, (Py<PyType>, Option<ApiPtr>)>;
 static EXCHANGE_APIS: Mutex<Option<ApiCache>> = Mutex::new(None);
 
+thread_local! {
+    /// The last producer type this thread converted and its exchange API: a pointer compare
+    /// answers the common case (every argument of the same type) without a lock or a hash.
+    /// The type's address cannot be reused while it is cached: [`EXCHANGE_APIS`] holds it.
+    static LAST_API: Cell<(usize, Option<ApiPtr>)> = const { Cell::new((0, None)) };
+}
+
 fn exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Option<ApiPtr>> {
+    let key = ty.as_ptr() as usize;
+    let (last, api) = LAST_API.with(Cell::get);
+    if last == key {
+        return Ok(api);
+    }
+    let api = exchange_api_slow(py, ty);
+    LAST_API.with(|c| c.set((key, api)));
+    Ok(api)
+}
+
+fn exchange_api_slow(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
     let key = ty.as_ptr() as usize;
     if let Some(map) = EXCHANGE_APIS
         .lock()
@@ -366,7 +478,7 @@ fn exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Option<ApiPt
         .as_ref()
         && let Some((_, api)) = map.get(&key)
     {
-        return Ok(*api);
+        return *api;
     }
     let api = lookup_exchange_api(py, ty);
     EXCHANGE_APIS
@@ -374,11 +486,14 @@ fn exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Option<ApiPt
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(key, (ty.clone().unbind(), api));
-    Ok(api)
+    api
 }
 
 fn lookup_exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
-    let attr = ty.getattr(intern!(py, "__dlpack_c_exchange_api__")).ok()?;
+    let attr = ty
+        .getattr_opt(intern!(py, "__dlpack_c_exchange_api__"))
+        .ok()
+        .flatten()?;
     let cap = attr.cast::<PyCapsule>().ok()?;
     // SAFETY: `cap` is a capsule; a wrong name makes `PyCapsule_GetPointer` fail with an
     // exception, which we clear.
@@ -692,7 +807,39 @@ fn int_range(ty: ScalarType) -> (i128, i128) {
     }
 }
 
+/// Exact Python `int`s and `float`s (the common case) without the probes of
+/// [`convert_scalar`]: the same result, no attribute lookup and no exception.
+fn exact_scalar(obj: &Bound<'_, PyAny>, ty: ScalarType) -> Option<Scalar> {
+    match ty {
+        ScalarType::Bool => None,
+        ScalarType::F32 | ScalarType::F64 => {
+            if !obj.is_exact_instance_of::<PyFloat>() {
+                return None;
+            }
+            let x = obj.cast::<PyFloat>().ok()?.value();
+            if ty == ScalarType::F32 && x.is_finite() && x.abs() > f64::from(f32::MAX) {
+                return None; // the error comes from the general path
+            }
+            Some(Scalar::Float(x))
+        }
+        _ => {
+            if !obj.is_exact_instance_of::<PyInt>() {
+                return None;
+            }
+            let v: i128 = obj.extract().ok()?;
+            let (lo, hi) = int_range(ty);
+            if v < lo || v > hi {
+                return None;
+            }
+            Some(Scalar::Int(v))
+        }
+    }
+}
+
 fn convert_scalar(index: usize, obj: &Bound<'_, PyAny>, ty: ScalarType) -> PyResult<Scalar> {
+    if let Some(v) = exact_scalar(obj, ty) {
+        return Ok(v);
+    }
     let py = obj.py();
     let wrong = |what: &str| {
         arg_err(
@@ -792,25 +939,36 @@ const BLOCK_MAX: [u64; 3] = [1024, 1024, 64];
 const BLOCK_THREADS_MAX: u64 = 1024;
 
 fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> PyResult<Dim3> {
-    let items: Vec<Bound<'_, PyAny>> =
-        if obj.cast::<PyInt>().is_ok() && obj.cast::<PyBool>().is_err() {
-            vec![obj.clone()]
-        } else if let Ok(t) = obj.cast::<PyTuple>() {
-            t.iter().collect()
+    // The common case, an exact int in range: no tuple, no allocation.
+    if obj.is_exact_instance_of::<PyInt>()
+        && let Ok(v) = obj.extract::<u64>()
+        && (1..=max[0]).contains(&v)
+    {
+        return Ok(Dim3::new(v as u32, 1, 1));
+    }
+    let one;
+    let tuple;
+    let items: &[Bound<'_, PyAny>] = if obj.cast::<PyInt>().is_ok() && obj.cast::<PyBool>().is_err()
+    {
+        one = [obj.clone()];
+        &one
+    } else if let Ok(t) = obj.cast::<PyTuple>() {
+        tuple = t.iter().collect::<SmallVec<[Bound<'_, PyAny>; 3]>>();
+        &tuple
+    } else {
+        let hint = if obj.cast::<PyList>().is_ok() {
+            " (use a tuple, not a list)"
         } else {
-            let hint = if obj.cast::<PyList>().is_ok() {
-                " (use a tuple, not a list)"
-            } else {
-                ""
-            };
-            return Err(err(
-                Kind::Type,
-                format!(
-                    "{what} must be an int or a tuple of 1 to 3 ints{hint}, got {}",
-                    show(obj)
-                ),
-            ));
+            ""
         };
+        return Err(err(
+            Kind::Type,
+            format!(
+                "{what} must be an int or a tuple of 1 to 3 ints{hint}, got {}",
+                show(obj)
+            ),
+        ));
+    };
     if items.is_empty() || items.len() > 3 {
         return Err(err(
             Kind::Value,
@@ -851,7 +1009,7 @@ fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> PyResult<Dim
 pub(crate) fn parse_config(
     grid: &Bound<'_, PyAny>,
     block: &Bound<'_, PyAny>,
-    shared_mem: &Bound<'_, PyAny>,
+    shared_mem: Option<&Bound<'_, PyAny>>,
     cluster: Option<&Bound<'_, PyAny>>,
     cooperative: bool,
     programmatic_dependent_launch: bool,
@@ -870,16 +1028,21 @@ pub(crate) fn parse_config(
             ),
         ));
     }
-    if shared_mem.cast::<PyInt>().is_err() || shared_mem.cast::<PyBool>().is_ok() {
-        return Err(err(
-            Kind::Type,
-            format!(
-                "shared_mem must be an int (bytes), got {}",
-                show(shared_mem)
-            ),
-        ));
-    }
-    let sm: i128 = shared_mem.extract().unwrap_or(i128::MAX);
+    let sm: i128 = match shared_mem {
+        None => 0,
+        Some(shared_mem) => {
+            if shared_mem.cast::<PyInt>().is_err() || shared_mem.cast::<PyBool>().is_ok() {
+                return Err(err(
+                    Kind::Type,
+                    format!(
+                        "shared_mem must be an int (bytes), got {}",
+                        show(shared_mem)
+                    ),
+                ));
+            }
+            shared_mem.extract().unwrap_or(i128::MAX)
+        }
+    };
     if sm < 0 || sm > i128::from(u32::MAX) {
         return Err(err(
             Kind::Value,

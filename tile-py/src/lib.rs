@@ -39,7 +39,8 @@ use std::sync::atomic::Ordering;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use tile_launch::{Arg, Guard, Param};
+use smallvec::SmallVec;
+use tile_launch::{Arg, Guard, Param, Stream};
 
 use crate::convert::{Converted, Handshake, convert_args, parse_config};
 use crate::errors::{Kind, err, launch_err, show};
@@ -52,7 +53,14 @@ struct SameThread<T>(T);
 // threads; the bound only keeps GIL-bound references out, and none is inside.
 unsafe impl<T> Send for SameThread<T> {}
 
-fn arg_list<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+/// Arguments (and per-argument state) held inline by a launch; more spill to the heap.
+const INLINE: usize = 8;
+
+/// The launch's arguments, a snapshot of the caller's tuple or list (no allocation for up to
+/// [`INLINE`] arguments).
+type ArgList<'py> = SmallVec<[Bound<'py, PyAny>; INLINE]>;
+
+fn arg_list<'py>(args: &Bound<'py, PyAny>) -> PyResult<ArgList<'py>> {
     if let Ok(t) = args.cast::<PyTuple>() {
         Ok(t.iter().collect())
     } else if let Ok(l) = args.cast::<PyList>() {
@@ -65,14 +73,13 @@ fn arg_list<'py>(args: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
     }
 }
 
-fn check_count(name: &str, params: &[Param], args: &[Bound<'_, PyAny>]) -> PyResult<()> {
-    if params.len() != args.len() {
+fn check_count(name: &str, params: &[Param], given: usize) -> PyResult<()> {
+    if params.len() != given {
         return Err(err(
             Kind::Type,
             format!(
-                "kernel `{name}` expects {} arguments but {} were given",
+                "kernel `{name}` expects {} arguments but {given} were given",
                 params.len(),
-                args.len()
             ),
         ));
     }
@@ -87,6 +94,8 @@ fn expected(params: &[Param]) -> impl Fn(usize) -> Option<String> + '_ {
 #[pyclass(module = "tile_py")]
 struct LaunchHandle {
     inner: Mutex<Option<tile_launch::LaunchHandle>>,
+    /// The launch stream: asked, when the handle is dropped, whether deferring may block.
+    stream: Stream,
 }
 
 impl LaunchHandle {
@@ -173,14 +182,20 @@ impl Drop for LaunchHandle {
         else {
             return;
         };
-        // Hand the tensors to the stream's release queue. `defer` may wait for the oldest
-        // queued work when the queue is full: do that detached.
+        // Hand the tensors to the stream's release queue: non-blocking, so done attached,
+        // unless the queue is near its bound, when `defer` may wait for the oldest queued work
+        // (then detached).
+        let blocking = may_block(&self.stream);
         let h = SameThread(h);
         let deferred = Python::try_attach(|py| {
-            py.detach(|| {
-                let h = h;
-                h.0.defer()
-            });
+            if blocking {
+                py.detach(|| {
+                    let h = h;
+                    h.0.defer()
+                });
+            } else {
+                h.0.defer();
+            }
             drain(py);
         });
         if deferred.is_none() {
@@ -214,12 +229,11 @@ fn launch(
             "tile_py is shutting down (interpreter exit): no more launches",
         ));
     }
-    let spec = streams::parse_stream(stream)?;
-    let zero = 0i32.into_pyobject(py)?.into_any();
+    let (spec, cached) = streams::parse_stream_cached(stream)?;
     let config = parse_config(
         grid,
         block,
-        shared_mem.unwrap_or(&zero),
+        shared_mem,
         cluster,
         cooperative,
         programmatic_dependent_launch,
@@ -232,11 +246,14 @@ fn launch(
     })?;
     let kernel = kernel.get();
     let args = arg_list(args)?;
-    check_count(kernel.inner.name(), &kernel.params, &args)?;
-    let dlpack_stream = if sync { spec.dlpack_value() } else { -1 };
-    let s = streams::get(py, spec)?;
+    check_count(kernel.inner.name(), &kernel.params, args.len())?;
+    let stream_value = spec.dlpack_value();
+    let s = match cached {
+        Some(s) => s,
+        None => streams::get_and_cache(py, stream, spec)?,
+    };
     let hs = Handshake {
-        dlpack_stream,
+        dlpack_stream: if sync { stream_value } else { -1 },
         sync,
         device: s.context().ordinal(),
     };
@@ -246,15 +263,12 @@ fn launch(
         claims,
         owners,
     } = convert_args(py, &kernel.params, &args, &hs)?;
-    let mut consumed = vec![false; claims.len()];
-    let owner_guards: Vec<Guard> = owners
+    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
+    let owner_guards: SmallVec<[Guard; 2]> = owners
         .iter()
         .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
         .collect();
-    let work = SameThread((args, owner_guards, &mut consumed));
-    let r = py.detach(|| {
-        let work = work;
-        let (args, owner_guards, consumed) = work.0;
+    let go = |consumed: &mut [bool]| {
         s.launch_with(
             &kernel.inner,
             &config,
@@ -266,7 +280,21 @@ fn launch(
             },
             owner_guards,
         )
-    });
+    };
+    // The launch is a few microseconds of non-blocking driver calls: made attached, since
+    // detaching and re-attaching costs about as much and hands the interpreter to any waiting
+    // thread. It can block only when the release queue is near its bound (it then waits for the
+    // oldest queued work first): then it is made detached.
+    let r = if may_block(&s) {
+        let work = SameThread((go, consumed.as_mut_slice()));
+        py.detach(move || {
+            let work = work;
+            let (go, consumed) = work.0;
+            go(consumed)
+        })
+    } else {
+        go(consumed.as_mut_slice())
+    };
     let r = match r {
         Ok(h) => {
             COUNTERS.launches_issued.fetch_add(1, Ordering::Relaxed);
@@ -275,6 +303,7 @@ fn launch(
             drop(claims);
             Ok(LaunchHandle {
                 inner: Mutex::new(Some(h)),
+                stream: s,
             })
         }
         Err(e) => {
@@ -284,6 +313,16 @@ fn launch(
     };
     drain(py);
     r
+}
+
+/// Whether a launch or a `defer` on `s` may wait for queued work (the release queue is at least
+/// half full, against the default bounds tile-py's streams are made with). Racy by design: it
+/// only decides whether to detach from the interpreter around the call.
+fn may_block(s: &tile_launch::Stream) -> bool {
+    let bounds = tile_launch::ReleaseConfig::default();
+    let st = s.stats();
+    st.pending_guards.saturating_mul(2) >= bounds.max_pending_guards
+        || st.pending_bytes.saturating_mul(2) >= bounds.max_pending_bytes
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the
@@ -307,20 +346,19 @@ fn _check_args(
 ) -> PyResult<()> {
     drain(py);
     let none = py.None().into_bound(py);
-    let spec = streams::parse_stream(stream.unwrap_or(&none))?;
+    let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
     let one = 1i32.into_pyobject(py)?.into_any();
-    let zero = 0i32.into_pyobject(py)?.into_any();
     parse_config(
         grid.unwrap_or(&one),
         block.unwrap_or(&one),
-        &zero,
+        None,
         None,
         false,
         false,
     )?;
     let params = kernel::parse_params(params)?;
     let args = arg_list(args)?;
-    check_count("_check_args", &params, &args)?;
+    check_count("_check_args", &params, args.len())?;
     let hs = Handshake {
         dlpack_stream: if sync { spec.dlpack_value() } else { -1 },
         sync,
@@ -334,7 +372,7 @@ fn _check_args(
     } = convert_args(py, &params, &args, &hs)?;
     let sig = tile_launch::Signature::new(params.iter().copied());
     let checked = tile_launch::check_args("_check_args", &sig, &args, hs.device);
-    let mut consumed = vec![false; claims.len()];
+    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
     let r = match checked {
         Err(e) => {
             drop(args);

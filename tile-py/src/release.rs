@@ -13,7 +13,7 @@
 //! drained any more: queued and later tensors are counted as leaked instead.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 use tile_dlpack::Used;
@@ -59,6 +59,11 @@ pub(crate) enum Release {
 /// Tensors and objects whose work is done, waiting for an attached thread to release them.
 static RELEASES: Mutex<Vec<Release>> = Mutex::new(Vec::new());
 
+/// `RELEASES.len()`, updated under its lock, read without it: [`drain`] skips the lock when it
+/// reads 0 (every entry point drains twice per call, and the queue is usually empty). A push
+/// racing with that read is drained by the next call; nothing is lost, only delayed.
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
+
 fn push(items: impl IntoIterator<Item = Release>) {
     if FINALIZING.load(Ordering::Acquire) {
         for item in items {
@@ -68,10 +73,9 @@ fn push(items: impl IntoIterator<Item = Release>) {
         }
         return;
     }
-    RELEASES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .extend(items);
+    let mut q = RELEASES.lock().unwrap_or_else(|p| p.into_inner());
+    q.extend(items);
+    QUEUED.store(q.len(), Ordering::Release);
 }
 
 /// Queues a release; the deleter runs at the next [`drain`].
@@ -84,12 +88,21 @@ pub(crate) fn queued() -> usize {
     RELEASES.lock().unwrap_or_else(|p| p.into_inner()).len()
 }
 
+fn take_queued() -> Vec<Release> {
+    let mut q = RELEASES.lock().unwrap_or_else(|p| p.into_inner());
+    QUEUED.store(0, Ordering::Release);
+    std::mem::take(&mut *q)
+}
+
 /// Runs every queued deleter, attached, in queue order. A deleter that raises is reported
 /// through `sys.unraisablehook` and the others still run; an exception pending in the caller
 /// is preserved.
 pub(crate) fn drain(py: Python<'_>) {
     loop {
-        let batch = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(|p| p.into_inner()));
+        if QUEUED.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let batch = take_queued();
         if batch.is_empty() {
             return;
         }

@@ -1,6 +1,7 @@
 //! Launch streams: parsing Python stream objects, and one cached tile-launch [`Stream`] (with
 //! its release queue) per `(device, handle)`.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -55,6 +56,79 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
     }
     // 0 and 1 both name the legacy default stream.
     Ok(if n == 1 { 0 } else { n as usize })
+}
+
+/// The stream object this thread launched on last, what it resolved to, and (once `launch`
+/// looked it up) its cached [`Stream`]. The entry holds a strong reference to the object, so
+/// while it is cached its address cannot be reused by another object: a hit (same address)
+/// is the same object. A stream object is taken to name one stream for its whole life (its
+/// `__cuda_stream__` handle and device do not change), as torch, CuPy and cuda.core streams do.
+struct LastStream {
+    obj: Py<PyAny>,
+    raw: usize,
+    device: Option<i32>,
+    stream: Option<Stream>,
+}
+
+thread_local! {
+    static LAST: RefCell<Option<LastStream>> = const { RefCell::new(None) };
+}
+
+/// [`parse_stream`], answered from the per-thread cache when `obj` is the stream object this
+/// thread used last (no Python call, no attribute lookup). Int streams are not cached (parsing
+/// one is cheap). Returns the spec and, on a hit that `launch` completed before, the stream.
+pub(crate) fn parse_stream_cached(
+    obj: &Bound<'_, PyAny>,
+) -> PyResult<(StreamSpec, Option<Stream>)> {
+    let hit = LAST.with(|l| {
+        let l = l.borrow();
+        l.as_ref()
+            .filter(|e| e.obj.as_ptr() == obj.as_ptr())
+            .map(|e| (e.raw, e.device, e.stream.clone()))
+    });
+    if let Some((raw, device, stream)) = hit {
+        let spec = StreamSpec {
+            raw,
+            device,
+            owner: Some(obj.clone().unbind()),
+        };
+        return Ok((spec, stream));
+    }
+    let spec = parse_stream(obj)?;
+    if spec.owner.is_some() {
+        let entry = LastStream {
+            obj: obj.clone().unbind(),
+            raw: spec.raw,
+            device: spec.device,
+            stream: None,
+        };
+        // The old entry (and its reference) is dropped after the borrow ends: its `Drop` may
+        // run Python code (a `__del__`) that launches again.
+        let old = LAST.with(|l| l.borrow_mut().replace(entry));
+        drop(old);
+    }
+    Ok((spec, None))
+}
+
+/// [`get`], remembering the stream in the per-thread cache when `obj` is the object
+/// [`parse_stream_cached`] cached.
+pub(crate) fn get_and_cache(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    spec: StreamSpec,
+) -> PyResult<Stream> {
+    let cacheable = spec.owner.is_some();
+    let s = get(py, spec)?;
+    if cacheable {
+        LAST.with(|l| {
+            if let Some(e) = l.borrow_mut().as_mut()
+                && e.obj.as_ptr() == obj.as_ptr()
+            {
+                e.stream = Some(s.clone());
+            }
+        });
+    }
+    Ok(s)
 }
 
 /// Parses the `stream` argument of `launch`.
