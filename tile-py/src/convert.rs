@@ -328,12 +328,12 @@ impl Keywords {
     }
 }
 
-/// Per producer type whose `__dlpack__` rejected a keyword: the keywords to start with, so the
-/// `TypeError` and the retry happen once per type, not once per call. Types absent here start
-/// with [`Keywords::StreamAndVersion`]. A type whose instances differ (one instance rejected
-/// keywords that an earlier one took) is marked `mixed` and every call starts with all keywords
-/// again, so an instance that takes `max_version` always gets the chance to say so (a versioned
-/// capsule carries the read-only flag). Holds the type so its address is not reused.
+/// Per producer type: the keywords its `__dlpack__` took the first time, to start with next
+/// time, so that a `TypeError` and the retry happen once per type, not once per call. A type
+/// whose instances differ (one took fewer or more keywords than the type's entry says) is marked
+/// `mixed`, and every call then starts with all keywords again, so an instance that takes
+/// `max_version` always gets the chance to say so (a versioned capsule carries the read-only
+/// flag). Holds the type so its address is not reused.
 struct KeywordEntry {
     _ty: Py<PyType>,
     start: Keywords,
@@ -341,23 +341,24 @@ struct KeywordEntry {
 }
 static DLPACK_KEYWORDS: Mutex<Option<HashMap<usize, KeywordEntry>>> = Mutex::new(None);
 
-fn start_keywords(ty: usize) -> Keywords {
+/// The keywords to start with for type `ty`, and whether the type has an entry.
+fn start_keywords(ty: usize) -> (Keywords, bool) {
     DLPACK_KEYWORDS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .and_then(|m| m.get(&ty))
-        .map_or(Keywords::StreamAndVersion, |e| {
+        .map_or((Keywords::StreamAndVersion, false), |e| {
             if e.mixed {
-                Keywords::StreamAndVersion
+                (Keywords::StreamAndVersion, true)
             } else {
-                e.start
+                (e.start, true)
             }
         })
 }
 
-/// Records that an instance of `ty` took `took` after starting from `started`.
-fn note_keywords(ty: &Bound<'_, PyType>, started: Keywords, took: Keywords) {
+/// Records that an instance of `ty` took `took`.
+fn note_keywords(ty: &Bound<'_, PyType>, took: Keywords) {
     let key = ty.as_ptr() as usize;
     let mut g = DLPACK_KEYWORDS.lock().unwrap_or_else(|p| p.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
@@ -365,7 +366,7 @@ fn note_keywords(ty: &Bound<'_, PyType>, started: Keywords, took: Keywords) {
         // Instances of this type differ: always start from all keywords.
         Some(e) if took != e.start => e.mixed = true,
         Some(_) => {}
-        None if took != started || took != Keywords::StreamAndVersion => {
+        None => {
             map.insert(
                 key,
                 KeywordEntry {
@@ -375,7 +376,6 @@ fn note_keywords(ty: &Bound<'_, PyType>, started: Keywords, took: Keywords) {
                 },
             );
         }
-        None => {}
     }
 }
 
@@ -402,7 +402,7 @@ fn call_dlpack<'py>(
     };
     let stream: Option<i64> = if cpu { None } else { Some(hs.dlpack_stream) };
     let ty = obj.get_type();
-    let started = start_keywords(ty.as_ptr() as usize);
+    let (started, known) = start_keywords(ty.as_ptr() as usize);
     let mut kw = started;
     let r = loop {
         let r = match kw {
@@ -424,8 +424,8 @@ fn call_dlpack<'py>(
             (r, _) => break r,
         }
     };
-    if r.is_ok() {
-        note_keywords(&ty, started, kw);
+    if r.is_ok() && (!known || kw != started) {
+        note_keywords(&ty, kw);
     }
     let cap = r.map_err(note)?;
     if cap.cast::<PyCapsule>().is_err() {
