@@ -45,7 +45,7 @@ use tile_launch::{Arg, Guard, Param, Stream};
 use crate::convert::{Converted, Handshake, convert_args, parse_config};
 use crate::errors::{Kind, err, launch_err, show};
 use crate::kernel::Kernel;
-use crate::release::{COUNTERS, FINALIZING, PyGuard, drain};
+use crate::release::{COUNTERS, FINALIZING, FORKED, PyGuard, drain};
 
 /// Moves a value into a `py.detach` closure, which runs on the same thread.
 struct SameThread<T>(T);
@@ -229,6 +229,9 @@ fn launch(
             "tile_py is shutting down (interpreter exit): no more launches",
         ));
     }
+    if FORKED.load(Ordering::Acquire) {
+        return Err(forked_err());
+    }
     let (spec, cached) = streams::parse_stream_cached(stream)?;
     let config = parse_config(
         grid,
@@ -315,6 +318,20 @@ fn launch(
     r
 }
 
+fn forked_err() -> PyErr {
+    err(
+        Kind::Value,
+        "tile_py cannot launch in a process made by os.fork() after CUDA may have been used in \
+         the parent (CUDA does not survive fork); use the 'spawn' or 'forkserver' start method",
+    )
+}
+
+/// `os.register_at_fork(after_in_child=...)`: see [`release::FORKED`].
+#[pyfunction]
+fn _after_fork_in_child() {
+    release::after_fork_in_child();
+}
+
 /// Whether a launch or a `defer` on `s` may wait for queued work (the release queue is at least
 /// half full, against the default bounds tile-py's streams are made with). Racy by design: it
 /// only decides whether to detach from the interpreter around the call.
@@ -345,6 +362,9 @@ fn _check_args(
     block: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     drain(py);
+    if FORKED.load(Ordering::Acquire) {
+        return Err(forked_err());
+    }
     let none = py.None().into_bound(py);
     let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
     let one = 1i32.into_pyobject(py)?.into_any();
@@ -563,5 +583,6 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_check_args, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_counters, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     Ok(())
 }

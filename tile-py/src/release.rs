@@ -21,6 +21,28 @@ use tile_dlpack::Used;
 /// Set by the `atexit` hook: from then on deleters are skipped and counted as leaked.
 pub(crate) static FINALIZING: AtomicBool = AtomicBool::new(false);
 
+/// Set in a child process made by `os.fork()` (an `os.register_at_fork` hook): the child
+/// refuses to launch (CUDA cannot be used across `fork`), and never runs a deleter it inherited
+/// from the parent: the tensors belong to the parent's GPU work, so they are leaked (counted
+/// in `leaked_at_exit`), as at interpreter exit.
+pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Whether releases are leaked instead of run (interpreter exit, or a forked child).
+fn leaking() -> bool {
+    FINALIZING.load(Ordering::Acquire) || FORKED.load(Ordering::Acquire)
+}
+
+/// The `os.register_at_fork(after_in_child=...)` hook: leaks every queued release (never runs
+/// the parent's deleters) and stops launches in the child.
+pub(crate) fn after_fork_in_child() {
+    FORKED.store(true, Ordering::Release);
+    let batch = take_queued();
+    COUNTERS
+        .leaked_at_exit
+        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+    std::mem::forget(batch);
+}
+
 /// Debug counters, exposed as `tile_py._debug_counters()`.
 pub(crate) struct Counters {
     /// `launch` calls that got as far as converting arguments.
@@ -65,7 +87,7 @@ static RELEASES: Mutex<Vec<Release>> = Mutex::new(Vec::new());
 static QUEUED: AtomicUsize = AtomicUsize::new(0);
 
 fn push(items: impl IntoIterator<Item = Release>) {
-    if FINALIZING.load(Ordering::Acquire) {
+    if leaking() {
         for item in items {
             COUNTERS.leaked_at_exit.fetch_add(1, Ordering::Relaxed);
             // Never run a deleter or a decref during finalisation: leak it.
@@ -106,7 +128,7 @@ pub(crate) fn drain(py: Python<'_>) {
         if batch.is_empty() {
             return;
         }
-        if FINALIZING.load(Ordering::Acquire) {
+        if leaking() {
             push(batch);
             return;
         }

@@ -15,6 +15,7 @@ Importing needs no GPU; the CUDA driver is loaded on first use.
 """
 
 import atexit as _atexit
+import os as _os
 
 from ._tile_py import (
     CudaError,
@@ -28,6 +29,7 @@ from ._tile_py import (
     Scalar,
     _check_args,
     _debug_counters,
+    _after_fork_in_child,
     _shutdown,
     launch,
     stats,
@@ -51,3 +53,7 @@ __all__ = [
 
 # At exit: wait a little for pending work, release what finished, leak (and count) the rest.
 _atexit.register(_shutdown)
+
+# In a child made by os.fork(): refuse to launch, and never run the parent's deleters (leaked).
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)

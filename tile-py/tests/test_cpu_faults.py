@@ -1,0 +1,88 @@
+"""CPU tests of issue 6 faults: a raising producer, a forked child, interpreter exit."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tile_py
+from tile_py import In
+from dlpack_ctypes import Producer
+
+HERE = os.path.dirname(__file__)
+
+
+def test_producer_dlpack_raises_propagates_with_index_and_consumes_nothing():
+    class Raising(Producer):
+        def __dlpack__(self, **kw):
+            raise RuntimeError("producer failed")
+
+    before = tile_py._debug_counters()
+    a = Producer()
+    with pytest.raises(RuntimeError, match="producer failed") as e:
+        tile_py._check_args([In("float32"), In("float32")], (a, Raising()), stream=0x1234)
+    assert "argument 1" in "".join(getattr(e.value, "__notes__", []))
+    # The argument converted before it was given back (released), nothing launched.
+    assert a.deleted == 1
+    after = tile_py._debug_counters()
+    assert after["launches_issued"] == before["launches_issued"]
+    assert after["consumed"] - before["consumed"] == after["released"] - before["released"]
+
+
+def run_child(code):
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_forked_child_refuses_to_launch_and_runs_no_deleters():
+    r = run_child("""
+        import os, sys
+        import tile_py
+        from tile_py import In
+        from dlpack_ctypes import Producer
+        p = Producer()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                tile_py.launch(1, 1, None, (), block=1)
+                code = 10
+            except ValueError as e:
+                if "os.fork" not in str(e):
+                    code = 11
+            try:
+                tile_py._check_args([In("float32")], (p,), stream=0x1234)
+                code = 12
+            except ValueError:
+                pass
+            if p.deleted != 0:
+                code = 13
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        # The parent is unaffected.
+        tile_py._check_args([In("float32")], (p,), stream=0x1234)
+        print("parent", p.deleted)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "child 0" in r.stdout and "parent 1" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_interpreter_exit_after_use_is_clean():
+    r = run_child("""
+        import tile_py
+        from tile_py import In
+        from dlpack_ctypes import Producer
+        ps = [Producer() for _ in range(10)]
+        for p in ps:
+            tile_py._check_args([In("float32")], (p,), stream=0x1234)
+        assert all(p.deleted == 1 for p in ps)
+        print("leaked", tile_py._shutdown(0.1))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "leaked 0" in r.stdout
+    assert "leaked at exit" not in r.stderr
