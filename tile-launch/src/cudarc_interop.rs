@@ -30,8 +30,9 @@ pub fn export<T: DlpackElement>(
     shape: &[i64],
     strides: &[i64],
 ) -> Result<(Used, Arc<CudaStream>)> {
-    let export = dl::from_cuda_slice::<T, DLManagedTensorVersioned>(Box::new(slice), shape, strides)
-        .map_err(|e| Error::Module(format!("cannot export CudaSlice as DLPack: {e}")))?;
+    let export =
+        dl::from_cuda_slice::<T, DLManagedTensorVersioned>(Box::new(slice), shape, strides)
+            .map_err(|e| Error::Module(format!("cannot export CudaSlice as DLPack: {e}")))?;
     let (initialized, ready_on) = export.into_parts();
     // SAFETY: dlpark's export filled in every descriptor field from the slice it now owns; the
     // data stays valid until the tensor's deleter runs.
