@@ -47,10 +47,11 @@ tasks:
 fn bench() -> Result<()> {
     bundle::run()?;
     let root = workspace_root();
-    run_cmd(Command::new("bash").arg(root.join("target/gpu-bundle/run.sh")).args([
-        "--bench".as_ref(),
-        root.join("bench/results").as_os_str(),
-    ]))
+    run_cmd(
+        Command::new("bash")
+            .arg(root.join("target/gpu-bundle/run.sh"))
+            .args(["--bench".as_ref(), root.join("bench/results").as_os_str()]),
+    )
 }
 
 /// Runs a command from the workspace root, failing with the command line if it fails.
