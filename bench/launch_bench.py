@@ -160,6 +160,14 @@ def main():
     except Exception as e:  # noqa: BLE001
         print(f"CuPy paths unavailable: {e!r}", file=sys.stderr)
 
+    # What the producer alone costs on the generic path: three __dlpack__ calls with the launch
+    # stream, capsules dropped unconsumed (torch's deleter runs via the capsule destructor).
+    def producer_only():
+        for t in (pA, pB, pC):
+            t.__dlpack__(stream=handle, max_version=(1, 3))
+
+    add("3 x plain __dlpack__(stream=...) alone (producer cost)", producer_only)
+
     def torch_add():
         with torch.cuda.stream(stream):
             torch.add(a, b, out=c)

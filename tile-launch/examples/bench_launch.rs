@@ -212,6 +212,20 @@ fn run() -> Result<()> {
         Param::scalar(ScalarType::U64),
     ]);
     let add: Kernel = lib.kernel("vector_add", sig)?;
+    // The same kernel with its pointers declared as plain 64-bit scalars: a launch through
+    // tile-launch that consumes no tensor, to separate the fixed cost from the tensors' cost.
+    let add_raw_ptrs: Kernel = lib.kernel(
+        "vector_add",
+        Signature::new([
+            Param::scalar(ScalarType::U64),
+            Param::scalar(ScalarType::I64),
+            Param::scalar(ScalarType::U64),
+            Param::scalar(ScalarType::I64),
+            Param::scalar(ScalarType::U64),
+            Param::scalar(ScalarType::I64),
+            Param::scalar(ScalarType::U64),
+        ]),
+    )?;
     let buf = buffers()?;
     let cfg = LaunchConfig::for_elements(N as u64, 256);
     let grid = cfg.grid.x;
@@ -269,6 +283,15 @@ fn run() -> Result<()> {
         Ok(stream.launch(&add, &cfg, args)?)
     };
     let stream_sync = || -> Result<()> { Ok(stream.synchronize()?) };
+    // A stream whose release queue records and polls rarely, to show what markers cost.
+    let sparse = Stream::with_config(
+        &ctx,
+        ReleaseConfig {
+            marker_every: 1024,
+            poll_every: 256,
+            ..ReleaseConfig::default()
+        },
+    )?;
     let mut paths = vec![
         Path {
             name: "raw cuLaunchKernel (floor)",
@@ -336,6 +359,42 @@ fn run() -> Result<()> {
                 Ok(())
             }),
             sync: Box::new(stream_sync),
+            us: Vec::new(),
+        },
+        Path {
+            name: "tile-launch, no tensors (7 scalars), deferred",
+            body: Box::new(|| {
+                let args: [Arg<'static>; 7] = [
+                    buf.a.into(),
+                    1i64.into(),
+                    buf.b.into(),
+                    1i64.into(),
+                    buf.c.into(),
+                    1i64.into(),
+                    (N as u64).into(),
+                ];
+                stream.launch(&add_raw_ptrs, &cfg, args)?.defer();
+                Ok(())
+            }),
+            sync: Box::new(stream_sync),
+            us: Vec::new(),
+        },
+        Path {
+            name: "tile-launch, 3 tensors, deferred, marker 1/1024, poll 1/256",
+            body: Box::new(|| {
+                let args: [Arg<'static>; 7] = [
+                    tensor(buf.a, owner(None))?.into(),
+                    1i64.into(),
+                    tensor(buf.b, owner(None))?.into(),
+                    1i64.into(),
+                    tensor(buf.c, owner(None))?.into(),
+                    1i64.into(),
+                    (N as u64).into(),
+                ];
+                sparse.launch(&add, &cfg, args)?.defer();
+                Ok(())
+            }),
+            sync: Box::new(|| Ok(sparse.synchronize()?)),
             us: Vec::new(),
         },
     ];
