@@ -447,8 +447,9 @@ impl LaunchHandle {
     }
 }
 
-/// Arguments held inline (no allocation) by a launch; more spill to the heap.
-const INLINE_ARGS: usize = 16;
+/// Arguments held inline (no allocation) by a launch; more spill to the heap. Each argument is
+/// about 100 bytes, so the inline buffer is kept small enough to stay cheap to build.
+const INLINE_ARGS: usize = 8;
 
 /// The 8-byte parameter slots of a launch, one per argument, in order.
 type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
@@ -514,7 +515,7 @@ impl Stream {
     ) -> Result<LaunchHandle> {
         let ctx = self.context();
         config.validate(ctx.limits())?;
-        let args: SmallVec<[Arg<'a>; INLINE_ARGS]> = args.into_iter().collect();
+        let mut args: SmallVec<[Arg<'a>; INLINE_ARGS]> = args.into_iter().collect();
         // 1. Check everything without consuming anything: the arguments, the kernel's own
         //    limits on this device, the tensors' memory, and whether the stream is capturing.
         let mut values = check_all(kernel.name(), kernel.signature(), &args, ctx.ordinal())?;
@@ -528,10 +529,16 @@ impl Stream {
         }
         let capture = crate::capture::capturing_graph(d, self.raw())?;
         // 2. Consume. A failure here releases what was consumed so far (nothing is launched).
-        let mut guards = Vec::with_capacity(args.len());
+        let tensors = args.iter().filter(|a| matches!(a, Arg::Tensor(_))).count();
+        let mut guards = Vec::new();
+        if tensors > 0 {
+            guards.reserve_exact(tensors);
+        }
         let mut waits: SmallVec<[CUstream; 4]> = SmallVec::new();
         let mut bytes = 0u64;
-        for (index, arg) in args.into_iter().enumerate() {
+        // `drain` moves one argument at a time out of the inline buffer instead of moving the
+        // whole buffer into an iterator (arguments are about 100 bytes each).
+        for (index, arg) in args.drain(..).enumerate() {
             let Arg::Tensor(t) = arg else { continue };
             let used = match t.source {
                 TensorSource::Unused(u) => u
