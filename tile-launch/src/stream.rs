@@ -150,6 +150,13 @@ impl Timeline for CudaTimeline {
     }
 
     fn releasing(&self, release: &mut dyn FnMut()) {
+        // Deleters may change the calling thread's current context (`cudarc` binds its own, for
+        // one): put back the caller's afterwards.
+        let d = self.d;
+        let mut saved: cuda_sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let saved_ok = unsafe { (d.cuCtxGetCurrent)(&mut saved) }.check("cuCtxGetCurrent");
+        let _restore = RestoreContext { d, saved, active: saved_ok.is_ok() };
         let mut ran = false;
         let relaxed = crate::capture::relaxed(self.d, || {
             ran = true;
@@ -161,6 +168,31 @@ impl Timeline for CudaTimeline {
                 log::warn!("releasing without relaxing the stream-capture mode: {e}");
             }
             release();
+        }
+    }
+}
+
+/// Makes `saved` current again when dropped, if another context became current meanwhile.
+struct RestoreContext {
+    d: &'static Driver,
+    saved: cuda_sys::CUcontext,
+    active: bool,
+}
+
+impl Drop for RestoreContext {
+    fn drop(&mut self) {
+        if !self.active {
+            return;
+        }
+        let mut now: cuda_sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let r = unsafe { (self.d.cuCtxGetCurrent)(&mut now) }.check("cuCtxGetCurrent");
+        if r.is_ok() && now != self.saved {
+            // SAFETY: `saved` was current on this thread before the deleters ran (or null).
+            let r = unsafe { (self.d.cuCtxSetCurrent)(self.saved) }.check("cuCtxSetCurrent");
+            if let Err(e) = r {
+                log::error!("restoring the current context after releasing: {e}");
+            }
         }
     }
 }
