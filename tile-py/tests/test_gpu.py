@@ -405,3 +405,48 @@ def test_device_mismatch_message(torch, lib):
 def test_signature_mismatch_is_reported(torch, lib):
     with pytest.raises(TypeError, match=r"parameter 3"):
         lib.kernel("vector_add_f32", [In("float32"), In("float32"), Out("float32"), Scalar("u32")])
+
+
+# ---- CUDA graph capture ------------------------------------------------------------------------
+
+
+def test_torch_cuda_graph_capture_keeps_tensors_until_the_graph_is_destroyed(torch, lib):
+    import gc
+    import time
+
+    n = 1 << 22
+    k = add_kernel(lib, "float32")
+    a = torch.randn(n, device="cuda")
+    b = torch.randn(n, device="cuda")
+    expected = a + b
+    out = torch.full((n,), -1.0, device="cuda")
+    settle(torch)
+    counts = Counts()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        h = tile_py.launch(torch.cuda.current_stream(), grid_for(n), k, (a, b, out, n), block=BLOCK)
+    del h, a, b  # from here on only the graph keeps the inputs alive
+    gc.collect()
+    # Allocations of the same size, written with a sentinel: had the inputs been released, these
+    # would take their blocks and the replays below would add sentinels.
+    junk = [torch.full((n,), -7.0, device="cuda") for _ in range(2)]
+    settle(torch)
+    assert counts["consumed"] == 2
+    assert counts["released"] == 0, "released at capture time"
+    for _ in range(5):
+        out.fill_(-1.0)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+        tile_py.stats()  # an entry point: runs whatever releases are queued
+        assert counts["released"] == 0, "released while the graph is alive"
+    del g
+    gc.collect()
+    # The graph's user object is destroyed on a CUDA thread, which hands the tensors to
+    # tile_py's release thread; their deleters run at the next call into tile_py.
+    deadline = time.monotonic() + 10
+    while counts["released"] < 2 and time.monotonic() < deadline:
+        tile_py.stats()
+        time.sleep(0.01)
+    assert counts["released"] == 2, f"released {counts['released']} of 2 after the graph was destroyed"
+    del junk
