@@ -382,6 +382,15 @@ fn note_keywords(ty: &Bound<'_, PyType>, took: Keywords) {
 /// `obj.__dlpack__(stream=..., max_version=(1, 3))` (`method` is `obj.__dlpack__`), retried
 /// with fewer keywords when the producer does not accept them, then as the legacy
 /// `__dlpack__()`. The keywords a type took are remembered ([`DLPACK_KEYWORDS`]).
+///
+/// The launch stream is offered first, without asking `__dlpack_device__()` (a Python call per
+/// tensor on the hot path): the consumer reads the device from the returned tensor anyway. A
+/// host (CPU) producer must refuse a stream (DLPack allows only `stream=None` there; NumPy
+/// raises `RuntimeError`), so only when `__dlpack__` raises is `__dlpack_device__()` asked: if
+/// it says CPU the argument is refused as host memory (tile_py passes no host-visible
+/// parameters) without calling `__dlpack__` again, the producer's exception as the cause;
+/// otherwise the producer's exception propagates. A CPU producer that accepts the stream
+/// returns a capsule that the device check refuses and the rollback gives back, unconsumed.
 fn call_dlpack<'py>(
     py: Python<'py>,
     index: usize,
@@ -390,17 +399,6 @@ fn call_dlpack<'py>(
     hs: &Handshake,
 ) -> PyResult<Bound<'py, PyAny>> {
     static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
-    let note = |e: PyErr| with_note(py, e, format!("while converting argument {index}"));
-    // CPU producers accept only stream=None.
-    let cpu = match obj.call_method0(intern!(py, "__dlpack_device__")) {
-        Ok(dev) => dev
-            .extract::<(i64, i64)>()
-            .map(|(t, _)| t == DLDeviceType::CPU.0 as i64)
-            .unwrap_or(false),
-        Err(e) if e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py) => false,
-        Err(e) => return Err(note(e)),
-    };
-    let stream: Option<i64> = if cpu { None } else { Some(hs.dlpack_stream) };
     let ty = obj.get_type();
     let (started, known) = start_keywords(ty.as_ptr() as usize);
     let mut kw = started;
@@ -409,7 +407,7 @@ fn call_dlpack<'py>(
             Keywords::Legacy => method.call0(),
             _ => {
                 let kwargs = PyDict::new(py);
-                kwargs.set_item(intern!(py, "stream"), stream)?;
+                kwargs.set_item(intern!(py, "stream"), hs.dlpack_stream)?;
                 if kw == Keywords::StreamAndVersion {
                     let v = MAX_VERSION.get_or_try_init(py, || {
                         PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind)
@@ -424,10 +422,13 @@ fn call_dlpack<'py>(
             (r, _) => break r,
         }
     };
-    if r.is_ok() && (!known || kw != started) {
+    let cap = match r {
+        Ok(cap) => cap,
+        Err(e) => return Err(host_or(py, index, obj, hs, e)),
+    };
+    if !known || kw != started {
         note_keywords(&ty, kw);
     }
-    let cap = r.map_err(note)?;
     if cap.cast::<PyCapsule>().is_err() {
         return Err(arg_err(
             Kind::Type,
@@ -439,6 +440,42 @@ fn call_dlpack<'py>(
         ));
     }
     Ok(cap)
+}
+
+/// The error for a `__dlpack__` call that raised `e`: when the producer's `__dlpack_device__()`
+/// says host memory (`kDLCPU`), the host-memory refusal (the same `ValueError` as for a CPU
+/// tensor that was exported), with `e` as its cause; otherwise `e` itself, with a note naming
+/// the argument. A `__dlpack_device__` that is missing or raises leaves `e` as it is.
+fn host_or(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    hs: &Handshake,
+    e: PyErr,
+) -> PyErr {
+    let cpu = obj
+        .call_method0(intern!(py, "__dlpack_device__"))
+        .ok()
+        .and_then(|d| d.extract::<(i64, i64)>().ok())
+        .is_some_and(|(t, _)| t == i64::from(DLDeviceType::CPU.0));
+    if !cpu {
+        return with_note(py, e, format!("while converting argument {index}"));
+    }
+    let mismatch = tile_launch::Error::DeviceMismatch {
+        index,
+        tensor: tile_dlpack::Device::CPU,
+        stream_device: hs.device,
+    };
+    let refused = err(
+        Kind::Value,
+        format!(
+            "{mismatch}; {} is host memory (its __dlpack__ refused the launch stream): tile_py \
+             accepts device, managed or pinned memory only",
+            show(obj)
+        ),
+    );
+    refused.set_cause(py, Some(e));
+    refused
 }
 
 // ---- DLPack C exchange API ----------------------------------------------------------------
