@@ -153,6 +153,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #                               the tile_py wheel's pytest suite
 #   bash run.sh --bench [DIR]   the launch benchmarks (Rust, then Python); figures go to DIR
 #                               (default ./bench-results), the table to standard output
+#   bash run.sh --sanitize      the Rust GPU tests under compute-sanitizer (memcheck with
+#                               stream-ordered race tracking, racecheck, synccheck)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then
@@ -164,6 +166,24 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 for d in "${CUDA_HOME:-}" /usr/local/cuda; do
     if [ -n "$d" ] && [ -d "$d/lib64" ]; then export LD_LIBRARY_PATH="$d/lib64:${LD_LIBRARY_PATH:-}"; break; fi
 done
+if [ "${1:-}" = "--sanitize" ]; then
+    # The Rust GPU tests under compute-sanitizer: memcheck (with stream-ordered race tracking),
+    # racecheck and synccheck. Any report fails the run.
+    status=0
+    for tool in memcheck racecheck synccheck; do
+        extra=()
+        [ "$tool" = memcheck ] && extra=(--track-stream-ordered-races all)
+        for t in "$here"/tests/tile-launch-gpu "$here"/tests/tile-launch-gpu_capture "$here"/tests/tile-launch-gpu_config; do
+            echo "== compute-sanitizer --tool $tool $(basename "$t")"
+            if ! compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+                "$t" --include-ignored --test-threads=1 --skip negative_control; then
+                status=1
+            fi
+        done
+    done
+    echo "run.sh --sanitize: $([ $status -eq 0 ] && echo clean || echo FAILED)"
+    exit $status
+fi
 if [ "${1:-}" = "--bench" ]; then
     results=${2:-bench-results}
     mkdir -p "$results"
