@@ -87,7 +87,7 @@ def test_stress_threads_streams_producers():
                         max_pending[0] = max(max_pending[0], st["pending_guards"])
                 stream.synchronize()
             torch.testing.assert_close(c, a + b)
-            tile_py.stats()  # polls every stream and runs the releases that are due
+            tile_py.synchronize()  # waits for every stream, then runs the releases that are due
             refs[tid] = (base, (sys.getrefcount(a), sys.getrefcount(b), sys.getrefcount(c),
                                 sys.getrefcount(pa)))
         except Exception as e:  # noqa: BLE001 - reported below
