@@ -165,3 +165,46 @@ def test_kernel_fault_poisons_the_context_in_a_subprocess():
     # The faulting launch's tensor (and any launch whose completion was not confirmed) is leaked
     # and counted, never released; nothing is released twice.
     assert leaked >= 1, out
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    r"""
+    import sys, torch, tile_py
+    from tile_py import In, Out, Scalar
+    src = r'''
+    extern "C" __global__ void add(const float* a, const float* b, float* c, unsigned long long n) {
+        unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+        if (i < n) c[i] = a[i] + b[i];
+    }
+    '''
+    lib = tile_py.Library.from_cuda_source(src)
+    add = lib.kernel("add", [In("f32"), In("f32"), Out("f32"), Scalar("u64")])
+    n = 1 << 20
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(int(sys.argv[1]))  # the launches below stay pending for a while
+        for _ in range(10):
+            tile_py.launch(s, n // 256, add, tuple(torch.randn(n, device="cuda") for _ in range(3)) + (n,), block=256)
+    print("LAUNCHED", tile_py.stats()["pending_guards"] + tile_py.stats()["held_guards"], flush=True)
+    if sys.argv[2] == "exception":
+        raise RuntimeError("uncaught, with launches pending")
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["normal", "exception"])
+@pytest.mark.parametrize("cycles", [1_000_000, 20_000_000_000])
+def test_interpreter_exit_with_launches_pending(how, cycles):
+    # ~0.5 ms of sleep (drained at exit) and ~10 s (longer than the exit hook waits: leaked).
+    r = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT, str(cycles), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    print(r.stdout, r.stderr[-3000:])
+    assert "LAUNCHED" in r.stdout
+    assert "Fatal Python error" not in r.stderr and "Segmentation" not in r.stderr
+    assert r.returncode == (0 if how == "normal" else 1), r.returncode
+    leak_lines = [l for l in r.stderr.splitlines() if "leak" in l.lower()]
+    assert len(leak_lines) <= 1, leak_lines
