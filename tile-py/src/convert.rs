@@ -341,9 +341,20 @@ struct KeywordEntry {
 }
 static DLPACK_KEYWORDS: Mutex<Option<HashMap<usize, KeywordEntry>>> = Mutex::new(None);
 
+thread_local! {
+    /// The last producer type this thread found in [`DLPACK_KEYWORDS`] starting with all
+    /// keywords: a pointer compare answers the common case without the lock. Only such a type
+    /// is remembered, since its answer cannot change (a `mixed` type starts with all keywords
+    /// too); the map holds the type, so its address is not reused.
+    static LAST_ALL_KEYWORDS: Cell<usize> = const { Cell::new(0) };
+}
+
 /// The keywords to start with for type `ty`, and whether the type has an entry.
 fn start_keywords(ty: usize) -> (Keywords, bool) {
-    DLPACK_KEYWORDS
+    if LAST_ALL_KEYWORDS.with(Cell::get) == ty {
+        return (Keywords::StreamAndVersion, true);
+    }
+    let r = DLPACK_KEYWORDS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
@@ -354,7 +365,11 @@ fn start_keywords(ty: usize) -> (Keywords, bool) {
             } else {
                 (e.start, true)
             }
-        })
+        });
+    if r == (Keywords::StreamAndVersion, true) {
+        LAST_ALL_KEYWORDS.with(|c| c.set(ty));
+    }
+    r
 }
 
 /// Records that an instance of `ty` took `took`.
@@ -831,6 +846,27 @@ fn from_cai(
 
 // ---- scalars ------------------------------------------------------------------------------
 
+/// An `int`'s value. Values that fit `i64` (all but the largest `u64` handles and scalars) are
+/// read with one `PyLong_AsLongLongAndOverflow` call; the others by pyo3's `i128` extraction,
+/// which under the stable ABI costs a shift and a temporary `int`.
+pub(crate) fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
+    if obj.cast::<PyInt>().is_ok() {
+        let mut overflow: std::os::raw::c_int = 0;
+        // SAFETY: `obj` is an `int`; `overflow` is a valid out-pointer. -1 with `overflow == 0`
+        // and an exception set is an error; with no exception it is the value -1.
+        let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj.as_ptr(), &mut overflow) };
+        if overflow == 0 {
+            if v == -1
+                && let Some(e) = PyErr::take(obj.py())
+            {
+                return Err(e);
+            }
+            return Ok(i128::from(v));
+        }
+    }
+    obj.extract()
+}
+
 fn int_range(ty: ScalarType) -> (i128, i128) {
     match ty {
         ScalarType::I8 => (i8::MIN.into(), i8::MAX.into()),
@@ -863,7 +899,7 @@ fn exact_scalar(obj: &Bound<'_, PyAny>, ty: ScalarType) -> Option<Scalar> {
             if !obj.is_exact_instance_of::<PyInt>() {
                 return None;
             }
-            let v: i128 = obj.extract().ok()?;
+            let v = int_value(obj).ok()?;
             let (lo, hi) = int_range(ty);
             if v < lo || v > hi {
                 return None;

@@ -225,10 +225,15 @@ def test_row9_dtype_mismatch(counters):
 
 
 def test_row10_numpy_host_memory_refused(counters):
+    # NumPy refuses any stream but None (RuntimeError); tile_py then asks __dlpack_device__ and
+    # refuses host memory without exporting it.
     a = np.arange(10, dtype=np.float32)
     before = sys.getrefcount(a)
-    with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu, but the launch stream is on cuda:0"):
+    with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu, but the launch stream is on cuda:0; .*ndarray.* is host memory") as ei:
         check([In("float32")], (a,))
+    assert ei.value.__cause__ is not None
+    assert counters["consumed"] == 0
+    del ei
     gc.collect()
     assert sys.getrefcount(a) == before  # NumPy's deleter ran: no reference kept
 
@@ -463,12 +468,94 @@ def test_stream_device_attribute_is_used(counters):
     assert p.deleted == 1
 
 
-def test_cpu_producer_gets_stream_none(counters):
+def test_cuda_producer_is_not_asked_its_device(counters):
+    # The launch stream is offered straight away: __dlpack_device__ is asked only when
+    # __dlpack__ raises (the device is read from the returned tensor).
+    class Counting(Producer):
+        device_calls = 0
+
+        def __dlpack_device__(self):
+            Counting.device_calls += 1
+            return self.device
+
+    p = Counting()
+    check([In("float32")], (p,))
+    assert p.calls == [{"stream": STREAM, "max_version": (1, 3)}]
+    assert Counting.device_calls == 0 and p.deleted == 1
+
+
+def test_cpu_producer_accepting_the_stream_is_refused_unconsumed(counters):
+    # A CPU producer that exports although it was given a stream: the device check refuses the
+    # tensor and the rollback gives it back (its capsule's destructor deletes it), unconsumed.
     p = Producer(device=(kDLCPU, 0))
-    with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu"):
+    with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu, but the launch stream is on cuda:0"):
         check([In("float32")], (p,))
-    assert p.calls == [{"stream": None, "max_version": (1, 3)}]
-    assert p.deleted == 1
+    assert p.calls == [{"stream": STREAM, "max_version": (1, 3)}]
+    assert p.deleted == 1 and counters["consumed"] == 0
+
+
+class StreamRefusingCpuProducer(Producer):
+    """A host producer as DLPack wants them (NumPy's behaviour): any stream but None raises."""
+
+    def __init__(self, **kw):
+        super().__init__(device=(kDLCPU, 0), **kw)
+        self.device_calls = 0
+
+    def __dlpack_device__(self):
+        self.device_calls += 1
+        return self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self.calls.append({"stream": stream, "max_version": max_version})
+        if stream is not None:
+            raise RuntimeError("only stream=None is supported")
+        return self._export()
+
+
+@pytest.mark.parametrize("sync, seen", [(True, STREAM), (False, -1)])
+def test_cpu_producer_refusing_the_stream_gets_the_host_error(counters, sync, seen):
+    p = StreamRefusingCpuProducer()
+    with pytest.raises(ValueError) as ei:
+        check([In("float32"), In("float32")], (Producer(), p), sync=sync)
+    msg = str(ei.value)
+    assert msg.startswith("argument 1: tensor is on cpu, but the launch stream is on cuda:0")
+    assert "StreamRefusingCpuProducer" in msg and "is host memory" in msg
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    # Offered the launch stream once (never stream=None), then asked its device; nothing was
+    # exported, so nothing was consumed or deleted.
+    assert p.calls == [{"stream": seen, "max_version": (1, 3)}]
+    assert p.device_calls == 1
+    assert p.counters == [] and counters["consumed"] == 0
+
+
+def test_raising_cuda_producer_error_propagates_after_the_device_question(counters):
+    class Boom(Producer):
+        device_calls = 0
+
+        def __dlpack_device__(self):
+            Boom.device_calls += 1
+            return self.device
+
+        def __dlpack__(self, **kw):
+            raise BufferError("cannot export")
+
+    with pytest.raises(BufferError, match="cannot export") as ei:
+        check([In("float32")], (Boom(),))
+    assert Boom.device_calls == 1
+    if sys.version_info >= (3, 11):
+        assert "while converting argument 0" in ei.value.__notes__
+
+
+def test_raising_producer_with_raising_device_keeps_its_own_error(counters):
+    class Both(Producer):
+        def __dlpack_device__(self):
+            raise RuntimeError("device unknown")
+
+        def __dlpack__(self, **kw):
+            raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError, match="export failed"):
+        check([In("float32")], (Both(),))
 
 
 def test_keyword_retry_stream_only_producer(counters):
