@@ -1,14 +1,14 @@
 //! Launch streams: parsing Python stream objects, and one cached tile-launch [`Stream`] (with
 //! its release queue) per `(device, handle)`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::{CUcontext, CUstream, CuResultExt};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt, PyTuple};
+use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
 use tile_launch::{Context, Stream};
 
 use crate::errors::{Kind, err, launch_err, show};
@@ -36,7 +36,7 @@ const HOW: &str = "pass the stream to launch on, e.g. torch.cuda.current_stream(
                    legacy default stream)";
 
 fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> PyResult<usize> {
-    let n: i128 = v.extract().map_err(|_| {
+    let n: i128 = crate::convert::int_value(v).map_err(|_| {
         err(
             Kind::Type,
             format!("{what} must be an int, got {}", show(v)),
@@ -74,9 +74,134 @@ thread_local! {
     static LAST: RefCell<Option<LastStream>> = const { RefCell::new(None) };
 }
 
-/// [`parse_stream`], answered from the per-thread cache when `obj` is the stream object this
-/// thread used last (no Python call, no attribute lookup). Int streams are not cached (parsing
-/// one is cheap). Returns the spec and, on a hit that `launch` completed before, the stream.
+/// A stream type whose handle and device can be read without the full parse.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fast {
+    /// Parse every new object in full.
+    No,
+    /// PyTorch's CUDA streams (`torch.cuda.Stream`, `ExternalStream`, subclasses that keep
+    /// torch's `__cuda_stream__`): the handle is the `cuda_stream` attribute (what torch's
+    /// `__cuda_stream__()` returns, without the Python call and the tuple) and the device the
+    /// `device_index` attribute (what `.device.index` says, without making a `torch.device`).
+    /// Both are C attributes of `torch._C._CudaStreamBase`.
+    Torch,
+}
+
+/// Per stream type: whether it is [`Fast`]. Holds the type, so its address is not reused
+/// while it is a key (here or in [`LAST_TYPE`]).
+static STREAM_TYPES: Mutex<Option<TypeMap>> = Mutex::new(None);
+type TypeMap = HashMap<usize, (Py<PyType>, Fast)>;
+
+thread_local! {
+    /// The last stream type this thread looked up in [`STREAM_TYPES`], and its answer.
+    static LAST_TYPE: Cell<(usize, Fast)> = const { Cell::new((0, Fast::No)) };
+    /// The last `(device, raw handle)` this thread resolved through the [`Fast`] path and its
+    /// cached [`Stream`] (the same `Stream` [`STREAMS`] holds for that key, which is never
+    /// removed): a second-level cache for stream objects that are new each call, as
+    /// `torch.cuda.current_stream()` returns. The key is read from the object each time, so a
+    /// handle that was freed and reused by a stream of another device misses.
+    static LAST_RESOLVED: RefCell<Option<((i32, usize), Stream)>> = const { RefCell::new(None) };
+}
+
+/// Whether `ty` is known, and if so whether it is [`Fast`].
+fn fast_kind(ty: &Bound<'_, PyType>) -> Option<Fast> {
+    let key = ty.as_ptr() as usize;
+    let (last, fast) = LAST_TYPE.with(Cell::get);
+    if last == key {
+        return Some(fast);
+    }
+    let fast = STREAM_TYPES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key).map(|e| e.1))?;
+    LAST_TYPE.with(|c| c.set((key, fast)));
+    Some(fast)
+}
+
+/// Whether `ty` is one of PyTorch's CUDA stream types: `torch._C._CudaStreamBase` is in its
+/// MRO, and its `__cuda_stream__`, if any, is torch's own (not overridden outside torch).
+fn is_torch_stream_type(ty: &Bound<'_, PyType>) -> bool {
+    let py = ty.py();
+    let named = |c: &Bound<'_, PyAny>, module: &str, name: &str| {
+        c.getattr(intern!(py, "__module__"))
+            .is_ok_and(|m| m.extract::<String>().is_ok_and(|m| m == module))
+            && c.getattr(intern!(py, "__name__"))
+                .is_ok_and(|n| n.extract::<String>().is_ok_and(|n| n == name))
+    };
+    let Ok(mro) = ty.getattr(intern!(py, "__mro__")) else {
+        return false;
+    };
+    let Ok(mro) = mro.cast_into::<PyTuple>() else {
+        return false;
+    };
+    if !mro.iter().any(|c| named(&c, "torch._C", "_CudaStreamBase")) {
+        return false;
+    }
+    match ty.getattr_opt(intern!(py, "__cuda_stream__")) {
+        Ok(None) => true,
+        Ok(Some(f)) => f
+            .getattr(intern!(py, "__module__"))
+            .is_ok_and(|m| m.extract::<String>().is_ok_and(|m| m.starts_with("torch."))),
+        Err(_) => false,
+    }
+}
+
+/// The handle and device of a [`Fast::Torch`] stream object, from its `cuda_stream` and
+/// `device_index` attributes; `None` when either is missing or out of range (then the object
+/// is parsed in full).
+fn torch_read(obj: &Bound<'_, PyAny>) -> Option<(usize, i32)> {
+    let py = obj.py();
+    let h = crate::convert::int_value(&obj.getattr(intern!(py, "cuda_stream")).ok()?).ok()?;
+    let d = crate::convert::int_value(&obj.getattr(intern!(py, "device_index")).ok()?).ok()?;
+    if !(0..=i128::from(u64::MAX)).contains(&h) || !(0..=i128::from(i32::MAX)).contains(&d) {
+        return None;
+    }
+    // 0 and 1 both name the legacy default stream, as in `handle_from_int`.
+    let raw = if h == 1 { 0 } else { h as usize };
+    Some((raw, d as i32))
+}
+
+/// Records whether the type of `obj` (just parsed in full into `spec`) is [`Fast`]: only when
+/// its type says so and the fast read of this object agrees with the full parse.
+fn learn_type(obj: &Bound<'_, PyAny>, spec: &StreamSpec) {
+    let ty = obj.get_type();
+    let fast = if is_torch_stream_type(&ty)
+        && spec.device.is_some()
+        && torch_read(obj) == spec.device.map(|d| (spec.raw, d))
+    {
+        Fast::Torch
+    } else {
+        Fast::No
+    };
+    let key = ty.as_ptr() as usize;
+    STREAM_TYPES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .entry(key)
+        .or_insert((ty.unbind(), fast));
+}
+
+/// Makes `obj` the stream object this thread used last (the identity cache).
+fn remember(obj: &Bound<'_, PyAny>, raw: usize, device: Option<i32>, stream: Option<Stream>) {
+    let entry = LastStream {
+        obj: obj.clone().unbind(),
+        raw,
+        device,
+        stream,
+    };
+    // The old entry (and its reference) is dropped after the borrow ends: its `Drop` may
+    // run Python code (a `__del__`) that launches again.
+    let old = LAST.with(|l| l.borrow_mut().replace(entry));
+    drop(old);
+}
+
+/// [`parse_stream`], answered from the per-thread caches: when `obj` is the stream object this
+/// thread used last (no Python call, no attribute lookup), or, for a [`Fast`] stream type, from
+/// two attribute reads, with the cached [`Stream`] when they name the `(device, handle)` this
+/// thread resolved last. Int streams are not cached (parsing one is cheap). Returns the spec
+/// and, when a cache knows it, the stream.
 pub(crate) fn parse_stream_cached(
     obj: &Bound<'_, PyAny>,
 ) -> PyResult<(StreamSpec, Option<Stream>)> {
@@ -94,30 +219,47 @@ pub(crate) fn parse_stream_cached(
         };
         return Ok((spec, stream));
     }
+    let known = if obj.cast::<PyInt>().is_ok() {
+        Some(Fast::No)
+    } else {
+        fast_kind(&obj.get_type())
+    };
+    if known == Some(Fast::Torch)
+        && let Some((raw, device)) = torch_read(obj)
+    {
+        let stream = LAST_RESOLVED.with(|r| {
+            r.borrow()
+                .as_ref()
+                .filter(|(key, _)| *key == (device, raw))
+                .map(|(_, s)| s.clone())
+        });
+        remember(obj, raw, Some(device), stream.clone());
+        let spec = StreamSpec {
+            raw,
+            device: Some(device),
+            owner: Some(obj.clone().unbind()),
+        };
+        return Ok((spec, stream));
+    }
     let spec = parse_stream(obj)?;
     if spec.owner.is_some() {
-        let entry = LastStream {
-            obj: obj.clone().unbind(),
-            raw: spec.raw,
-            device: spec.device,
-            stream: None,
-        };
-        // The old entry (and its reference) is dropped after the borrow ends: its `Drop` may
-        // run Python code (a `__del__`) that launches again.
-        let old = LAST.with(|l| l.borrow_mut().replace(entry));
-        drop(old);
+        if known.is_none() {
+            learn_type(obj, &spec);
+        }
+        remember(obj, spec.raw, spec.device, None);
     }
     Ok((spec, None))
 }
 
-/// [`get`], remembering the stream in the per-thread cache when `obj` is the object
-/// [`parse_stream_cached`] cached.
+/// [`get`], remembering the stream in the per-thread caches: for `obj` when it is the object
+/// [`parse_stream_cached`] cached, and by `(device, handle)` for a [`Fast`] stream type.
 pub(crate) fn get_and_cache(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
     spec: StreamSpec,
 ) -> PyResult<Stream> {
     let cacheable = spec.owner.is_some();
+    let key = spec.device.map(|d| (d, spec.raw));
     let s = get(py, spec)?;
     if cacheable {
         LAST.with(|l| {
@@ -127,6 +269,12 @@ pub(crate) fn get_and_cache(
                 e.stream = Some(s.clone());
             }
         });
+        if let Some(key) = key
+            && fast_kind(&obj.get_type()) == Some(Fast::Torch)
+        {
+            let old = LAST_RESOLVED.with(|r| r.borrow_mut().replace((key, s.clone())));
+            drop(old);
+        }
     }
     Ok(s)
 }

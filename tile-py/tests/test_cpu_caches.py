@@ -9,6 +9,7 @@ import pytest
 import tile_py
 from tile_py import In, Scalar
 from dlpack_ctypes import Producer, kDLCUDA, make_exchange_producer_type
+import fake_torch_stream as fts
 
 
 def check(params, args, **kw):
@@ -63,6 +64,57 @@ def test_alternating_stream_objects_and_ints():
         p = Producer()
         check([In("float32")], (p,), stream=s)
         assert p.calls[0]["stream"] == seen
+
+
+# ---- torch stream types: a new object per call (torch.cuda.current_stream()) ---------------------
+
+
+def _seen(stream, device=0):
+    p = Producer(device=(kDLCUDA, device))
+    check([In("float32")], (p,), stream=stream)
+    assert p.deleted == 1
+    return p.calls[0]["stream"]
+
+
+def test_torch_stream_objects_are_read_from_two_attributes():
+    _seen(fts.TorchLikeStream(0xD000, 0))  # the type is learnt (parsed in full once)
+    fts.reset()
+    for _ in range(4):
+        assert _seen(fts.TorchLikeStream(0xD000, 0)) == 0xD000
+    # Each new object: its handle and device attributes, no __cuda_stream__() call, no
+    # torch.device made.
+    assert fts.READS == {"cuda_stream": 4, "device_index": 4, "__cuda_stream__": 0, "device": 0}
+
+
+@pytest.mark.parametrize("handle, seen", [(0, 1), (1, 1), (2, 2), (0xD100, 0xD100)])
+def test_torch_stream_handle_values(handle, seen):
+    _seen(fts.TorchLikeStream(0xD000, 0))
+    assert _seen(fts.TorchLikeStream(handle, 0)) == seen  # the legacy default stream is 1, never 0
+
+
+def test_torch_stream_same_handle_other_device():
+    # A handle freed and reused by a stream of another device: the device is read every time.
+    assert _seen(fts.TorchLikeStream(0xD200, 0), device=0) == 0xD200
+    assert _seen(fts.TorchLikeStream(0xD200, 1), device=1) == 0xD200
+    p = Producer(device=(kDLCUDA, 0))
+    with pytest.raises(ValueError, match=r"tensor is on cuda:0, but the launch stream is on cuda:1"):
+        check([In("float32")], (p,), stream=fts.TorchLikeStream(0xD200, 1))
+
+
+def test_torch_stream_sync_false_sends_minus_one():
+    s = fts.TorchLikeStream(0xD300, 0)
+    p = Producer()
+    check([In("float32")], (p,), stream=s, sync=False)
+    p2 = Producer()
+    check([In("float32")], (p2,), stream=fts.TorchLikeStream(0xD300, 0), sync=False)
+    assert p.calls[0]["stream"] == p2.calls[0]["stream"] == -1
+
+
+def test_subclass_overriding_cuda_stream_is_parsed_in_full():
+    for i in range(3):
+        fts.reset()
+        assert _seen(fts.OverridingStream(0xE000, 0)) == 0xE010  # its own __cuda_stream__
+        assert fts.READS["__cuda_stream__"] == 1
 
 
 def test_cached_stream_object_sync_false_still_sends_minus_one():
