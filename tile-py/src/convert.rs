@@ -183,7 +183,7 @@ fn convert_tensor(
     if let Ok(cap) = obj.cast::<PyCapsule>() {
         return claim_capsule(py, index, cap.as_any());
     }
-    if let Some(api) = exchange_api(py, &obj.get_type())? {
+    if let Some(api) = exchange_api(py, obj) {
         return from_exchange_api(py, index, obj, api, hs);
     }
     if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
@@ -511,15 +511,17 @@ thread_local! {
     static LAST_API: Cell<(usize, Option<ApiPtr>)> = const { Cell::new((0, None)) };
 }
 
-fn exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> PyResult<Option<ApiPtr>> {
-    let key = ty.as_ptr() as usize;
+/// The exchange API of `obj`'s type; the common case (the same type as this thread's last) is
+/// a pointer compare, without touching the type's reference count.
+fn exchange_api(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<ApiPtr> {
+    let key = obj.get_type_ptr() as usize;
     let (last, api) = LAST_API.with(Cell::get);
     if last == key {
-        return Ok(api);
+        return api;
     }
-    let api = exchange_api_slow(py, ty);
+    let api = exchange_api_slow(py, &obj.get_type());
     LAST_API.with(|c| c.set((key, api)));
-    Ok(api)
+    api
 }
 
 fn exchange_api_slow(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {

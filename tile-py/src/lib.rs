@@ -278,7 +278,6 @@ fn launch(
             args,
             |index, used| {
                 consumed[index] = true;
-                COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
                 Guard::Owner(Box::new(PyGuard::tensor(used)))
             },
             owner_guards,
@@ -298,6 +297,11 @@ fn launch(
     } else {
         go(consumed.as_mut_slice())
     };
+    // Counted once per launch rather than once per tensor (one atomic add).
+    let taken = consumed.iter().filter(|&&c| c).count() as u64;
+    if taken > 0 {
+        COUNTERS.consumed.fetch_add(taken, Ordering::Relaxed);
+    }
     let r = match r {
         Ok(h) => {
             COUNTERS.launches_issued.fetch_add(1, Ordering::Relaxed);

@@ -215,7 +215,8 @@ pub(crate) fn parse_stream_cached(
         let spec = StreamSpec {
             raw,
             device,
-            owner: Some(obj.clone().unbind()),
+            // Needed only to make the `Stream`; a hit that knows it skips the reference.
+            owner: stream.is_none().then(|| obj.clone().unbind()),
         };
         return Ok((spec, stream));
     }
