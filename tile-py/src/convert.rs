@@ -126,7 +126,69 @@ pub(crate) fn convert_args(
         claims: SmallVec::new(),
         owners: Vec::new(),
     };
+    // A panic while converting (a bug in tile-py or a dependency) must not skip the rollback:
+    // it would leave earlier capsules renamed `used_*` forever and leak owned tensors. It is
+    // caught here, everything claimed so far is rolled back, and it becomes a `RuntimeError`.
+    // `catch_unwind` costs nothing unless a panic happens.
+    let mut at = 0usize;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        convert_each(py, params, args, hs, &mut out, &mut at)
+    }));
+    let e = match r {
+        Ok(Ok(())) => return Ok(out),
+        Ok(Err(e)) => noted(py, e, at),
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            arg_err(
+                Kind::Runtime,
+                at,
+                format!("internal error in tile_py while converting it (a bug): {what}"),
+            )
+        }
+    };
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = out;
+    drop(args);
+    Converted::rollback(claims, owners, &[]);
+    crate::release::drain(py);
+    Err(e)
+}
+
+/// `e` with the note `while converting argument {index}`, unless it already names the argument
+/// (its message starts with `argument {index}:`, or it has that note). Error path only.
+fn noted(py: Python<'_>, e: PyErr, index: usize) -> PyErr {
+    let note = format!("while converting argument {index}");
+    let value = e.value(py);
+    let named = value
+        .str()
+        .is_ok_and(|m| m.to_string().starts_with(&format!("argument {index}:")))
+        || value
+            .getattr("__notes__")
+            .ok()
+            .and_then(|n| n.extract::<Vec<String>>().ok())
+            .is_some_and(|n| n.contains(&note));
+    if named { e } else { with_note(py, e, note) }
+}
+
+/// The loop of [`convert_args`]: converts each argument into `out`; `at` is the index being
+/// converted (for the error). Returns at the first error, leaving the rollback to the caller.
+fn convert_each(
+    py: Python<'_>,
+    params: &[Param],
+    args: &[Bound<'_, PyAny>],
+    hs: &Handshake,
+    out: &mut Converted,
+    at: &mut usize,
+) -> PyResult<()> {
     for (index, (obj, param)) in args.iter().zip(params).enumerate() {
+        *at = index;
         let r = match param {
             Param::Scalar(ty) => convert_scalar(index, obj, *ty).map(|s| {
                 out.args.push(Arg::Scalar(s));
@@ -147,19 +209,9 @@ pub(crate) fn convert_args(
                 }
             }),
         };
-        if let Err(e) = r {
-            let Converted {
-                args,
-                claims,
-                owners,
-            } = out;
-            drop(args);
-            Converted::rollback(claims, owners, &[]);
-            crate::release::drain(py);
-            return Err(e);
-        }
+        r?;
     }
-    Ok(out)
+    Ok(())
 }
 
 struct Tensor {
@@ -303,17 +355,34 @@ fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &'static CSt
 
 // ---- __dlpack__ handshake -----------------------------------------------------------------
 
+/// Whether `e` is the `TypeError` CPython (or a C / Cython / PyO3 method) raises when a call's
+/// arguments do not bind: an unexpected keyword, keywords to a method that takes none,
+/// positional-only parameters passed by keyword, too many positional arguments. Any other
+/// `TypeError` is the producer's own and is not retried.
 fn is_keyword_type_error(py: Python<'_>, e: &PyErr) -> bool {
-    e.is_instance_of::<PyTypeError>(py) && e.value(py).to_string().contains("keyword")
+    if !e.is_instance_of::<PyTypeError>(py) {
+        return false;
+    }
+    let m = e.value(py).to_string();
+    [
+        "unexpected keyword",
+        "takes no keyword",
+        "positional",
+        "takes no arguments",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
 }
 
-/// Which keywords a producer type's `__dlpack__` took last time.
+/// The ways `__dlpack__` is called, most keywords first.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Keywords {
     /// `stream=..., max_version=(1, 3)`.
     StreamAndVersion,
     /// `stream=...` only (DLPack before 1.0).
     Stream,
+    /// `__dlpack__(stream)`, for a positional-only `stream` parameter.
+    Positional,
     /// None: the legacy `__dlpack__()`.
     Legacy,
 }
@@ -322,81 +391,19 @@ impl Keywords {
     fn fewer(self) -> Option<Keywords> {
         match self {
             Keywords::StreamAndVersion => Some(Keywords::Stream),
-            Keywords::Stream => Some(Keywords::Legacy),
+            Keywords::Stream => Some(Keywords::Positional),
+            Keywords::Positional => Some(Keywords::Legacy),
             Keywords::Legacy => None,
         }
     }
 }
 
-/// Per producer type: the keywords its `__dlpack__` took the first time, to start with next
-/// time, so that a `TypeError` and the retry happen once per type, not once per call. A type
-/// whose instances differ (one took fewer or more keywords than the type's entry says) is marked
-/// `mixed`, and every call then starts with all keywords again, so an instance that takes
-/// `max_version` always gets the chance to say so (a versioned capsule carries the read-only
-/// flag). Holds the type so its address is not reused.
-struct KeywordEntry {
-    _ty: Py<PyType>,
-    start: Keywords,
-    mixed: bool,
-}
-static DLPACK_KEYWORDS: Mutex<Option<HashMap<usize, KeywordEntry>>> = Mutex::new(None);
-
-thread_local! {
-    /// The last producer type this thread found in [`DLPACK_KEYWORDS`] starting with all
-    /// keywords: a pointer compare answers the common case without the lock. Only such a type
-    /// is remembered, since its answer cannot change (a `mixed` type starts with all keywords
-    /// too); the map holds the type, so its address is not reused.
-    static LAST_ALL_KEYWORDS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The keywords to start with for type `ty`, and whether the type has an entry.
-fn start_keywords(ty: usize) -> (Keywords, bool) {
-    if LAST_ALL_KEYWORDS.with(Cell::get) == ty {
-        return (Keywords::StreamAndVersion, true);
-    }
-    let r = DLPACK_KEYWORDS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .and_then(|m| m.get(&ty))
-        .map_or((Keywords::StreamAndVersion, false), |e| {
-            if e.mixed {
-                (Keywords::StreamAndVersion, true)
-            } else {
-                (e.start, true)
-            }
-        });
-    if r == (Keywords::StreamAndVersion, true) {
-        LAST_ALL_KEYWORDS.with(|c| c.set(ty));
-    }
-    r
-}
-
-/// Records that an instance of `ty` took `took`.
-fn note_keywords(ty: &Bound<'_, PyType>, took: Keywords) {
-    let key = ty.as_ptr() as usize;
-    let mut g = DLPACK_KEYWORDS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = g.get_or_insert_with(HashMap::new);
-    match map.get_mut(&key) {
-        // Instances of this type differ: always start from all keywords.
-        Some(e) if took != e.start => e.mixed = true,
-        Some(_) => {}
-        None => {
-            map.insert(
-                key,
-                KeywordEntry {
-                    _ty: ty.clone().unbind(),
-                    start: took,
-                    mixed: false,
-                },
-            );
-        }
-    }
-}
-
 /// `obj.__dlpack__(stream=..., max_version=(1, 3))` (`method` is `obj.__dlpack__`), retried
-/// with fewer keywords when the producer does not accept them, then as the legacy
-/// `__dlpack__()`. The keywords a type took are remembered ([`DLPACK_KEYWORDS`]).
+/// with fewer keywords when the producer does not accept them (`stream=` alone, then the stream
+/// positionally, then the legacy `__dlpack__()`). Every call starts with all keywords: what one
+/// instance accepted says nothing about the next (a wrapper type forwards to objects of any
+/// age), and a producer never offered `max_version` returns a legacy capsule without the
+/// read-only flag. The common case, a producer that takes all keywords, is one call.
 ///
 /// The launch stream is offered first, without asking `__dlpack_device__()` (a Python call per
 /// tensor on the hot path): the consumer reads the device from the returned tensor anyway. A
@@ -414,12 +421,11 @@ fn call_dlpack<'py>(
     hs: &Handshake,
 ) -> PyResult<Bound<'py, PyAny>> {
     static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
-    let ty = obj.get_type();
-    let (started, known) = start_keywords(ty.as_ptr() as usize);
-    let mut kw = started;
+    let mut kw = Keywords::StreamAndVersion;
     let r = loop {
         let r = match kw {
             Keywords::Legacy => method.call0(),
+            Keywords::Positional => method.call1((hs.dlpack_stream,)),
             _ => {
                 let kwargs = PyDict::new(py);
                 kwargs.set_item(intern!(py, "stream"), hs.dlpack_stream)?;
@@ -441,9 +447,6 @@ fn call_dlpack<'py>(
         Ok(cap) => cap,
         Err(e) => return Err(host_or(py, index, obj, hs, e)),
     };
-    if !known || kw != started {
-        note_keywords(&ty, kw);
-    }
     if cap.cast::<PyCapsule>().is_err() {
         return Err(arg_err(
             Kind::Type,
@@ -584,8 +587,15 @@ fn from_exchange_api(
             (*api.0).current_work_stream,
         )
     };
+    // Checked when the table was cached; a producer that cleared an entry since gets an error
+    // (before anything is exported), not a panic.
     let (Some(from_obj), Some(current_stream)) = (from_obj, current_stream) else {
-        unreachable!("checked in lookup_exchange_api")
+        return Err(arg_err(
+            Kind::Buffer,
+            index,
+            "the producer's DLPack exchange API table lost an entry after it was first read \
+             (managed_tensor_from_py_object_no_sync or current_work_stream is now null)",
+        ));
     };
     let mut out: *mut DLManagedTensorVersioned = std::ptr::null_mut();
     // SAFETY: `obj` is an instance of the type the table came from; `out` is a valid out
@@ -663,11 +673,16 @@ fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
             format!("unsupported __cuda_array_interface__ typestr {s:?}"),
         )
     };
+    // Byte-wise: a typestr is ASCII; anything else (a multi-byte character included) is refused
+    // here rather than sliced.
     let b = s.as_bytes();
-    if b.len() < 3 || b[0] == b'>' {
+    if b.len() < 3 || b[0] == b'>' || !b.is_ascii() {
         return Err(bad());
     }
-    let size: u32 = s[2..].parse().map_err(|_| bad())?;
+    let size: u32 = std::str::from_utf8(&b[2..])
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(bad)?;
     Ok(match (b[1], size) {
         (b'b', 1) => DType::BOOL,
         (b'i', 1) => DType::I8,
@@ -727,13 +742,32 @@ fn from_cai(
             format!("__cuda_array_interface__: {what}"),
         )
     };
+    // A field that does not extract: `kind` with `what`, or OverflowError when the cause is an
+    // integer that does not fit (row 7); the extraction error is the cause.
+    let bad_field = |kind: Kind, what: String, e: PyErr| {
+        let kind = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            Kind::Overflow
+        } else {
+            kind
+        };
+        let r = arg_err(kind, index, format!("__cuda_array_interface__: {what}"));
+        r.set_cause(py, Some(e));
+        r
+    };
     let cai = obj.getattr(intern!(py, "__cuda_array_interface__"))?;
     let cai = cai
         .cast::<PyDict>()
         .map_err(|_| bad(format!("expected a dict, got {}", show(&cai))))?;
     let get = |k: &str| cai.get_item(k);
     let version: i64 = match get("version")? {
-        Some(v) => v.extract()?,
+        Some(v) => v.extract().map_err(|e| {
+            let r = bad(format!(
+                "unsupported version {} (2 or 3 expected)",
+                show(&v)
+            ));
+            r.set_cause(py, Some(e));
+            r
+        })?,
         None => return Err(bad("no 'version' entry".into())),
     };
     if !(2..=3).contains(&version) {
@@ -744,15 +778,32 @@ fn from_cai(
     let shape: Vec<i64> = get("shape")?
         .ok_or_else(|| bad("no 'shape' entry".into()))?
         .extract()
-        .map_err(|_| bad("'shape' must be a tuple of ints".into()))?;
-    let typestr: String = get("typestr")?
-        .ok_or_else(|| bad("no 'typestr' entry".into()))?
-        .extract()?;
+        .map_err(|e| {
+            bad_field(
+                Kind::Value,
+                "'shape' must be a tuple of ints, each below 2**63".into(),
+                e,
+            )
+        })?;
+    let typestr = get("typestr")?.ok_or_else(|| bad("no 'typestr' entry".into()))?;
+    let typestr: String = typestr.extract().map_err(|e| {
+        bad_field(
+            Kind::Type,
+            format!("'typestr' must be a str, got {}", show(&typestr)),
+            e,
+        )
+    })?;
     let dtype = parse_typestr(index, &typestr)?;
     let (data, readonly): (u64, bool) = get("data")?
         .ok_or_else(|| bad("no 'data' entry".into()))?
         .extract()
-        .map_err(|_| bad("'data' must be a (pointer, read_only) tuple".into()))?;
+        .map_err(|e| {
+            bad_field(
+                Kind::Value,
+                "'data' must be a (pointer, read_only) tuple".into(),
+                e,
+            )
+        })?;
     if let Some(mask) = get("mask")?
         && !mask.is_none()
     {
@@ -761,9 +812,13 @@ fn from_cai(
     let itemsize = dtype.itemsize() as i64;
     let strides: Vec<i64> = match get("strides")? {
         Some(s) if !s.is_none() => {
-            let bytes: Vec<i64> = s
-                .extract()
-                .map_err(|_| bad("'strides' must be None or a tuple of ints".into()))?;
+            let bytes: Vec<i64> = s.extract().map_err(|e| {
+                bad_field(
+                    Kind::Value,
+                    "'strides' must be None or a tuple of ints, each in -2**63..2**63".into(),
+                    e,
+                )
+            })?;
             if bytes.len() != shape.len() {
                 return Err(bad(format!(
                     "{} strides for {} dimensions",
@@ -980,9 +1035,17 @@ fn convert_scalar(index: usize, obj: &Bound<'_, PyAny>, ty: ScalarType) -> PyRes
             }
             let i = match obj.cast::<PyInt>() {
                 Ok(i) => i.clone().into_any(),
-                Err(_) => match obj.call_method0(intern!(py, "__index__")) {
+                // `operator.index`: refuses an `__index__` that returns a non-int (TypeError).
+                // SAFETY: `obj` is a live object; a new reference or null with an exception.
+                Err(_) => match unsafe {
+                    Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr()))
+                } {
                     Ok(i) => i,
-                    Err(_) => return Err(wrong("an integer")),
+                    Err(e) => {
+                        let w = wrong("an integer");
+                        w.set_cause(py, Some(e));
+                        return Err(w);
+                    }
                 },
             };
             let (lo, hi) = int_range(ty);
@@ -1012,6 +1075,16 @@ fn convert_scalar(index: usize, obj: &Bound<'_, PyAny>, ty: ScalarType) -> PyRes
 const GRID_MAX: [u64; 3] = [(1 << 31) - 1, 65_535, 65_535];
 const BLOCK_MAX: [u64; 3] = [1024, 1024, 64];
 const BLOCK_THREADS_MAX: u64 = 1024;
+
+/// Whether the Python int `v` is below zero (for values beyond `i128`). Error path only.
+fn is_negative(v: &Bound<'_, PyAny>) -> bool {
+    v.lt(0).unwrap_or(false)
+}
+
+/// The decimal text of the Python int `v` (its `str`). Error path only.
+fn int_text(v: &Bound<'_, PyAny>) -> String {
+    v.str().map(|s| s.to_string()).unwrap_or_else(|_| show(v))
+}
 
 fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> PyResult<Dim3> {
     // The common case, an exact int in range: no tuple, no allocation.
@@ -1062,17 +1135,31 @@ fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> PyResult<Dim
                 format!("{what}[{i}] must be an int, got {}", show(item)),
             ));
         }
-        let v: i128 = item.extract().unwrap_or(i128::MAX);
+        // Beyond i128, only the sign matters; the message quotes the Python value itself.
+        let v: i128 = item.extract().unwrap_or_else(|_| {
+            if is_negative(item) {
+                i128::MIN
+            } else {
+                i128::MAX
+            }
+        });
         if v < 1 {
             return Err(err(
                 Kind::Value,
-                format!("{what}[{i}] is {v}; every dimension must be at least 1"),
+                format!(
+                    "{what}[{i}] is {}; every dimension must be at least 1",
+                    int_text(item)
+                ),
             ));
         }
         if v > i128::from(max[i]) {
             return Err(err(
                 Kind::Value,
-                format!("{what}[{i}] is {v}, above the limit {}", max[i]),
+                format!(
+                    "{what}[{i}] is {}, above the limit {}",
+                    int_text(item),
+                    max[i]
+                ),
             ));
         }
         dims[i] = v as u32;
@@ -1115,15 +1202,31 @@ pub(crate) fn parse_config(
                     ),
                 ));
             }
-            shared_mem.extract().unwrap_or(i128::MAX)
+            let sm: i128 = shared_mem.extract().unwrap_or_else(|_| {
+                if is_negative(shared_mem) {
+                    i128::MIN
+                } else {
+                    i128::MAX
+                }
+            });
+            if sm < 0 || sm > i128::from(u32::MAX) {
+                let side = if sm < 0 {
+                    "below the minimum 0"
+                } else {
+                    "above the limit"
+                };
+                return Err(err(
+                    Kind::Value,
+                    format!(
+                        "shared_mem is {} bytes, {side} (0..={})",
+                        int_text(shared_mem),
+                        u32::MAX
+                    ),
+                ));
+            }
+            sm
         }
     };
-    if sm < 0 || sm > i128::from(u32::MAX) {
-        return Err(err(
-            Kind::Value,
-            format!("shared_mem is {sm} bytes, outside 0..={}", u32::MAX),
-        ));
-    }
     let cluster = match cluster {
         Some(c) if !c.is_none() => Some(parse_dims("cluster", c, [u64::from(u32::MAX); 3])?),
         _ => None,

@@ -33,6 +33,8 @@ pub(crate) enum Kind {
     Value,
     Overflow,
     Buffer,
+    /// An internal error (a caught panic): `RuntimeError`.
+    Runtime,
 }
 
 /// Builds the exception for one of tile-py's own checks.
@@ -43,6 +45,7 @@ pub(crate) fn err(kind: Kind, msg: impl Into<String>) -> PyErr {
         Kind::Value => PyValueError::new_err(msg),
         Kind::Overflow => PyOverflowError::new_err(msg),
         Kind::Buffer => PyBufferError::new_err(msg),
+        Kind::Runtime => PyRuntimeError::new_err(msg),
     }
 }
 

@@ -11,8 +11,9 @@
 //!   claimed capsule gets its name back and every tensor tile-py already owned is released:
 //!   nothing is lost, nothing is launched.
 //! - **The stream handshake.** Producers are always told the launch stream:
-//!   `__dlpack__(stream=<handle>, max_version=(1, 3))`, retried with fewer keywords when the
-//!   producer rejects a keyword, then as `__dlpack__()`. The legacy default stream is sent as 1,
+//!   `__dlpack__(stream=<handle>, max_version=(1, 3))`, retried (per call, never cached per
+//!   type) with fewer keywords when the call's arguments do not bind, then with the stream
+//!   positionally, then as `__dlpack__()`. Handles must be below 2**63. The legacy default stream is sent as 1,
 //!   never 0; -1 only when the caller passes `sync=False`. Producers whose type has the DLPack C
 //!   exchange API (`__dlpack_c_exchange_api__`) are converted through it, and the launch stream
 //!   waits on the producer's current stream when the two differ.
@@ -531,7 +532,14 @@ fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 #[pyo3(signature = (timeout = 5.0))]
 fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs_f64(timeout.max(0.0));
+    if timeout.is_nan() {
+        return Err(err(Kind::Value, "timeout is nan; seconds expected"));
+    }
+    // Negative is 0; a timeout too large for `Duration` / `Instant` (inf included) has no
+    // deadline: wait until the work is done.
+    let deadline = std::time::Duration::try_from_secs_f64(timeout.max(0.0))
+        .ok()
+        .and_then(|d| std::time::Instant::now().checked_add(d));
     loop {
         let streams = SameThread(streams::all());
         let busy = py.detach(move || {
@@ -547,7 +555,7 @@ fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
                 .sum::<usize>()
         });
         drain(py);
-        if busy == 0 || std::time::Instant::now() >= deadline {
+        if busy == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             break;
         }
         py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));

@@ -27,6 +27,7 @@ impl StreamSpec {
     /// The value passed to producers as `__dlpack__(stream=...)`: the handle, 1 for the legacy
     /// default stream (never 0), 2 for the per-thread default stream.
     pub(crate) fn dlpack_value(&self) -> i64 {
+        // `raw` is at most `i64::MAX` (checked in `handle_from_int` and `torch_read`).
         if self.raw == 0 { 1 } else { self.raw as i64 }
     }
 }
@@ -48,10 +49,12 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
             format!("stream 0 is ambiguous (DLPack disallows it); {HOW}"),
         ));
     }
-    if n < 0 || n > i128::from(u64::MAX) {
+    // Handles go to producers as a signed 64-bit `stream=` value, where -1 means "no
+    // synchronisation": a handle of 2**63 or more would arrive negative, so it is refused.
+    if n < 0 || n > i128::from(i64::MAX) {
         return Err(err(
             Kind::Value,
-            format!("stream handle {n} is not a valid CUstream; {HOW}"),
+            format!("stream handle {n} is not a valid CUstream (0 to 2**63-1 expected); {HOW}"),
         ));
     }
     // 0 and 1 both name the legacy default stream.
@@ -154,7 +157,7 @@ fn torch_read(obj: &Bound<'_, PyAny>) -> Option<(usize, i32)> {
     let py = obj.py();
     let h = crate::convert::int_value(&obj.getattr(intern!(py, "cuda_stream")).ok()?).ok()?;
     let d = crate::convert::int_value(&obj.getattr(intern!(py, "device_index")).ok()?).ok()?;
-    if !(0..=i128::from(u64::MAX)).contains(&h) || !(0..=i128::from(i32::MAX)).contains(&d) {
+    if !(0..=i128::from(i64::MAX)).contains(&h) || !(0..=i128::from(i32::MAX)).contains(&d) {
         return None;
     }
     // 0 and 1 both name the legacy default stream, as in `handle_from_int`.
@@ -302,7 +305,17 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
             owner: None,
         });
     }
-    let raw = if let Ok(attr) = obj.getattr(intern!(py, "__cuda_stream__")) {
+    let attr = obj
+        .getattr_opt(intern!(py, "__cuda_stream__"))
+        .map_err(|e| {
+            let r = err(
+                Kind::Type,
+                format!("reading __cuda_stream__ of stream {} raised", show(obj)),
+            );
+            r.set_cause(py, Some(e));
+            r
+        })?;
+    let raw = if let Some(attr) = attr {
         let v = if attr.is_callable() {
             attr.call0()?
         } else {
