@@ -156,7 +156,11 @@ impl Timeline for CudaTimeline {
         let mut saved: cuda_sys::CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
         let saved_ok = unsafe { (d.cuCtxGetCurrent)(&mut saved) }.check("cuCtxGetCurrent");
-        let _restore = RestoreContext { d, saved, active: saved_ok.is_ok() };
+        let _restore = RestoreContext {
+            d,
+            saved,
+            active: saved_ok.is_ok(),
+        };
         let mut ran = false;
         let relaxed = crate::capture::relaxed(self.d, || {
             ran = true;
