@@ -32,7 +32,7 @@
 //! # Layering
 //!
 //! Depends on `cuda-sys` (raw driver API), `tile-dlpack` (ownership states and validation),
-//! `thiserror` and `log`; optionally `cudarc` (features `cudarc`, `nvrtc`). It knows nothing of
+//! `thiserror`, `log` and `smallvec`; optionally `cudarc` (features `cudarc`, `nvrtc`). It knows nothing of
 //! Python. The release queue ([`release`]) is written against the [`release::Timeline`] trait so
 //! that it is tested on the CPU with a manual-completion fake.
 //!

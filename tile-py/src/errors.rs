@@ -19,7 +19,7 @@ use tile_dlpack::DescriptorError;
 use tile_launch::Error;
 
 create_exception!(
-    _tile_py,
+    tile_py,
     CudaError,
     PyRuntimeError,
     "A CUDA driver call failed, or the driver could not be loaded. `.name` is the driver's \

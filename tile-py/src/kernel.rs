@@ -154,6 +154,7 @@ pub(crate) fn inout(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
 
 /// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.
 #[pyfunction(name = "Scalar")]
+#[pyo3(signature = (ty, /))]
 pub(crate) fn scalar(ty: &Bound<'_, PyAny>) -> PyResult<PyParam> {
     Ok(PyParam {
         inner: Param::scalar(parse_scalar_type(ty)?),

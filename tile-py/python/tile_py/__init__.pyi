@@ -25,7 +25,7 @@ def Out(dtype: DTypeLike) -> Param:
 def InOut(dtype: DTypeLike) -> Param:
     """A tensor the kernel reads and writes."""
 
-def Scalar(type: str) -> Param:
+def Scalar(ty: str, /) -> Param:
     """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
 
 class Kernel:
@@ -72,7 +72,7 @@ def launch(
     args: Sequence[Any],
     *,
     block: Dims,
-    shared_mem: int = 0,
+    shared_mem: Optional[int] = None,
     cluster: Optional[Dims] = None,
     cooperative: bool = False,
     programmatic_dependent_launch: bool = False,
