@@ -86,3 +86,32 @@ def test_interpreter_exit_after_use_is_clean():
     assert r.returncode == 0, r.stderr
     assert "leaked 0" in r.stdout
     assert "leaked at exit" not in r.stderr
+
+
+def test_deleter_that_raises_is_reported_and_later_deleters_still_run(monkeypatch):
+    import dlpack_ctypes as dc
+
+    cap1, _ = dc.make_capsule()
+    cap2, c2 = dc.make_capsule()
+    import ctypes
+
+    get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi)
+    )
+    ptr = get_pointer(cap1, b"dltensor_versioned")
+    calls = []
+
+    def raising(_ptr):
+        calls.append(1)
+        raise RuntimeError("deleter failed")
+
+    raising_cb = dc.DELETER(raising)
+    dc._LIVE[ptr][0].deleter = raising_cb
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u))
+    # Consumes both capsules, then releases them (nothing is launched without a device).
+    tile_py._check_args([In("float32"), In("float32")], (cap1, cap2), stream=0x1234)
+    assert calls == [1], "the raising deleter ran exactly once"
+    assert c2.calls == 1, "the deleter after it still ran"
+    assert len(seen) == 1 and "deleter failed" in str(seen[0].exc_value)
+    del raising_cb
