@@ -49,8 +49,6 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::mem::{self, ManuallyDrop};
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, OnceLock};
 
 use cuda_sys::{
@@ -62,6 +60,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::launch::Guard;
 use crate::stream::Stream;
+use crate::sync::{AtomicU64, Ordering, Receiver, Sender, channel};
 
 /// Counters of a [`GraphReleaser`]. Totals count since it was created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -123,30 +122,26 @@ impl<G: Send + 'static> GraphReleaser<G> {
     ///
     /// [`Error::Module`] if the thread cannot be spawned.
     pub fn new(name: &str) -> Result<Self> {
-        let (tx, rx) = channel::<Vec<G>>();
-        let counters = Arc::new(Counters::default());
-        let c = Arc::clone(&counters);
+        let (releaser, receiver) = Self::unstarted();
         std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || {
-                for guards in rx {
-                    let mut panics = 0u64;
-                    let n = guards.len() as u64;
-                    for guard in guards {
-                        if panic::catch_unwind(AssertUnwindSafe(move || drop(guard))).is_err() {
-                            panics += 1;
-                            log::error!(
-                                "tile-launch graph release: a guard's drop (a tensor's deleter) \
-                                 panicked"
-                            );
-                        }
-                    }
-                    c.released.fetch_add(n, Ordering::SeqCst);
-                    c.release_panics.fetch_add(panics, Ordering::SeqCst);
-                }
-            })
+            .spawn(move || while receiver.release_next() {})
             .map_err(|e| Error::Module(format!("cannot start the graph release thread: {e}")))?;
-        Ok(Self { tx, counters })
+        Ok(releaser)
+    }
+
+    /// A releaser whose release-thread side is returned instead of run on a thread of its own:
+    /// whoever holds the [`ReleaseReceiver`] releases the handed-off guards by calling
+    /// [`ReleaseReceiver::release_next`]. [`GraphReleaser::new`] runs it on a thread; models and
+    /// tests drive it themselves.
+    pub fn unstarted() -> (Self, ReleaseReceiver<G>) {
+        let (tx, rx) = channel::<Vec<G>>();
+        let counters = Arc::new(Counters::default());
+        let receiver = ReleaseReceiver {
+            rx,
+            counters: Arc::clone(&counters),
+        };
+        (Self { tx, counters }, receiver)
     }
 
     /// Packs `guards` into a parcel for a user object. The pointer must reach
@@ -183,16 +178,61 @@ impl<G: Send + 'static> GraphReleaser<G> {
         guards
     }
 
-    /// A snapshot of the counters.
+    /// A function reading the counters, usable after this releaser is gone. The counters are
+    /// read one at a time, so a snapshot taken while parcels move is not a single instant.
+    pub fn counters(&self) -> impl Fn() -> CaptureStats + Send + 'static {
+        let counters = Arc::clone(&self.counters);
+        move || counters.snapshot()
+    }
+
+    /// A snapshot of the counters (read one at a time: while parcels move, not one instant).
     pub fn stats(&self) -> CaptureStats {
-        let c = &self.counters;
+        self.counters.snapshot()
+    }
+}
+
+impl Counters {
+    fn snapshot(&self) -> CaptureStats {
         CaptureStats {
-            attached: c.attached.load(Ordering::SeqCst),
-            handed_off: c.handed_off.load(Ordering::SeqCst),
-            released: c.released.load(Ordering::SeqCst),
-            release_panics: c.release_panics.load(Ordering::SeqCst),
-            leaked: c.leaked.load(Ordering::SeqCst),
+            attached: self.attached.load(Ordering::SeqCst),
+            handed_off: self.handed_off.load(Ordering::SeqCst),
+            released: self.released.load(Ordering::SeqCst),
+            release_panics: self.release_panics.load(Ordering::SeqCst),
+            leaked: self.leaked.load(Ordering::SeqCst),
         }
+    }
+}
+
+/// The release-thread side of a [`GraphReleaser`]: receives the guards that user-object
+/// destructors hand off, and drops them.
+pub struct ReleaseReceiver<G: Send + 'static> {
+    rx: Receiver<Vec<G>>,
+    counters: Arc<Counters>,
+}
+
+impl<G: Send + 'static> ReleaseReceiver<G> {
+    /// Waits for the next handed-off parcel and drops its guards in order, each inside
+    /// `catch_unwind` (a panicking deleter is counted and logged). Returns `false`, releasing
+    /// nothing, once the releaser and every parcel it made are gone.
+    pub fn release_next(&self) -> bool {
+        let Ok(guards) = self.rx.recv() else {
+            return false;
+        };
+        let mut panics = 0u64;
+        let n = guards.len() as u64;
+        for guard in guards {
+            if panic::catch_unwind(AssertUnwindSafe(move || drop(guard))).is_err() {
+                panics += 1;
+                log::error!(
+                    "tile-launch graph release: a guard's drop (a tensor's deleter) panicked"
+                );
+            }
+        }
+        self.counters.released.fetch_add(n, Ordering::SeqCst);
+        self.counters
+            .release_panics
+            .fetch_add(panics, Ordering::SeqCst);
+        true
     }
 }
 

@@ -15,12 +15,14 @@
 pub(crate) use loom::sync::{
     Condvar, Mutex, MutexGuard,
     atomic::{AtomicU64, AtomicUsize, Ordering},
+    mpsc::{Receiver, Sender, channel},
 };
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     Condvar, Mutex, MutexGuard,
     atomic::{AtomicU64, AtomicUsize, Ordering},
+    mpsc::{Receiver, Sender, channel},
 };
 
 /// Locks `mutex`, recovering the data if a thread panicked while holding it.

@@ -160,3 +160,22 @@ fn parcels_outlive_their_releaser_and_are_still_released() {
         "never dropped on a destructor thread"
     );
 }
+
+#[test]
+fn a_parcel_arriving_after_the_release_side_is_gone_is_leaked_never_dropped() {
+    let drops = Arc::new(AtomicUsize::new(0));
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let (releaser, receiver) = GraphReleaser::<Probe>::unstarted();
+    let p = releaser.parcel(probes(2, &drops, &threads));
+    drop(receiver); // the release thread is gone
+    // SAFETY: `p` came from `parcel` and reaches the destructor once.
+    unsafe { release_parcel::<Probe>(p) };
+    let stats = releaser.stats();
+    assert_eq!((stats.attached, stats.handed_off, stats.leaked), (2, 2, 2));
+    assert_eq!(stats.released, 0);
+    assert_eq!(
+        drops.load(Ordering::SeqCst),
+        0,
+        "never dropped on the destructor's thread"
+    );
+}
