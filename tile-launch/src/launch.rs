@@ -559,9 +559,12 @@ impl Stream {
             .map(|v| (v as *mut u64).cast::<c_void>())
             .collect();
         // 4. Order after the producers, then launch.
+        // The context is bound and `waits` holds only other streams: wait directly rather than
+        // through `wait_for_raw`, which would check and bind both again.
         for s in waits {
-            // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context.
-            unsafe { self.wait_for_raw(s) }?;
+            // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context,
+            // which is bound.
+            unsafe { self.tracker().timeline().wait_for(s) }?;
         }
         let mut attrs = launch_attributes(config);
         let cfg = CUlaunchConfig {

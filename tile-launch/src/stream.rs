@@ -77,7 +77,12 @@ impl CudaTimeline {
 
     /// Makes this stream wait, on the device, for all work enqueued so far on `producer`
     /// (`cuEventRecord` on `producer`, then `cuStreamWaitEvent`). The host does not block.
-    fn wait_for(&self, producer: CUstream) -> Result<(), CudaError> {
+    ///
+    /// # Safety
+    ///
+    /// `producer` must be a valid stream of this stream's context (null: the legacy default
+    /// stream), and that context should be current.
+    pub(crate) unsafe fn wait_for(&self, producer: CUstream) -> Result<(), CudaError> {
         let d = self.d;
         let ev = self.event()?;
         // SAFETY: `ev` is a live event of this stream's context; `producer` is a stream handle the
@@ -386,7 +391,8 @@ impl Stream {
             return Ok(());
         }
         let _bound = self.context().bind()?;
-        Ok(self.inner.tracker.timeline().wait_for(producer)?)
+        // SAFETY: this function's contract; the context is bound above.
+        Ok(unsafe { self.inner.tracker.timeline().wait_for(producer) }?)
     }
 
     /// Blocks until all work on the stream is done, then releases every deferred tensor
