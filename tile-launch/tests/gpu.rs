@@ -1,21 +1,17 @@
 //! GPU tests: run on a machine with an NVIDIA GPU (`cargo xtask gpu-bundle`, then the bundle's
 //! `run.sh`). On a machine without one they are ignored, never passed.
 
+mod gpu_common;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, ensure};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use tile_dlpack::DType;
-use tile_dlpack::Used;
-use tile_dlpack::dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
-use tile_dlpack::dlpark::metadata::Dynamic;
-use tile_launch::{
-    Context, Kernel, LaunchConfig, Library, Param, ScalarType, Signature, Stream, TensorArg,
+use anyhow::{Result, ensure};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use gpu_common::{
+    Layout, gpu, random, ready_tensor, vector_add_library, vector_add_signature, view, view_with,
 };
-
-const KERNELS: &str = include_str!("../kernels/vector_add.cu");
+use tile_launch::{Context, Kernel, LaunchConfig, Param, ScalarType, Signature, Stream};
 
 /// Everything a test needs: our context and streams, a cudarc producer stream, and kernels.
 struct Fixture {
@@ -26,100 +22,21 @@ struct Fixture {
 }
 
 fn fixture() -> Result<Fixture> {
-    // Probe through cuda-sys first: cudarc panics when libcuda is missing.
-    cuda_sys::driver().context("no CUDA driver")?;
-    let ctx = Context::new(0)?;
-    let cu = CudaContext::new(0)?;
-    let producer = cu.new_stream()?;
-    let lib = Library::from_cuda_source(KERNELS, &[])?;
-    let add = lib.kernel(
-        "vector_add",
-        Signature::new([
-            Param::input(DType::F32),
-            Param::scalar(ScalarType::I64),
-            Param::input(DType::F32),
-            Param::scalar(ScalarType::I64),
-            Param::output(DType::F32),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-        ]),
-    )?;
-    let spin = lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?;
+    let g = gpu(0)?;
+    let lib = vector_add_library(&g.ctx)?;
+    let (add, spin) = {
+        let _bound = g.ctx.bind()?;
+        (
+            lib.kernel("vector_add", vector_add_signature())?,
+            lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?,
+        )
+    };
     Ok(Fixture {
-        ctx,
-        producer,
+        ctx: g.ctx,
+        producer: g.producer,
         add,
         spin,
     })
-}
-
-/// Counts deleter calls.
-#[derive(Clone, Default)]
-struct Count(Arc<AtomicUsize>);
-impl Count {
-    fn get(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-/// The producer's side of a tensor: the slice (freed, stream-ordered, when dropped) and a
-/// counter bumped after the free.
-struct Owner {
-    slice: Option<CudaSlice<f32>>,
-    count: Count,
-}
-impl Drop for Owner {
-    fn drop(&mut self) {
-        drop(self.slice.take());
-        self.count.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// Exports `slice` as a versioned DLPack tensor whose deleter frees the slice and counts.
-fn counted(
-    slice: CudaSlice<f32>,
-    shape: &[i64],
-    strides: &[i64],
-    byte_offset: u64,
-) -> Result<(TensorArg<'static>, Count)> {
-    let count = Count::default();
-    let stream = slice.stream().clone();
-    let (ptr, sync) = slice.device_ptr(&stream);
-    drop(sync);
-    let ready = stream.cu_stream() as cuda_sys::CUstream;
-    let mut init = Dynamic::new(shape, strides)
-        .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(Owner {
-            slice: Some(slice),
-            count: count.clone(),
-        }));
-    init.set_data(ptr as usize as *mut std::ffi::c_void)
-        .set_device(DLDevice::cuda(0))
-        .set_dtype(DLDataType {
-            code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT,
-            bits: 32,
-            lanes: 1,
-        })
-        .set_byte_offset(byte_offset);
-    // SAFETY: every field is set; the slice owned by the deleter context keeps the data valid.
-    let managed = unsafe { init.finish() };
-    let used = Used::from_managed_versioned(managed)?;
-    // SAFETY: the slice (inside the tensor's deleter context) holds its stream alive.
-    Ok((unsafe { TensorArg::from(used).ready_on(ready) }, count))
-}
-
-fn random(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 200.0 - 100.0
-        })
-        .collect()
 }
 
 /// a + b on a launch stream other than the producer's, for a layout given by element stride
@@ -133,8 +50,22 @@ fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
     let a = f.producer.clone_htod(&ha)?;
     let b = f.producer.clone_htod(&hb)?;
     let bo = (offset * 4) as u64;
-    let (ta, ca) = counted(a, &[n as i64], &[stride as i64], bo)?;
-    let (tb, cb) = counted(b, &[n as i64], &[stride as i64], bo)?;
+    let (ta, ca) = ready_tensor(
+        a,
+        Layout {
+            n,
+            stride,
+            byte_offset: bo,
+        },
+    )?;
+    let (tb, cb) = ready_tensor(
+        b,
+        Layout {
+            n,
+            stride,
+            byte_offset: bo,
+        },
+    )?;
     // The output is written through a view too; keep its slice to read it back afterwards.
     let mut out = f.producer.alloc_zeros::<f32>(len)?;
     f.producer.memcpy_htod(&poison, &mut out)?;
@@ -143,7 +74,15 @@ fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
         drop(s);
         p
     };
-    let out_tensor = borrowed_view(out_ptr, n, stride, bo)?;
+    let out_tensor = view_with(
+        out_ptr,
+        Layout {
+            n,
+            stride,
+            byte_offset: bo,
+        },
+        0,
+    )?;
     let s = stride as i64;
     let h = launch.launch(
         &f.add,
@@ -183,39 +122,6 @@ fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A DLPack view of memory we keep owning (its deleter only counts).
-fn borrowed_view(
-    ptr: u64,
-    n: usize,
-    stride: usize,
-    byte_offset: u64,
-) -> Result<(TensorArg<'static>, Count)> {
-    let count = Count::default();
-    struct Counter(Count);
-    impl Drop for Counter {
-        fn drop(&mut self) {
-            self.0.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    let mut init = Dynamic::new([n as i64], [stride as i64])
-        .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(Counter(count.clone())));
-    init.set_data(ptr as usize as *mut std::ffi::c_void)
-        .set_device(DLDevice::cuda(0))
-        .set_dtype(DLDataType {
-            code: tile_dlpack::dlpark::ffi::DLDataTypeCode::FLOAT,
-            bits: 32,
-            lanes: 1,
-        })
-        .set_byte_offset(byte_offset);
-    // SAFETY: the caller keeps the memory alive until the launch is retired.
-    let managed = unsafe { init.finish() };
-    Ok((
-        TensorArg::from(Used::from_managed_versioned(managed)?),
-        count,
-    ))
 }
 
 #[test]
@@ -265,9 +171,9 @@ fn premature_release_is_not_possible() -> Result<()> {
             drop(s);
             p
         };
-        let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
-        let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
-        let (tc, cc) = borrowed_view(c_ptr, n, 1, 0)?;
+        let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
+        let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
+        let (tc, cc) = view(c_ptr, n, 0)?;
         // Hold the launch stream for 200 ms.
         launch
             .launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?
@@ -345,9 +251,9 @@ fn kernel_sees_pending_producer_write() -> Result<()> {
         drop(s);
         p
     };
-    let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
-    let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
-    let (tc, cc) = borrowed_view(c_ptr, n, 1, 0)?;
+    let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
+    let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
+    let (tc, cc) = view(c_ptr, n, 0)?;
     let h = launch.launch(
         &f.add,
         &LaunchConfig::for_elements(n as u64, 256),
@@ -394,9 +300,9 @@ fn deferred_release_exactly_once() -> Result<()> {
         let a = f.producer.clone_htod(&random(n, i))?;
         let b = f.producer.clone_htod(&random(n, i + 1000))?;
         let c = f.producer.alloc_zeros::<f32>(n)?;
-        let (ta, ca) = counted(a, &[n as i64], &[1], 0)?;
-        let (tb, cb) = counted(b, &[n as i64], &[1], 0)?;
-        let (tc, cc) = counted(c, &[n as i64], &[1], 0)?;
+        let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
+        let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
+        let (tc, cc) = ready_tensor(c, Layout::contiguous(n))?;
         launch
             .launch(
                 &f.add,
@@ -437,7 +343,7 @@ fn bad_arguments_consume_nothing() -> Result<()> {
     let f = fixture()?;
     let launch = Stream::new(&f.ctx)?;
     let a = f.producer.clone_htod(&random(16, 1))?;
-    let (ta, ca) = counted(a, &[16], &[1], 0)?;
+    let (ta, ca) = ready_tensor(a, Layout::contiguous(16))?;
     // Wrong count.
     let e = launch
         .launch(&f.add, &LaunchConfig::new(1, 16), [ta.into()])
@@ -480,9 +386,9 @@ fn negative_control_early_free_corrupts_the_output() -> Result<()> {
         drop(sync);
         p
     };
-    let (ta, _) = borrowed_view(ptr(&a), n, 1, 0)?;
-    let (tb, _) = borrowed_view(ptr(&b), n, 1, 0)?;
-    let (tc, _) = borrowed_view(ptr(&c), n, 1, 0)?;
+    let (ta, _) = view(ptr(&a), n, 0)?;
+    let (tb, _) = view(ptr(&b), n, 0)?;
+    let (tc, _) = view(ptr(&c), n, 0)?;
     launch
         .launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?
         .defer();

@@ -38,23 +38,30 @@ pub fn gpu(ordinal: i32) -> Result<Gpu> {
     })
 }
 
-/// `vector_add(a, stride, b, stride, c, stride, n)` of `kernels/vector_add.cu`, loaded while
-/// `ctx` is current.
-pub fn vector_add(ctx: &Context) -> Result<Kernel> {
+/// `kernels/vector_add.cu` (`vector_add`, `spin`, `fill`), compiled while `ctx` is current.
+pub fn vector_add_library(ctx: &Context) -> Result<Library> {
     let _bound = ctx.bind()?;
-    let lib = Library::from_cuda_source(VECTOR_ADD, &[])?;
-    Ok(lib.kernel(
-        "vector_add",
-        Signature::new([
-            Param::input(DType::F32),
-            Param::scalar(ScalarType::I64),
-            Param::input(DType::F32),
-            Param::scalar(ScalarType::I64),
-            Param::output(DType::F32),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-        ]),
-    )?)
+    Ok(Library::from_cuda_source(VECTOR_ADD, &[])?)
+}
+
+/// The parameters of `vector_add(a, stride, b, stride, c, stride, n)`.
+pub fn vector_add_signature() -> Signature {
+    Signature::new([
+        Param::input(DType::F32),
+        Param::scalar(ScalarType::I64),
+        Param::input(DType::F32),
+        Param::scalar(ScalarType::I64),
+        Param::output(DType::F32),
+        Param::scalar(ScalarType::I64),
+        Param::scalar(ScalarType::U64),
+    ])
+}
+
+/// `vector_add` of `kernels/vector_add.cu`, loaded while `ctx` is current.
+pub fn vector_add(ctx: &Context) -> Result<Kernel> {
+    let lib = vector_add_library(ctx)?;
+    let _bound = ctx.bind()?;
+    Ok(lib.kernel("vector_add", vector_add_signature())?)
 }
 
 /// `kernels/launch_config.cu`, compiled for compute capability 9.0.
@@ -110,54 +117,93 @@ fn f32_type() -> DLDataType {
     }
 }
 
-/// A contiguous f32 tensor over `slice`, described as on `cuda:described_device`, whose
-/// deleter frees the slice (stream-ordered) and counts. The caller makes sure the slice's data
-/// is ready (no `ready_on`: usable inside a capture).
-pub fn owned_tensor(
-    slice: CudaSlice<f32>,
-    described_device: i32,
-) -> Result<(TensorArg<'static>, Count)> {
-    let count = Count::default();
-    let n = slice.len() as i64;
-    let stream = slice.stream().clone();
-    let (ptr, sync) = slice.device_ptr(&stream);
-    drop(sync);
-    let mut init = Dynamic::new([n], [1])
-        .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(Owner {
-            slice: Some(slice),
-            count: count.clone(),
-        }));
-    init.set_data(ptr as usize as *mut std::ffi::c_void)
-        .set_device(DLDevice::cuda(described_device))
-        .set_dtype(f32_type());
-    // SAFETY: every field is set; the slice owned by the deleter context keeps the data valid.
-    let managed = unsafe { init.finish() };
-    Ok((
-        TensorArg::from(Used::from_managed_versioned(managed)?),
-        count,
-    ))
+/// Where a 1-D f32 tensor lies: `n` elements, `stride` elements apart, starting `byte_offset`
+/// bytes past the data pointer.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub n: usize,
+    pub stride: usize,
+    pub byte_offset: u64,
 }
 
-/// A contiguous f32 view of `n` elements at `ptr` on `cuda:device`, memory the caller keeps
-/// owning (the deleter only counts).
-pub fn view(ptr: u64, n: usize, device: i32) -> Result<(TensorArg<'static>, Count)> {
+impl Layout {
+    /// `n` contiguous elements from the data pointer.
+    pub fn contiguous(n: usize) -> Layout {
+        Layout {
+            n,
+            stride: 1,
+            byte_offset: 0,
+        }
+    }
+}
+
+/// A versioned DLPack f32 tensor at `ptr` with `layout`, described as on `cuda:device`, whose
+/// deleter drops `keep` (freeing whatever it owns) and then counts.
+fn f32_tensor<T: Send + 'static>(
+    ptr: u64,
+    layout: Layout,
+    device: i32,
+    keep: Option<T>,
+) -> Result<(Used, Count)> {
     let count = Count::default();
-    let mut init = Dynamic::new([n as i64], [1])
+    let mut init = Dynamic::new([layout.n as i64], [layout.stride as i64])
         .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(Owner::<()> {
-            slice: None,
+        .initialize(Box::new(Owner {
+            slice: keep,
             count: count.clone(),
         }));
     init.set_data(ptr as usize as *mut std::ffi::c_void)
         .set_device(DLDevice::cuda(device))
-        .set_dtype(f32_type());
-    // SAFETY: the caller keeps the memory alive until the launch's work is done.
+        .set_dtype(f32_type())
+        .set_byte_offset(layout.byte_offset);
+    // SAFETY: every field is set; `keep` (owned by the deleter context) or the caller keeps the
+    // data valid until the deleter runs.
     let managed = unsafe { init.finish() };
-    Ok((
-        TensorArg::from(Used::from_managed_versioned(managed)?),
-        count,
-    ))
+    Ok((Used::from_managed_versioned(managed)?, count))
+}
+
+/// A tensor over `slice` with `layout`, described as on `cuda:described_device`, whose deleter
+/// frees the slice (stream-ordered, on its stream) and counts. No `ready_on`: the caller makes
+/// sure the data is ready (usable inside a capture).
+pub fn owned_tensor_with(
+    slice: CudaSlice<f32>,
+    layout: Layout,
+    described_device: i32,
+) -> Result<(TensorArg<'static>, Count)> {
+    let ptr = address(&slice);
+    let (used, count) = f32_tensor(ptr, layout, described_device, Some(slice))?;
+    Ok((TensorArg::from(used), count))
+}
+
+/// As [`owned_tensor_with`], contiguous over the whole slice.
+pub fn owned_tensor(
+    slice: CudaSlice<f32>,
+    described_device: i32,
+) -> Result<(TensorArg<'static>, Count)> {
+    let n = slice.len();
+    owned_tensor_with(slice, Layout::contiguous(n), described_device)
+}
+
+/// As [`owned_tensor_with`] on device 0, ordered after the slice's own stream (`ready_on`), as
+/// a producer whose writes may still be pending there.
+pub fn ready_tensor(slice: CudaSlice<f32>, layout: Layout) -> Result<(TensorArg<'static>, Count)> {
+    let ready = slice.stream().cu_stream() as cuda_sys::CUstream;
+    let ptr = address(&slice);
+    let (used, count) = f32_tensor(ptr, layout, 0, Some(slice))?;
+    // SAFETY: the slice (inside the tensor's deleter context) holds its stream alive.
+    Ok((unsafe { TensorArg::from(used).ready_on(ready) }, count))
+}
+
+/// An f32 view with `layout` at `ptr` on `cuda:device`, memory the caller keeps owning (the
+/// deleter only counts).
+pub fn view_with(ptr: u64, layout: Layout, device: i32) -> Result<(TensorArg<'static>, Count)> {
+    let (used, count) = f32_tensor::<()>(ptr, layout, device, None)?;
+    Ok((TensorArg::from(used), count))
+}
+
+/// A contiguous f32 view of `n` elements at `ptr` on `cuda:device` (see [`view_with`]).
+pub fn view(ptr: u64, n: usize, device: i32) -> Result<(TensorArg<'static>, Count)> {
+    view_with(ptr, Layout::contiguous(n), device)
 }
 
 /// The device address of a `cudarc` slice.
