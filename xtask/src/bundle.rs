@@ -153,8 +153,9 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #                               the tile_py wheel's pytest suite
 #   bash run.sh --bench [DIR]   the launch benchmarks (Rust, then Python); figures go to DIR
 #                               (default ./bench-results), the table to standard output
-#   bash run.sh --sanitize      the Rust GPU tests under compute-sanitizer (memcheck,
-#                               racecheck, synccheck)
+#   bash run.sh --sanitize [rust|python [TOOL...]]
+#                               the GPU tests under compute-sanitizer (memcheck, racecheck,
+#                               synccheck); both halves unless one is named
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 if ! { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidia0 ]; }; then
@@ -166,9 +167,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | s
 for d in "${CUDA_HOME:-}" /usr/local/cuda; do
     if [ -n "$d" ] && [ -d "$d/lib64" ]; then export LD_LIBRARY_PATH="$d/lib64:${LD_LIBRARY_PATH:-}"; break; fi
 done
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 if [ "${1:-}" = "--sanitize" ]; then
-    # The Rust GPU tests under compute-sanitizer: memcheck, racecheck and synccheck. Any report
-    # fails the run. Two settings, both deliberate:
+    # The GPU tests under compute-sanitizer: memcheck, racecheck and synccheck, the Rust tests
+    # and then the tile_py tests (python/run_pytest.sh --sanitize). `--sanitize rust` or
+    # `--sanitize python` runs one half. Any report fails the run. Two settings, both deliberate:
     # - API errors are not reported: loading a kernel probes cuKernelGetParamInfo one past its
     #   last parameter (CUDA_ERROR_INVALID_VALUE is how the parameter count is learnt), and the
     #   capture tests provoke refusals on purpose.
@@ -176,18 +179,33 @@ if [ "${1:-}" = "--sanitize" ]; then
     #   cudarc deleter's cuMemFreeAsync on the producer's stream) as racing the kernel on the
     #   launch stream, although the free is only issued after an event query has seen that
     #   kernel complete; the sanitizer does not count a completed cuEventQuery as ordering.
+    part=${2:-all}
+    shift $(( $# > 1 ? 2 : 1 ))
     status=0
-    for tool in memcheck racecheck synccheck; do
-        extra=(--report-api-errors no)
-        for t in "$here"/tests/tile-launch-gpu "$here"/tests/tile-launch-gpu_capture "$here"/tests/tile-launch-gpu_config; do
-            echo "== compute-sanitizer --tool $tool $(basename "$t")"
-            if ! compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
-                "$t" --include-ignored --test-threads=1 --skip negative_control; then
-                status=1
-            fi
+    if [ "$part" = all ] || [ "$part" = rust ]; then
+        tests=("$here"/tests/tile-launch-gpu "$here"/tests/tile-launch-gpu_capture "$here"/tests/tile-launch-gpu_config)
+        if [ "${gpus:-0}" -ge 2 ]; then
+            tests+=("$here"/tests/tile-launch-gpu_multi)
+        else
+            echo "SKIPPED under the sanitizer: tile-launch-gpu_multi needs two GPUs, this machine has ${gpus:-0}"
+        fi
+        for tool in memcheck racecheck synccheck; do
+            extra=(--report-api-errors no)
+            if [ "$tool" = memcheck ]; then extra+=(--track-stream-ordered-races no); fi
+            for t in "${tests[@]}"; do
+                echo "== compute-sanitizer --tool $tool $(basename "$t")"
+                if ! compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+                    "$t" --include-ignored --test-threads=1 --skip negative_control; then
+                    status=1
+                fi
+            done
         done
-    done
-    echo "run.sh --sanitize: $([ $status -eq 0 ] && echo clean || echo FAILED)"
+    fi
+    if [ "$part" = all ] || [ "$part" = python ]; then
+        echo "== tile_py under compute-sanitizer"
+        bash "$here/python/run_pytest.sh" --sanitize "$@" || status=1
+    fi
+    echo "run.sh --sanitize $part: $([ $status -eq 0 ] && echo clean || echo FAILED)"
     exit $status
 fi
 if [ "${1:-}" = "--bench" ]; then
@@ -203,7 +221,6 @@ if [ "${1:-}" = "--bench" ]; then
 fi
 status=0
 failed=()
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 for t in "$here"/tests/*; do
     name=$(basename "$t")
     echo "== $name"
