@@ -13,6 +13,7 @@ import pytest
 
 import tile_py
 from tile_py import In, Out, Scalar
+from producers import ViaDlpack
 
 pytestmark = pytest.mark.gpu
 
@@ -106,19 +107,6 @@ class Counts:
 
     def __getitem__(self, k):
         return tile_py._debug_counters()[k] - self.start[k]
-
-
-class ViaDlpack:
-    """Hides the C exchange API: only __dlpack__ / __dlpack_device__ (the Python handshake)."""
-
-    def __init__(self, t):
-        self.t = t
-
-    def __dlpack_device__(self):
-        return self.t.__dlpack_device__()
-
-    def __dlpack__(self, **kw):
-        return self.t.__dlpack__(**kw)
 
 
 class Cloner:

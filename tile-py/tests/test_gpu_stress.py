@@ -18,6 +18,7 @@ import pytest
 
 import tile_py
 from tile_py import In, Out, Scalar
+from producers import ViaDlpack
 
 pytestmark = pytest.mark.gpu
 
@@ -29,19 +30,6 @@ extern "C" __global__ void add(const float* a, const float* b, float* c, unsigne
 """
 
 LAUNCHES = int(os.environ.get("TILE_STRESS_LAUNCHES", "1000000"))
-
-
-class Plain:
-    """Only __dlpack__ / __dlpack_device__ (the Python handshake, no exchange API)."""
-
-    def __init__(self, t):
-        self.t = t
-
-    def __dlpack_device__(self):
-        return self.t.__dlpack_device__()
-
-    def __dlpack__(self, **kw):
-        return self.t.__dlpack__(**kw)
 
 
 def test_stress_threads_streams_producers():
@@ -68,7 +56,7 @@ def test_stress_threads_streams_producers():
             a = torch.randn(n, device="cuda")
             b = torch.randn(n, device="cuda")
             c = torch.empty(n, device="cuda")
-            pa = Plain(a)
+            pa = ViaDlpack(a)
             if cupy is not None:
                 with cupy.cuda.Device(torch.cuda.current_device()):
                     ca = cupy.from_dlpack(a)

@@ -229,9 +229,5 @@ echo "-- tile_py GPU tests (TILE_REQUIRE_GPU=1)"
 TILE_REQUIRE_GPU=1 "$py" -m pytest -v -rs -p no:cacheprovider "$here/tests" -m gpu || status=1
 echo "-- example torch_vector_add.py"
 "$py" "$here/examples/torch_vector_add.py" || status=1
-if [ -f "$here/tests/bench_launch.py" ]; then
-    echo "-- launch overhead (tile_py vs cuda.core)"
-    "$py" "$here/tests/bench_launch.py" || echo "(benchmark failed; not a test)"
-fi
 exit $status
 "#;
