@@ -205,7 +205,28 @@ impl Drop for LaunchHandle {
     }
 }
 
-/// Launches `kernel` on `stream`. See the package documentation.
+/// Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
+///
+/// - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, or an int
+///   handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
+/// - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
+/// - `args`: one per declared parameter: DLPack producers, capsules,
+///   `__cuda_array_interface__` objects, Python or NumPy scalars.
+/// - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
+/// - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
+/// - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
+/// - `programmatic_dependent_launch`: may start before the previous kernel on the stream ends.
+/// - `sync`: False sends stream=-1 to producers and inserts no stream waits.
+///
+/// Every argument is checked before any tensor is consumed; producers are asked to order their
+/// pending work before `stream` (`__dlpack__(stream=...)` or the DLPack C exchange API). The launch
+/// is one `cuLaunchKernel` (`cuLaunchKernelEx` when launch attributes are set). Tensors are
+/// released (their deleters run) only after an event shows the work has finished: at
+/// `LaunchHandle.wait()` or `done()`, or, for a dropped handle, at a later call into tile_py.
+///
+/// Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
+/// overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
+/// (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call).
 #[pyfunction]
 #[pyo3(signature = (stream, grid, kernel, args, *, block, shared_mem = None, cluster = None,
                     cooperative = false, programmatic_dependent_launch = false, sync = true))]

@@ -25,8 +25,10 @@ fn main() -> Result<()> {
         Some("gpu-bundle") => bundle::run(),
         Some("bench") => bench(),
         Some("wheel") => wheel::build().map(|w| println!("wheel: {}", w.display())),
-        Some(other) => bail!("unknown task `{other}`\n\n{USAGE}"),
-        None => {
+        Some(other) if !matches!(other, "help" | "--help" | "-h") => {
+            bail!("unknown task `{other}`\n\n{USAGE}")
+        }
+        _ => {
             println!("{USAGE}");
             Ok(())
         }

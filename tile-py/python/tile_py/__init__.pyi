@@ -1,5 +1,6 @@
 """Type stubs for tile_py."""
 
+import os
 from types import TracebackType
 from typing import Any, Optional, Sequence, Tuple, Type, Union
 
@@ -78,7 +79,29 @@ def launch(
     programmatic_dependent_launch: bool = False,
     sync: bool = True,
 ) -> LaunchHandle:
-    """Launch kernel on stream. Tensors are consumed only once every argument is checked."""
+    """Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
+
+    - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, or an int
+      handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
+    - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
+    - `args`: one per declared parameter: DLPack producers, capsules,
+      `__cuda_array_interface__` objects, Python or NumPy scalars.
+    - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
+    - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
+    - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
+    - `programmatic_dependent_launch`: may start before the previous kernel on the stream ends.
+    - `sync`: False sends stream=-1 to producers and inserts no stream waits.
+
+    Every argument is checked before any tensor is consumed; producers are asked to order their
+    pending work before `stream` (`__dlpack__(stream=...)` or the DLPack C exchange API). The launch
+    is one `cuLaunchKernel` (`cuLaunchKernelEx` when launch attributes are set). Tensors are
+    released (their deleters run) only after an event shows the work has finished: at
+    `LaunchHandle.wait()` or `done()`, or, for a dropped handle, at a later call into tile_py.
+
+    Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
+    overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
+    (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call).
+    """
 
 def synchronize() -> None:
     """Wait for all launched work, then release every deferred tensor."""
@@ -100,5 +123,3 @@ def _check_args(
 def _debug_counters() -> dict[str, int]: ...
 def _shutdown(timeout: float = 5.0) -> int: ...
 def _after_fork_in_child() -> None: ...
-
-import os
