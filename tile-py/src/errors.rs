@@ -6,7 +6,7 @@
 //! | bad value: device, grid/block, read-only or overlapping output, null data, ndim, consumed capsule | `ValueError` |
 //! | unsupported DLPack major version | `BufferError` |
 //! | size, address or scalar overflow | `OverflowError` |
-//! | a CUDA driver call failed, or no driver | `tile_py.CudaError` (`.name`: the driver's error name) |
+//! | a CUDA driver call failed, or no driver | `tile_py.CudaError` (`.name`: the driver's error name, `.function`: the call) |
 //!
 //! Messages start with `argument {i}: ` when one argument is at fault and quote the offending
 //! value.
@@ -23,7 +23,8 @@ create_exception!(
     CudaError,
     PyRuntimeError,
     "A CUDA driver call failed, or the driver could not be loaded. `.name` is the driver's \
-     name for the error (e.g. `CUDA_ERROR_INVALID_VALUE`), or None when no driver call was made."
+     name for the error (e.g. `CUDA_ERROR_INVALID_VALUE`) and `.function` the driver call that \
+     returned it (e.g. `cuLaunchKernel`); both are None when no driver call was made."
 );
 
 /// An error of tile-py's own argument conversion: the exception class and the message.
@@ -73,13 +74,13 @@ pub(crate) fn launch_err(
     expected: impl Fn(usize) -> Option<String>,
 ) -> PyErr {
     match e {
-        Error::Cuda(c) => cuda_err(py, &c.to_string(), Some(c.name().into_owned())),
+        Error::Cuda(c) => cuda_err(py, &c.to_string(), Some(&c)),
         Error::Driver(l) => {
-            let name = match &l {
-                cuda_sys::LoadError::Init(c) => Some(c.name().into_owned()),
+            let call = match &l {
+                cuda_sys::LoadError::Init(c) => Some(c),
                 _ => None,
             };
-            cuda_err(py, &l.to_string(), name)
+            cuda_err(py, &l.to_string(), call)
         }
         Error::Descriptor { index, source } => {
             let kind = descriptor_kind(&source);
@@ -103,13 +104,15 @@ pub(crate) fn launch_err(
     }
 }
 
-/// A `tile_py.CudaError` with `.name` set.
-pub(crate) fn cuda_err(py: Python<'_>, msg: &str, name: Option<String>) -> PyErr {
+/// A `tile_py.CudaError` with `.name` (the driver's error name) and `.function` (the driver
+/// call that returned it) set from `call`, both None when no driver call was made.
+pub(crate) fn cuda_err(py: Python<'_>, msg: &str, call: Option<&cuda_sys::CudaError>) -> PyErr {
     let e = CudaError::new_err(msg.to_owned());
     let value = e.value(py);
     // Setting an attribute on a fresh exception instance cannot fail short of memory
     // exhaustion; if it does, the exception still carries the message.
-    let _ = value.setattr("name", name);
+    let _ = value.setattr("name", call.map(|c| c.name().into_owned()));
+    let _ = value.setattr("function", call.map(|c| c.function));
     e
 }
 

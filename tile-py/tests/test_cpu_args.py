@@ -714,8 +714,13 @@ def test_driver_errors_are_cuda_errors():
     with pytest.raises(tile_py.CudaError) as info:
         lib = tile_py.Library.from_ptx(".version 8.0")
         lib.kernel("no_such_kernel", [])
-    assert isinstance(info.value, RuntimeError)
-    assert hasattr(info.value, "name")
+    e = info.value
+    assert isinstance(e, RuntimeError)
+    # Both set from the failing driver call, or both None when no driver could be loaded.
+    assert (e.name is None) == (e.function is None)
+    if e.function is not None:
+        assert e.function.startswith("cu") and e.function in str(e)
+        assert e.name.startswith("CUDA_ERROR_")
 
 
 def test_stats_shape():

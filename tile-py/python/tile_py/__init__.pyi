@@ -12,7 +12,10 @@ class CudaError(RuntimeError):
     """A CUDA driver call failed, or no driver could be loaded."""
 
     name: Optional[str]
-    """The driver's name for the error, e.g. 'CUDA_ERROR_INVALID_VALUE'."""
+    """The driver's name for the error, e.g. 'CUDA_ERROR_INVALID_VALUE'; None if no driver call
+    was made (no driver could be loaded)."""
+    function: Optional[str]
+    """The driver call that returned the error, e.g. 'cuLaunchKernel'; None as for name."""
 
 class Param:
     """A declared kernel parameter; made by In, Out, InOut or Scalar."""
