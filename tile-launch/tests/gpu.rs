@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use gpu_common::{
-    Layout, gpu, random, ready_tensor, vector_add_library, vector_add_signature, view, view_with,
+    Layout, gpu, random, ready_tensor, vector_add_args, vector_add_library, vector_add_signature,
+    view, view_with,
 };
 use tile_launch::{Context, Kernel, LaunchConfig, Param, ScalarType, Signature, Stream};
 
@@ -83,19 +84,10 @@ fn add_case(f: &Fixture, n: usize, stride: usize, offset: usize) -> Result<()> {
         },
         0,
     )?;
-    let s = stride as i64;
     let h = launch.launch(
         &f.add,
         &LaunchConfig::for_elements(n as u64, 256),
-        [
-            ta.into(),
-            s.into(),
-            tb.into(),
-            s.into(),
-            out_tensor.0.into(),
-            s.into(),
-            (n as u64).into(),
-        ],
+        vector_add_args(ta, tb, out_tensor.0, stride as i64, n),
     )?;
     h.retire()?;
     ensure!(
@@ -181,15 +173,7 @@ fn premature_release_is_not_possible() -> Result<()> {
         let h = launch.launch(
             &f.add,
             &LaunchConfig::for_elements(n as u64, 256),
-            [
-                ta.into(),
-                1i64.into(),
-                tb.into(),
-                1i64.into(),
-                tc.into(),
-                1i64.into(),
-                (n as u64).into(),
-            ],
+            vector_add_args(ta, tb, tc, 1, n),
         )?;
         // Right after launch: the producer allocates and writes a sentinel on its own stream.
         let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
@@ -257,15 +241,7 @@ fn kernel_sees_pending_producer_write() -> Result<()> {
     let h = launch.launch(
         &f.add,
         &LaunchConfig::for_elements(n as u64, 256),
-        [
-            ta.into(),
-            1i64.into(),
-            tb.into(),
-            1i64.into(),
-            tc.into(),
-            1i64.into(),
-            (n as u64).into(),
-        ],
+        vector_add_args(ta, tb, tc, 1, n),
     )?;
     ensure!(
         !h.is_complete()?,
@@ -307,15 +283,7 @@ fn deferred_release_exactly_once() -> Result<()> {
             .launch(
                 &f.add,
                 &LaunchConfig::for_elements(n as u64, 256),
-                [
-                    ta.into(),
-                    1i64.into(),
-                    tb.into(),
-                    1i64.into(),
-                    tc.into(),
-                    1i64.into(),
-                    (n as u64).into(),
-                ],
+                vector_add_args(ta, tb, tc, 1, n),
             )?
             .defer();
         counts.extend([ca, cb, cc]);
@@ -395,15 +363,7 @@ fn negative_control_early_free_corrupts_the_output() -> Result<()> {
     let h = launch.launch(
         &f.add,
         &LaunchConfig::for_elements(n as u64, 256),
-        [
-            ta.into(),
-            1i64.into(),
-            tb.into(),
-            1i64.into(),
-            tc.into(),
-            1i64.into(),
-            (n as u64).into(),
-        ],
+        vector_add_args(ta, tb, tc, 1, n),
     )?;
     // Free the inputs now, stream-ordered on the producer's stream, then reuse the memory.
     drop((a, b));

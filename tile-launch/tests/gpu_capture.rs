@@ -7,7 +7,9 @@ mod gpu_common;
 use anyhow::{Result, ensure};
 use cuda_sys::CuResultExt;
 use cudarc::driver::CudaSlice;
-use gpu_common::{Count, Gpu, address, gpu, owned_tensor, random, vector_add, view};
+use gpu_common::{
+    Count, Gpu, address, gpu, owned_tensor, random, vector_add, vector_add_args, view,
+};
 use tile_launch::{CaptureMode, Kernel, LaunchConfig, Stream, TensorArg};
 
 const N: usize = 1 << 16;
@@ -52,15 +54,7 @@ fn launch_add(
     let h = s.launch(
         k,
         &LaunchConfig::for_elements(N as u64, 256),
-        [
-            ta.into(),
-            1i64.into(),
-            tb.into(),
-            1i64.into(),
-            tc.into(),
-            1i64.into(),
-            (N as u64).into(),
-        ],
+        vector_add_args(ta, tb, tc, 1, N),
     )?;
     Ok((h, cc))
 }

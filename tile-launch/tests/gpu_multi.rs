@@ -4,7 +4,7 @@
 mod gpu_common;
 
 use anyhow::{Result, ensure};
-use gpu_common::{Gpu, address, gpu, owned_tensor, random, vector_add, view};
+use gpu_common::{Gpu, address, gpu, owned_tensor, random, vector_add, vector_add_args, view};
 use tile_launch::{Context, Error, LaunchConfig, Stream};
 
 fn two() -> Result<(Gpu, Gpu)> {
@@ -57,15 +57,7 @@ fn launches_on_both_devices_from_one_thread() -> Result<()> {
         let h = s.launch(
             &k,
             &LaunchConfig::for_elements(N as u64, 256),
-            [
-                ta.into(),
-                1i64.into(),
-                tb.into(),
-                1i64.into(),
-                tc.into(),
-                1i64.into(),
-                (N as u64).into(),
-            ],
+            vector_add_args(ta, tb, tc, 1, N),
         )?;
         let want: Vec<f32> = ha.iter().zip(&hb).map(|(x, y)| x + y).collect();
         pending.push((g, s, h, out, want, [ca, cb, cc]));
@@ -104,15 +96,7 @@ fn tensor_on_device_1_is_refused_by_a_stream_on_device_0() -> Result<()> {
         .launch(
             &k,
             &LaunchConfig::for_elements(N as u64, 256),
-            [
-                ta.into(),
-                1i64.into(),
-                tb.into(),
-                1i64.into(),
-                tc.into(),
-                1i64.into(),
-                (N as u64).into(),
-            ],
+            vector_add_args(ta, tb, tc, 1, N),
         )
         .unwrap_err();
     ensure!(
@@ -142,15 +126,7 @@ fn tensor_on_device_1_is_refused_by_a_stream_on_device_0() -> Result<()> {
         .launch(
             &k,
             &LaunchConfig::for_elements(N as u64, 256),
-            [
-                ta.into(),
-                1i64.into(),
-                tb.into(),
-                1i64.into(),
-                tc.into(),
-                1i64.into(),
-                (N as u64).into(),
-            ],
+            vector_add_args(ta, tb, tc, 1, N),
         )
         .unwrap_err();
     ensure!(
@@ -188,15 +164,7 @@ fn launch_restores_the_callers_current_context() -> Result<()> {
     s0.launch(
         &k,
         &LaunchConfig::for_elements(N as u64, 256),
-        [
-            ta.into(),
-            1i64.into(),
-            tb.into(),
-            1i64.into(),
-            tc.into(),
-            1i64.into(),
-            (N as u64).into(),
-        ],
+        vector_add_args(ta, tb, tc, 1, N),
     )?
     .retire()?;
     ensure!(

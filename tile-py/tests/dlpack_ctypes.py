@@ -126,25 +126,9 @@ def _capsule_destructor(cap):
             return
 
 
-def make_capsule(
-    shape=(4,),
-    dtype=F32,
-    device=(kDLCUDA, 0),
-    data=0x10000,
-    strides=None,
-    byte_offset=0,
-    versioned=True,
-    version=(1, 3),
-    flags=0,
-    ndim=None,
-    null_shape=False,
-    name=None,
-    destructor=True,
-):
-    """Returns ``(capsule, counter)``."""
-    key, counter, default_name = make_managed(
-        shape, dtype, device, data, strides, byte_offset, versioned, version, flags, ndim, null_shape
-    )
+def make_capsule(name=None, destructor=True, **descriptor):
+    """Returns ``(capsule, counter)``; ``descriptor`` takes the keywords of ``make_managed``."""
+    key, counter, default_name = make_managed(**descriptor)
     cname = _NAMES.get(name or default_name, None)
     if cname is None:
         cname = (name or default_name).encode()

@@ -13,7 +13,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use tile_dlpack::dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
 use tile_dlpack::dlpark::metadata::Dynamic;
 use tile_dlpack::{DType, Used};
-use tile_launch::{Context, Kernel, Library, Param, ScalarType, Signature, TensorArg};
+use tile_launch::{Arg, Context, Kernel, Library, Param, ScalarType, Signature, TensorArg};
 
 pub const VECTOR_ADD: &str = include_str!("../../kernels/vector_add.cu");
 pub const LAUNCH_CONFIG: &str = include_str!("../../kernels/launch_config.cu");
@@ -55,6 +55,25 @@ pub fn vector_add_signature() -> Signature {
         Param::scalar(ScalarType::I64),
         Param::scalar(ScalarType::U64),
     ])
+}
+
+/// The arguments of `vector_add(a, stride, b, stride, c, stride, n)`, in that order.
+pub fn vector_add_args(
+    a: TensorArg<'static>,
+    b: TensorArg<'static>,
+    c: TensorArg<'static>,
+    stride: i64,
+    n: usize,
+) -> [Arg<'static>; 7] {
+    [
+        a.into(),
+        stride.into(),
+        b.into(),
+        stride.into(),
+        c.into(),
+        stride.into(),
+        (n as u64).into(),
+    ]
 }
 
 /// `vector_add` of `kernels/vector_add.cu`, loaded while `ctx` is current.
