@@ -184,9 +184,11 @@ if [ "${1:-}" = "--sanitize" ]; then
     #   the graph is destroyed, because the sanitizer keeps the graph's user objects alive;
     # - the kernel-fault test is left out: its kernel traps on purpose, which the sanitizer
     #   reports as an error in the child;
-    # - racecheck, which looks for shared-memory hazards inside kernels, runs the functional
-    #   tests but not the stress and interpreter-exit tests: those launch the same vector add
-    #   (no shared memory) many times and take too long under it.
+    # - racecheck (shared-memory hazards inside kernels; the test kernels use none) leaves out
+    #   the four-thread stress test: under racecheck it stops in torch's own comparison after
+    #   every launch has completed and does not finish in 240 s, even at 200 launches, and a
+    #   four-thread torch-only program makes racecheck report an internal error ("failure to
+    #   track a kernel launch"). memcheck and synccheck run it.
     # The functional tests and the stress tests run in separate processes, and with
     # pytest-timeout installed every test has 240 s: a test that hangs under the sanitizer fails
     # with every thread's stack printed instead of using up the run.
@@ -202,19 +204,17 @@ if [ "${1:-}" = "--sanitize" ]; then
         extra=(--report-api-errors no --target-processes all)
         if [ "$tool" = memcheck ]; then extra+=(--track-stream-ordered-races no); fi
         files=("$here/tests/test_gpu.py" "$here/tests/test_gpu_multi.py")
-        if [ "$tool" = racecheck ]; then
-            sets=(functional)
-        else
-            sets=(functional stress)
-        fi
+        sets=(functional stress)
+        skip="not kernel_fault"
+        if [ "$tool" = racecheck ]; then skip="$skip and not stress_threads"; fi
         for set in "${sets[@]}"; do
             if [ "$set" = stress ]; then files=("$here/tests/test_gpu_stress.py"); fi
             echo "-- $(date -u +%T) compute-sanitizer --tool $tool: tile_py $set tests" \
-                "(kernel-fault test left out; stress at 2000 launches)"
+                "(left out: ${skip#not }; stress at 2000 launches)"
             if ! TILE_REQUIRE_GPU=1 TILE_UNDER_SANITIZER=1 TILE_STRESS_LAUNCHES=2000 \
                 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
                 "$py" -m pytest -v -rfs --tb=short --durations=8 -p no:cacheprovider ${limit[@]+"${limit[@]}"} \
-                "${files[@]}" -m gpu -k "not kernel_fault"; then
+                "${files[@]}" -m gpu -k "$skip"; then
                 status=1
             fi
         done
