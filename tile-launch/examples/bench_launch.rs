@@ -3,8 +3,8 @@
 //!
 //! Measures, in one process: the raw `cuLaunchKernel` loop through `cuda-sys` (the floor), the
 //! raw `cuLaunchKernelEx` loop, DLPack export alone (three tensors made and released), and
-//! `tile-launch` with three DLPack tensors and deferred release, and with `retire` after every
-//! launch; then the release latency (kernel completion to deleters run, while launching), and
+//! `tile-launch` with three DLPack tensors and deferred release (`Stream::launch_deferred`; also
+//! `launch` then `LaunchHandle::defer`), and with `retire` after every launch; then the release latency (kernel completion to deleters run, while launching), and
 //! a scale run (1,000,000 deferred launches with producers that free on release).
 //!
 //! Timing: host time from the first enqueue to the end of a stream synchronisation, over
@@ -270,8 +270,8 @@ fn run() -> Result<()> {
         _payload: Vec::with_capacity(64),
         origin,
     };
-    let launch = |stamp: Option<Arc<AtomicU64>>| -> Result<tile_launch::LaunchHandle> {
-        let args: [Arg<'static>; 7] = [
+    let args = |stamp: Option<Arc<AtomicU64>>| -> Result<[Arg<'static>; 7]> {
+        Ok([
             tensor(buf.a, owner(stamp))?.into(),
             1i64.into(),
             tensor(buf.b, owner(None))?.into(),
@@ -279,8 +279,11 @@ fn run() -> Result<()> {
             tensor(buf.c, owner(None))?.into(),
             1i64.into(),
             (N as u64).into(),
-        ];
-        Ok(stream.launch(&add, &cfg, args)?)
+        ])
+    };
+    // Deferred release: the tensors go straight to the release queue.
+    let launch = |stamp: Option<Arc<AtomicU64>>| -> Result<()> {
+        Ok(stream.launch_deferred(&add, &cfg, args(stamp)?)?)
     };
     let stream_sync = || -> Result<()> { Ok(stream.synchronize()?) };
     // A stream whose release queue records and polls rarely, to show what markers cost.
@@ -345,17 +348,14 @@ fn run() -> Result<()> {
         },
         Path {
             name: "tile-launch, 3 DLPack tensors, deferred release",
-            body: Box::new(|| {
-                launch(None)?.defer();
-                Ok(())
-            }),
+            body: Box::new(|| launch(None)),
             sync: Box::new(stream_sync),
             us: Vec::new(),
         },
         Path {
             name: "tile-launch, 3 DLPack tensors, retire each launch",
             body: Box::new(|| {
-                launch(None)?.retire()?;
+                stream.launch(&add, &cfg, args(None)?)?.retire()?;
                 Ok(())
             }),
             sync: Box::new(stream_sync),
@@ -373,7 +373,7 @@ fn run() -> Result<()> {
                     1i64.into(),
                     (N as u64).into(),
                 ];
-                stream.launch(&add_raw_ptrs, &cfg, args)?.defer();
+                stream.launch_deferred(&add_raw_ptrs, &cfg, args)?;
                 Ok(())
             }),
             sync: Box::new(stream_sync),
@@ -391,10 +391,19 @@ fn run() -> Result<()> {
                     1i64.into(),
                     (N as u64).into(),
                 ];
-                sparse.launch(&add, &cfg, args)?.defer();
+                sparse.launch_deferred(&add, &cfg, args)?;
                 Ok(())
             }),
             sync: Box::new(|| Ok(sparse.synchronize()?)),
+            us: Vec::new(),
+        },
+        Path {
+            name: "tile-launch, 3 DLPack tensors, handle then defer()",
+            body: Box::new(|| {
+                stream.launch(&add, &cfg, args(None)?)?.defer();
+                Ok(())
+            }),
+            sync: Box::new(stream_sync),
             us: Vec::new(),
         },
     ];
@@ -485,7 +494,7 @@ fn run() -> Result<()> {
         if i % 97 == 0 {
             let done: Box<CompletionStamp> = Box::new((AtomicU64::new(0), origin));
             let released = Arc::new(AtomicU64::new(0));
-            launch(Some(Arc::clone(&released)))?.defer();
+            launch(Some(Arc::clone(&released)))?;
             // SAFETY: `done` lives in `samples` until after the synchronisation below.
             unsafe {
                 (d.cuLaunchHostFunc)(
@@ -497,7 +506,7 @@ fn run() -> Result<()> {
             .check("cuLaunchHostFunc")?;
             samples.push((done, released));
         } else {
-            launch(None)?.defer();
+            launch(None)?;
         }
     }
     stream.synchronize()?;
@@ -524,7 +533,7 @@ fn run() -> Result<()> {
     let (mut max_pending, mut max_bytes, mut max_rss) = (0usize, 0u64, rss_start);
     let t = Instant::now();
     for i in 0..o.scale {
-        launch(None)?.defer();
+        launch(None)?;
         if i % 1000 == 0 {
             let s = stream.stats();
             max_pending = max_pending.max(s.pending_guards);

@@ -197,7 +197,8 @@ pub enum Scalar {
     Bool(bool),
     /// Any integer, converted to the parameter's integer type if it fits.
     Int(i128),
-    /// Any float, converted to the parameter's float type (`f64` → `f32` rounds).
+    /// Any float, converted to the parameter's float type (`f64` → `f32` rounds; a finite value
+    /// beyond f32's range is refused).
     Float(f64),
 }
 
@@ -238,6 +239,11 @@ impl Scalar {
             (Scalar::Int(i), T::U16) => u16::try_from(i).ok()?.into(),
             (Scalar::Int(i), T::U32) => u32::try_from(i).ok()?.into(),
             (Scalar::Int(i), T::U64) => u64::try_from(i).ok()?,
+            // Rounds to the nearest f32; a finite value beyond f32's range is refused rather
+            // than turned into an infinity. NaN and the infinities pass through.
+            (Scalar::Float(x), T::F32) if x.is_finite() && x.abs() > f64::from(f32::MAX) => {
+                return None;
+            }
             (Scalar::Float(x), T::F32) => u64::from((x as f32).to_bits()),
             (Scalar::Float(x), T::F64) => x.to_bits(),
             _ => return None,
@@ -491,6 +497,33 @@ impl Stream {
         self.launch_with(kernel, config, args, |_, used| Guard::Tensor(used), [])
     }
 
+    /// As [`Stream::launch`] followed by [`LaunchHandle::defer`], in one step: the tensors go
+    /// straight to the stream's release queue (one lock round trip instead of two, and no
+    /// handle). For a caller that never waits for this launch in particular; the tensors are
+    /// released once a later launch, [`Stream::poll`], [`Stream::synchronize`] or the stream's
+    /// drop sees the work complete.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_deferred<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<()> {
+        self.launch_core(
+            kernel,
+            config,
+            args,
+            |_, used| Guard::Tensor(used),
+            [],
+            true,
+        )
+        .map(drop)
+    }
+
     /// As [`Stream::launch`], for callers that must control how each consumed tensor is held
     /// and released (e.g. a Python binding whose deleters must run with the interpreter
     /// attached), or that must keep more values alive until the work is done.
@@ -510,9 +543,24 @@ impl Stream {
         kernel: &Kernel,
         config: &LaunchConfig,
         args: impl IntoIterator<Item = Arg<'a>>,
-        mut guard: impl FnMut(usize, Used) -> Guard,
+        guard: impl FnMut(usize, Used) -> Guard,
         owners: impl IntoIterator<Item = Guard>,
     ) -> Result<LaunchHandle> {
+        self.launch_core(kernel, config, args, guard, owners, false)
+            .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
+    }
+
+    /// The launch path: with `defer`, the guards go to the release queue and no handle is
+    /// returned; otherwise the handle is.
+    fn launch_core<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+        mut guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+        defer: bool,
+    ) -> Result<Option<LaunchHandle>> {
         let ctx = self.context();
         config.validate(ctx.limits())?;
         let mut args: SmallVec<[Arg<'a>; INLINE_ARGS]> = args.into_iter().collect();
@@ -624,14 +672,18 @@ impl Stream {
             // ending it destroys the graph).
             let guards = crate::capture::attach(d, graph, guards)?;
             enqueue()?;
-            return Ok(LaunchHandle {
+            return Ok((!defer).then_some(LaunchHandle {
                 inner: HandleInner::Captured { guards },
-            });
+            }));
+        }
+        if defer {
+            self.tracker().launch_deferred(guards, bytes, enqueue)?;
+            return Ok(None);
         }
         let pending = self.tracker().launch(guards, bytes, enqueue)?;
-        Ok(LaunchHandle {
+        Ok(Some(LaunchHandle {
             inner: HandleInner::Tracked(pending),
-        })
+        }))
     }
 }
 

@@ -178,6 +178,33 @@ fn scalar_out_of_range_is_refused() {
 }
 
 #[test]
+fn float_beyond_f32_range_is_refused_for_an_f32_parameter() {
+    let sig = Signature::new([Param::scalar(ScalarType::F32)]);
+    for x in [1e300, -1e39, 3.5e38, f64::MAX] {
+        let e = check_args("k", &sig, &[x.into()], 0).unwrap_err();
+        assert!(
+            matches!(e, Error::ArgumentKind { index: 0, .. }),
+            "{x}: {e}"
+        );
+        assert!(e.to_string().contains("out of range"), "{e}");
+    }
+    // In range (rounded), the largest finite f32, and the non-finite values are passed on.
+    for x in [
+        1.5,
+        f64::from(f32::MAX),
+        -f64::from(f32::MAX),
+        1e-50,
+        f64::INFINITY,
+        f64::NAN,
+    ] {
+        check_args("k", &sig, &[x.into()], 0).unwrap();
+    }
+    // An f64 parameter takes any f64.
+    let sig = Signature::new([Param::scalar(ScalarType::F64)]);
+    check_args("k", &sig, &[f64::MAX.into()], 0).unwrap();
+}
+
+#[test]
 fn tensor_for_scalar_and_scalar_for_tensor_are_refused() {
     let spec = TensorSpec::new(&[4], DType::F32);
     let (a, _) = counted_tensor(&spec);

@@ -264,7 +264,8 @@ fn kernel_sees_pending_producer_write() -> Result<()> {
     Ok(())
 }
 
-/// Deferred launches are released by later launches and by synchronize, each exactly once.
+/// Deferred launches (`defer` and `launch_deferred`) are released by later launches and by
+/// synchronize, each exactly once.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn deferred_release_exactly_once() -> Result<()> {
@@ -279,13 +280,14 @@ fn deferred_release_exactly_once() -> Result<()> {
         let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
         let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
         let (tc, cc) = ready_tensor(c, Layout::contiguous(n))?;
-        launch
-            .launch(
-                &f.add,
-                &LaunchConfig::for_elements(n as u64, 256),
-                vector_add_args(ta, tb, tc, 1, n),
-            )?
-            .defer();
+        let cfg = LaunchConfig::for_elements(n as u64, 256);
+        let args = vector_add_args(ta, tb, tc, 1, n);
+        // Both ways of deferring: a handle's `defer`, and `launch_deferred` (no handle).
+        if i % 2 == 0 {
+            launch.launch(&f.add, &cfg, args)?.defer();
+        } else {
+            launch.launch_deferred(&f.add, &cfg, args)?;
+        }
         counts.extend([ca, cb, cc]);
     }
     launch.synchronize()?;
@@ -301,6 +303,12 @@ fn deferred_release_exactly_once() -> Result<()> {
         stats.pending_guards
     );
     ensure!(stats.released == 1500, "released {}", stats.released);
+    ensure!(
+        stats.held_guards == 0 && stats.launches == 500,
+        "held {}, launches {}",
+        stats.held_guards,
+        stats.launches
+    );
     Ok(())
 }
 

@@ -119,6 +119,19 @@ impl Harness {
         self.launch_bytes(n, 100 * n as u64)
     }
 
+    /// Launches `n` guards, `100 * n` bytes, straight into the queue (`launch_deferred`).
+    /// Returns the sequence number.
+    fn launch_deferred(&self, n: usize) -> u64 {
+        let (_, work, guards) = self.guards(n);
+        let fake = self.fake.clone();
+        self.tracker
+            .launch_deferred(guards, 100 * n as u64, move || {
+                work.set(fake.enqueue()).expect("enqueue runs once");
+                Ok::<(), Infallible>(())
+            })
+            .unwrap()
+    }
+
     fn drops(&self) -> Vec<DropRecord> {
         self.log.lock().unwrap().clone()
     }
@@ -494,6 +507,97 @@ fn a_launch_larger_than_the_bound_is_waited_for_when_deferred() {
         (stats.pending_guards, stats.held_guards, stats.released),
         (0, 0, 7)
     );
+}
+
+#[test]
+fn launch_deferred_queues_without_a_handle_in_launch_order() {
+    let h = Harness::new(config(1000));
+    assert_eq!(h.launch_deferred(2), 0);
+    let b = h.launch(2);
+    assert_eq!(h.launch_deferred(1), 2);
+    assert_eq!(h.launch_deferred(0), 3);
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.pending_guards,
+            stats.pending_bytes,
+            stats.held_guards,
+            stats.held_bytes,
+            stats.launches
+        ),
+        (3, 300, 2, 200, 4)
+    );
+    assert_eq!(h.dropped(), 0);
+    // Retiring the handle waits for a marker covering every launch so far: it releases the
+    // queued launches before and after it too, in launch order.
+    let retired = b.retire().unwrap();
+    assert_eq!((retired.released, retired.deferred_released), (2, 3));
+    assert_eq!(
+        order(&h.drops()),
+        vec![(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    );
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.released,
+            stats.pending_guards,
+            stats.held_guards,
+            stats.held_bytes
+        ),
+        (5, 0, 0, 0)
+    );
+}
+
+#[test]
+fn launch_deferred_keeps_the_bounds() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 4,
+        ..config(1000)
+    });
+    for _ in 0..4 {
+        h.launch_deferred(1);
+    }
+    assert_eq!((h.fake.calls().wait, h.dropped()), (0, 0));
+    // 4 queued + 1 new > 4: waits for the oldest before enqueueing.
+    h.launch_deferred(1);
+    assert_eq!((h.fake.calls().wait, h.dropped()), (1, 4));
+    assert_eq!(h.stats().pending_guards, 1);
+    // Over the bound on its own: waited for and released before it returns, like `defer`.
+    h.launch_deferred(5);
+    assert_eq!(h.dropped(), 10);
+    assert_eq!(h.stats().pending_guards, 0);
+    for _ in 0..15 {
+        h.launch_deferred(2);
+        let stats = h.stats();
+        assert!(stats.pending_guards <= 4, "{stats:?}");
+    }
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 40);
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(
+        (stats.released, stats.leaked, stats.held_guards),
+        (40, 0, 0)
+    );
+}
+
+#[test]
+fn launch_deferred_enqueue_failure_releases_at_once() {
+    let h = Harness::new(config(64));
+    let (_, _, guards) = h.guards(2);
+    let result = h
+        .tracker
+        .launch_deferred(guards, 200, || Err::<(), _>("cuLaunchKernel failed"));
+    assert_eq!(result.err(), Some("cuLaunchKernel failed"));
+    assert_eq!(order(&h.drops()), vec![(0, 0), (0, 1)]);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.launches, stats.released, stats.pending_guards),
+        (0, 2, 0)
+    );
+    // The sequence number was not used.
+    assert_eq!(h.launch_deferred(1), 0);
 }
 
 #[test]
@@ -894,9 +998,14 @@ fn concurrency_smoke(config: ReleaseConfig, threads: u64, launches: u64) {
                 let mut kept = Vec::new();
                 for _ in 0..launches {
                     let n = 1 + (rng.next() % 3) as usize;
+                    let choice = rng.next() % 10;
+                    if choice == 3 {
+                        h.launch_deferred(n);
+                        continue;
+                    }
                     let handle = h.launch(n);
-                    match rng.next() % 10 {
-                        0..=3 => handle.defer(),
+                    match choice {
+                        0..=2 => handle.defer(),
                         4 => handle.retire().map(drop).unwrap(),
                         5 => drop(handle),
                         6 => match handle.try_retire() {

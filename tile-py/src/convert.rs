@@ -136,7 +136,19 @@ pub(crate) fn convert_args(
     }));
     let e = match r {
         Ok(Ok(())) => return Ok(out),
-        Ok(Err(e)) => noted(py, e, at),
+        Ok(Err(e)) => match same_capsule_as(args, at) {
+            // Claimed by an earlier argument of this call, which is rolled back below: say so,
+            // rather than "already consumed".
+            Some(earlier) => arg_err(
+                Kind::Value,
+                at,
+                format!(
+                    "the same DLPack capsule as argument {earlier}; a capsule can be consumed \
+                     only once, so pass a tensor once per launch or export it again"
+                ),
+            ),
+            None => noted(py, e, at),
+        },
         Err(payload) => {
             let what = payload
                 .downcast_ref::<&str>()
@@ -159,6 +171,15 @@ pub(crate) fn convert_args(
     Converted::rollback(claims, owners, &[]);
     crate::release::drain(py);
     Err(e)
+}
+
+/// The earlier argument that is the very capsule object `args[at]`, if any. Error path only.
+fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
+    let obj = args.get(at)?;
+    if obj.cast::<PyCapsule>().is_err() {
+        return None;
+    }
+    args[..at].iter().position(|earlier| earlier.is(obj))
 }
 
 /// `e` with the note `while converting argument {index}`, unless it already names the argument
@@ -1002,7 +1023,7 @@ fn convert_scalar(index: usize, obj: &Bound<'_, PyAny>, ty: ScalarType) -> PyRes
             let is_number = obj.cast::<PyFloat>().is_ok()
                 || obj.cast::<PyInt>().is_ok()
                 || obj.hasattr(intern!(py, "__float__"))?;
-            if !is_number {
+            if !is_number || is_complex(obj)? {
                 return Err(wrong("a float"));
             }
             let x: f64 = obj.extract().map_err(|e: PyErr| {
@@ -1237,4 +1258,20 @@ pub(crate) fn parse_config(
     cfg.cooperative = cooperative;
     cfg.programmatic_dependent_launch = programmatic_dependent_launch;
     Ok(cfg)
+}
+
+/// Whether `obj` is a complex number: Python's `complex` (and its subclasses, such as NumPy's
+/// `complex128`), or a NumPy complex scalar (`dtype.kind == 'c'`), whose `__float__` would drop
+/// the imaginary part.
+fn is_complex(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    if obj.cast::<pyo3::types::PyComplex>().is_ok() {
+        return Ok(true);
+    }
+    match obj.getattr_opt(intern!(py, "dtype"))? {
+        Some(dtype) => Ok(dtype
+            .getattr_opt(intern!(py, "kind"))?
+            .is_some_and(|k| k.extract::<String>().is_ok_and(|k| k == "c"))),
+        None => Ok(false),
+    }
 }

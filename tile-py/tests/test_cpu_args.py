@@ -152,6 +152,14 @@ def test_row2_used_capsule(counters, name):
     assert c.calls == 0
 
 
+def test_row2_same_capsule_twice_in_one_call(counters):
+    cap, c = make_capsule()
+    with pytest.raises(ValueError, match=r"argument 1: the same DLPack capsule as argument 0; a capsule can be consumed only once"):
+        check([In("float32"), In("float32")], (cap, cap))
+    # Argument 0's claim was rolled back: the capsule is untouched and still usable.
+    assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
+
+
 # ---- row 3: major version too new ------------------------------------------------------------
 
 
@@ -357,6 +365,9 @@ def test_row14_tensor_for_scalar(counters):
         ("f32", 1e300, OverflowError, r"argument 1: 1e\+300 \(float\) does not fit scalar f32"),
         ("bool", 1, TypeError, r"argument 1: expected a bool for scalar bool, got 1 \(int\)"),
         ("i16", np.int64(40000), OverflowError, r"argument 1: .*40000.* does not fit scalar i16"),
+        ("f64", 1 + 2j, TypeError, r"argument 1: expected a float for scalar f64, got \(1\+2j\) \(complex\)"),
+        ("f64", np.complex128(1 + 2j), TypeError, r"argument 1: expected a float for scalar f64, got .*complex128"),
+        ("f32", np.complex64(1), TypeError, r"argument 1: expected a float for scalar f32, got .*complex64"),
     ],
 )
 def test_row15_scalar(counters, ty, value, exc, pattern):

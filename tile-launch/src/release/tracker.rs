@@ -1,7 +1,7 @@
 //! The per-stream tracker: sequence numbers, completion markers, the queue of deferred launches,
 //! its bounds, and the one place where guards are dropped.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::mem::{self, ManuallyDrop};
 use std::panic::{self, AssertUnwindSafe};
@@ -20,6 +20,69 @@ pub(super) type Held<G> = ManuallyDrop<Vec<G>>;
 struct Entry<G> {
     guards: Held<G>,
     bytes: u64,
+}
+
+/// The deferred launches, in sequence-number order. Launches are nearly always deferred in launch
+/// order, so an insert is a push at the back; a handle deferred after a later launch's is placed
+/// by binary search. (A `BTreeMap` did the same at several times the cost per launch.)
+struct Deferred<G> {
+    entries: VecDeque<(u64, Entry<G>)>,
+}
+
+impl<G> Deferred<G> {
+    fn new() -> Self {
+        Self {
+            entries: VecDeque::new(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The smallest queued sequence number.
+    fn first(&self) -> Option<u64> {
+        self.entries.front().map(|(seq, _)| *seq)
+    }
+
+    /// The largest queued sequence number.
+    fn last(&self) -> Option<u64> {
+        self.entries.back().map(|(seq, _)| *seq)
+    }
+
+    /// Queues `entry` at its place in sequence order (each `seq` is queued at most once).
+    fn insert(&mut self, seq: u64, entry: Entry<G>) {
+        if self.last().is_some_and(|last| last > seq) {
+            let at = self.entries.partition_point(|(s, _)| *s < seq);
+            self.entries.insert(at, (seq, entry));
+        } else {
+            self.entries.push_back((seq, entry));
+        }
+    }
+
+    /// Removes the entry of `seq`, if queued.
+    fn remove(&mut self, seq: u64) -> Option<Entry<G>> {
+        let at = self.entries.partition_point(|(s, _)| *s < seq);
+        if self.entries.get(at).is_some_and(|(s, _)| *s == seq) {
+            self.entries.remove(at).map(|(_, entry)| entry)
+        } else {
+            None
+        }
+    }
+
+    /// Removes and returns, in order, every entry with a sequence number below `bound`.
+    fn take_below(
+        &mut self,
+        bound: u64,
+    ) -> std::collections::vec_deque::Drain<'_, (u64, Entry<G>)> {
+        let end = self.entries.partition_point(|(s, _)| *s < bound);
+        self.entries.drain(..end)
+    }
+
+    /// Removes and returns every entry, in order.
+    fn take_all(&mut self) -> VecDeque<(u64, Entry<G>)> {
+        mem::take(&mut self.entries)
+    }
 }
 
 /// A recorded marker and what it covers: every launch with a sequence number below `covers`.
@@ -46,7 +109,7 @@ struct State<T: Timeline, G> {
     /// is dropped.
     orphans: Vec<Arc<T::Marker>>,
     /// Deferred launches by sequence number (deferral order may differ from launch order).
-    deferred: BTreeMap<u64, Entry<G>>,
+    deferred: Deferred<G>,
     deferred_guards: usize,
     deferred_bytes: u64,
     held_guards: usize,
@@ -71,15 +134,13 @@ impl<T: Timeline, G> State<T, G> {
             .back()
             .map_or(self.completed_through, |m| m.covers);
         let covered = covered.max(self.completed_through);
-        self.deferred
-            .last_key_value()
-            .is_some_and(|(&seq, _)| seq >= covered)
+        self.deferred.last().is_some_and(|seq| seq >= covered)
     }
 
     /// Whether querying the markers could release something from the queue.
     fn worth_polling(&self) -> bool {
-        match (self.deferred.first_key_value(), self.markers.back()) {
-            (Some((&oldest, _)), Some(newest)) => newest.covers > oldest,
+        match (self.deferred.first(), self.markers.back()) {
+            (Some(oldest), Some(newest)) => newest.covers > oldest,
             _ => false,
         }
     }
@@ -138,24 +199,26 @@ impl<T: Timeline, G> State<T, G> {
         }
         let any_done = self
             .deferred
-            .first_key_value()
-            .is_some_and(|(&oldest, _)| oldest < self.completed_through);
+            .first()
+            .is_some_and(|oldest| oldest < self.completed_through);
         if !any_done {
             return own.map(|(_, guards, _)| guards).into_iter().collect();
         }
-        let still_pending = self.deferred.split_off(&self.completed_through);
-        let done = mem::replace(&mut self.deferred, still_pending);
+        let done = self.deferred.take_below(self.completed_through);
         let mut batch = Vec::with_capacity(done.len() + 1);
+        let (mut guards_done, mut bytes_done) = (0usize, 0u64);
         for (seq, entry) in done {
             if own.as_ref().is_some_and(|(own_seq, ..)| *own_seq < seq)
                 && let Some((_, guards, _)) = own.take()
             {
                 batch.push(guards);
             }
-            self.deferred_guards -= entry.guards.len();
-            self.deferred_bytes = self.deferred_bytes.saturating_sub(entry.bytes);
+            guards_done += entry.guards.len();
+            bytes_done = bytes_done.saturating_add(entry.bytes);
             batch.push(entry.guards);
         }
+        self.deferred_guards -= guards_done;
+        self.deferred_bytes = self.deferred_bytes.saturating_sub(bytes_done);
         if let Some((_, guards, _)) = own {
             batch.push(guards);
         }
@@ -218,7 +281,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 launches_since_poll: 0,
                 markers: VecDeque::new(),
                 orphans: Vec::new(),
-                deferred: BTreeMap::new(),
+                deferred: Deferred::new(),
                 deferred_guards: 0,
                 deferred_bytes: 0,
                 held_guards: 0,
@@ -281,6 +344,50 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         bytes: u64,
         enqueue: impl FnOnce() -> Result<(), E>,
     ) -> Result<Pending<T, G>, E> {
+        let (seq, guards) = self.launch_locked(guards, bytes, false, enqueue)?;
+        Ok(Pending::new(Arc::clone(self), seq, guards, bytes))
+    }
+
+    /// As [`launch`](Tracker::launch) followed by [`Pending::defer`], taking the lock once
+    /// instead of twice and making no handle: the guards go straight to the queue. Returns the
+    /// launch's sequence number.
+    ///
+    /// Guards that exceed a bound on their own are handled as `defer` handles them: waited for
+    /// and released before this returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`launch`](Tracker::launch).
+    ///
+    /// # Panics
+    ///
+    /// As [`launch`](Tracker::launch).
+    pub fn launch_deferred<E>(
+        self: &Arc<Self>,
+        guards: Vec<G>,
+        bytes: u64,
+        enqueue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<u64, E> {
+        if guards.len() > self.config.max_pending_guards || bytes > self.config.max_pending_bytes {
+            let pending = self.launch(guards, bytes, enqueue)?;
+            let seq = pending.seq();
+            pending.defer();
+            return Ok(seq);
+        }
+        self.launch_locked(guards, bytes, true, enqueue)
+            .map(|(seq, _)| seq)
+    }
+
+    /// The body of [`launch`](Tracker::launch) and [`launch_deferred`](Tracker::launch_deferred):
+    /// returns the sequence number and the guards, or, with `defer`, queues the guards and
+    /// returns none.
+    fn launch_locked<E>(
+        &self,
+        guards: Vec<G>,
+        bytes: u64,
+        defer: bool,
+        enqueue: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(u64, Held<G>), E> {
         let guards: Held<G> = ManuallyDrop::new(guards);
         let n = guards.len();
         let st = self.lock();
@@ -309,8 +416,18 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         st.next_seq += 1;
         st.launches += 1;
         st.launches_since_marker = st.launches_since_marker.saturating_add(1);
-        st.held_guards += n;
-        st.held_bytes = st.held_bytes.saturating_add(bytes);
+        let guards = if !defer {
+            st.held_guards += n;
+            st.held_bytes = st.held_bytes.saturating_add(bytes);
+            guards
+        } else {
+            if n > 0 {
+                st.insert_deferred(seq, guards, bytes);
+            } else {
+                drop(ManuallyDrop::into_inner(guards)); // empty: frees only its buffer
+            }
+            ManuallyDrop::new(Vec::new())
+        };
         self.maybe_record(&mut st);
         st.launches_since_poll = st.launches_since_poll.saturating_add(1);
         if st.launches_since_poll >= self.config.poll_every.max(1) {
@@ -322,7 +439,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         if !batch.is_empty() {
             self.release_batch(batch);
         }
-        Ok(Pending::new(Arc::clone(self), seq, guards, bytes))
+        Ok((seq, guards))
     }
 
     /// Releases the queued launches that have completed, without blocking: records a marker if
@@ -378,11 +495,11 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             return;
         };
         let mut st = self.lock();
-        let queue = mem::take(&mut st.deferred);
+        let queue = st.deferred.take_all();
         st.deferred_guards = 0;
         st.deferred_bytes = 0;
         let launches = queue.len();
-        let guards: usize = queue.values().map(|e| e.guards.len()).sum();
+        let guards: usize = queue.iter().map(|(_, e)| e.guards.len()).sum();
         st.note_error(
             error,
             format_args!(
@@ -391,7 +508,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             ),
         );
         drop(st);
-        for entry in queue.into_values() {
+        for (_, entry) in queue {
             self.leak(entry.guards);
         }
     }
@@ -645,7 +762,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         extra_bytes: u64,
     ) -> MutexGuard<'a, State<T, G>> {
         while self.over_bound(&st, extra_guards, extra_bytes) {
-            let Some((&oldest, _)) = st.deferred.first_key_value() else {
+            let Some(oldest) = st.deferred.first() else {
                 break;
             };
             if oldest >= st.completed_through {
@@ -656,7 +773,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 let waited = self.wait_for(oldest);
                 st = self.lock();
                 if let Err(e) = waited {
-                    if let Some(entry) = st.deferred.remove(&oldest) {
+                    if let Some(entry) = st.deferred.remove(oldest) {
                         st.deferred_guards -= entry.guards.len();
                         st.deferred_bytes = st.deferred_bytes.saturating_sub(entry.bytes);
                         let n = self.leak(entry.guards);
