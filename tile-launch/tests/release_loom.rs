@@ -108,6 +108,78 @@ fn launch(
         .unwrap()
 }
 
+/// As [`launch`], straight into the queue (`Tracker::launch_deferred`).
+fn launch_deferred(
+    tracker: &Arc<Tr>,
+    fake: &FakeTimeline,
+    log: &Arc<Mutex<Vec<(usize, bool)>>>,
+    id: usize,
+) {
+    let work = Arc::new(AtomicU64::new(0));
+    let guard = Guard {
+        id,
+        work: Arc::clone(&work),
+        fake: fake.clone(),
+        log: Arc::clone(log),
+    };
+    let fake = fake.clone();
+    tracker
+        .launch_deferred(vec![guard], 1, move || {
+            work.store(fake.enqueue(), Ordering::SeqCst);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn launch_deferred_races_a_launch_poll_and_completion() {
+    explore("launch_deferred_races_a_launch_poll_and_completion", || {
+        let fake = FakeTimeline::new();
+        let config = ReleaseConfig {
+            marker_every: 1,
+            max_pending_guards: 1,
+            ..ReleaseConfig::default()
+        };
+        let tracker: Arc<Tr> = Tracker::new(fake.clone(), config);
+        let log = Arc::new(Mutex::new(Vec::new()));
+
+        let other = {
+            let (tracker, fake, log) = (Arc::clone(&tracker), fake.clone(), Arc::clone(&log));
+            loom::thread::spawn(move || {
+                launch_deferred(&tracker, &fake, &log, 0);
+                tracker.poll();
+            })
+        };
+        let completer = {
+            let fake = fake.clone();
+            loom::thread::spawn(move || fake.complete_all())
+        };
+        launch(&tracker, &fake, &log, 1).defer();
+
+        other.join().unwrap();
+        completer.join().unwrap();
+        tracker.synchronize().unwrap();
+
+        let mut drops = log.lock().unwrap().clone();
+        assert!(
+            drops.iter().all(|&(_, complete)| complete),
+            "released early: {drops:?}"
+        );
+        drops.sort_unstable();
+        assert_eq!(drops, vec![(0, true), (1, true)]);
+        let stats = tracker.stats();
+        assert_eq!(
+            (
+                stats.released,
+                stats.leaked,
+                stats.pending_guards,
+                stats.held_guards
+            ),
+            (2, 0, 0, 0)
+        );
+    });
+}
+
 #[test]
 fn concurrent_launch_defer_poll_complete() {
     explore("concurrent_launch_defer_poll_complete", || {
