@@ -6,6 +6,9 @@ REPS repetitions (each path's repetitions are interleaved with the other paths')
 
   cuda.core launch, raw pointers                     the floor users would pick
   tile_py.launch, 3 torch tensors                    DLPack C exchange API path
+  tile_py.launch, 3 torch tensors, sync=False        the same without the stream handshake
+  tile_py.launch, 4 u64 scalars                      the same kernel given raw pointers: tile_py's
+                                                     cost without any tensor
   tile_py.launch, 3 plain __dlpack__ objects         generic DLPack path (Python __dlpack__ calls)
   tile_py.launch, 3 CuPy arrays
   cuda.core launch + 3 x StridedMemoryView           consumes DLPack, capsule lives with the view
@@ -139,6 +142,12 @@ def main():
 
     add("tile_py.launch, 3 torch tensors (C exchange API)",
         lambda: tile_py.launch(stream, grid, k, (a, b, c, N), block=256))
+    add("tile_py.launch, 3 torch tensors, sync=False",
+        lambda: tile_py.launch(stream, grid, k, (a, b, c, N), block=256, sync=False))
+    k_ptrs = lib.kernel("vector_add", [tile_py.Scalar("u64")] * 4)
+    ia, ib, ic = (t.data_ptr() for t in (a, b, c))
+    add("tile_py.launch, 4 u64 scalars (raw pointers)",
+        lambda: tile_py.launch(stream, grid, k_ptrs, (ia, ib, ic, N), block=256))
     pA, pB, pC = PlainDLPack(a), PlainDLPack(b), PlainDLPack(c)
     add("tile_py.launch, 3 plain __dlpack__ objects",
         lambda: tile_py.launch(stream, grid, k, (pA, pB, pC, N), block=256))
@@ -240,6 +249,10 @@ def main():
         ratios["tile_py_plain_over_cuda_core_smv"] = plain / smv_t
         print(f"ratio tile_py (plain __dlpack__) / cuda.core + SMV (same plain objects): "
               f"{plain / smv_t:.3f}  (target <= 0.2)")
+    scalars = med.get("tile_py.launch, 4 u64 scalars (raw pointers)")
+    if floor and torch_path and scalars:
+        print(f"tile_py without tensors - cuda.core raw: {scalars - floor:+.2f} us; "
+              f"3 torch tensors - no tensors: {torch_path - scalars:+.2f} us")
     print(f"kernel result correct: {correct}")
     print(f"scale: {o.scale} launches in {scale_s:.1f} s; guards released {released} "
           f"(expected {3 * o.scale}); max pending guards {max_pending}, max pending bytes "
