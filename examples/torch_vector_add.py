@@ -3,12 +3,23 @@
     python examples/torch_vector_add.py
 
 Needs a CUDA GPU, PyTorch and NVRTC (the CUDA toolkit's lib64, or the pip package
-nvidia-cuda-nvrtc) on the library path.
+nvidia-cuda-nvrtc) on the library path. Without PyTorch, tile_py or an NVIDIA driver it prints
+one line saying what is missing and exits with status 1.
 """
 
-import torch
+import sys
 
-import tile_py
+try:
+    import torch
+
+    import tile_py
+except ImportError as e:
+    print(
+        f"torch_vector_add: {e}; the example needs PyTorch and tile_py "
+        "(cargo xtask wheel, then pip install target/wheels/tile_py-*.whl)",
+        file=sys.stderr,
+    )
+    sys.exit(1)
 
 SOURCE = r"""
 extern "C" __global__ void vector_add(const float* a, const float* b, float* c,
@@ -20,7 +31,14 @@ extern "C" __global__ void vector_add(const float* a, const float* b, float* c,
 
 
 def main():
-    lib = tile_py.Library.from_cuda_source(SOURCE)
+    try:
+        lib = tile_py.Library.from_cuda_source(SOURCE)
+    except tile_py.CudaError as e:
+        if e.name is not None:
+            raise
+        # No driver call was made: no NVIDIA driver could be loaded.
+        print(f"torch_vector_add: {e}", file=sys.stderr)
+        sys.exit(1)
     add = lib.kernel(
         "vector_add",
         [tile_py.In("float32"), tile_py.In("float32"), tile_py.Out("float32"), tile_py.Scalar("u64")],

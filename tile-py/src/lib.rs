@@ -26,7 +26,8 @@
 //! # Layering
 //!
 //! Depends on `tile-launch` (streams, kernels, the release queue), `tile-dlpack` (ownership
-//! states, validation), `cuda-sys` (a few driver queries), `dlpark` (DLPack flags) and `pyo3`.
+//! states, validation), `cuda-sys` (a few driver queries), `dlpark` (DLPack flags), `smallvec`
+//! (inline argument buffers) and `pyo3`.
 //! Nothing depends on it. `pyo3` appears in this crate alone.
 
 mod convert;
@@ -516,9 +517,27 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// Counters of the release queues: pending (deferred) guards and bytes, guards held by live
-/// handles, tensors released, tensors leaked, launches. Polls the streams first (non-blocking),
-/// so tensors whose work has finished are released.
+/// Counters of tile_py's streams and release queues, as a dict of ints. Polls the streams first
+/// (non-blocking) and runs the queued releases, so tensors whose work has finished are released.
+///
+/// - `streams`: streams tile_py holds, one per device and stream handle it launched on.
+/// - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
+///   `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
+///   on the streams' release queues until an event shows their work finished.
+/// - `held_guards`, `held_bytes`: guards and bytes owned by live `LaunchHandle`s.
+/// - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
+///   release queues, CUDA graphs, and exports dropped by a failed check.
+/// - `guards_released`: guards the streams' release queues dropped, once the work was done (or
+///   at once when the driver refused the launch). Dropping a guard only queues its release for
+///   a thread that holds the GIL; this count includes `__cuda_array_interface__` objects and
+///   leaves out captured launches and failed checks, so it differs from `released`.
+/// - `leaked`: tensors never released: their completion could not be confirmed (a failed
+///   wait), the interpreter was exiting, or they were inherited by a child of `os.fork()`.
+/// - `launches`: launches the driver accepted on those streams (launches captured into a CUDA
+///   graph are not counted).
+/// - `errors`: completion events the release queues failed to record, query or wait for.
+/// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
+///   at the next call into tile_py).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     for s in streams::all() {

@@ -5,8 +5,12 @@
 //!   freshness check, and every test (GPU tests are listed as ignored).
 //! - `cargo xtask wheel` builds the `tile-py` abi3 wheel into `target/wheels/`; `cargo xtask test`
 //!   also builds it and runs its pytest suite in `target/py-venv`.
-//! - `cargo xtask gpu-bundle` builds `target/gpu-bundle/`: release test binaries, the example,
-//!   the kernels and a `run.sh` that runs it all on a GPU machine without Rust or network.
+//! - `cargo xtask gpu-bundle` builds `target/gpu-bundle/`: release test binaries, the examples,
+//!   the kernels, the tile-py wheel with its tests and a `run.sh` that runs it all on a GPU
+//!   machine without Rust or network.
+//! - `cargo xtask bench` builds the bundle and runs its benchmarks on this machine's GPU.
+//!
+//! A task refuses any argument it does not take; `--help` or `-h` after a task prints the usage.
 
 mod bundle;
 mod codegen;
@@ -16,34 +20,69 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+/// The tasks, each with the arguments it accepts.
+const TASKS: &[(&str, &[&str])] = &[
+    ("codegen", &["--check"]),
+    ("test", &[]),
+    ("wheel", &[]),
+    ("gpu-bundle", &[]),
+    ("bench", &[]),
+];
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rest: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
-    match args.first().map(String::as_str) {
-        Some("codegen") => codegen::run(rest.contains(&"--check")),
-        Some("test") => test(),
-        Some("gpu-bundle") => bundle::run(),
-        Some("bench") => bench(),
-        Some("wheel") => wheel::build().map(|w| println!("wheel: {}", w.display())),
-        Some(other) if !matches!(other, "help" | "--help" | "-h") => {
-            bail!("unknown task `{other}`\n\n{USAGE}")
-        }
-        _ => {
-            println!("{USAGE}");
-            Ok(())
-        }
+    let Some(task) = args.first().map(String::as_str) else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    if matches!(task, "help" | "--help" | "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let Some((_, accepted)) = TASKS.iter().find(|(name, _)| *name == task) else {
+        bail!("unknown task `{task}`\n\n{USAGE}")
+    };
+    let rest = &args[1..];
+    // `cargo xtask <task> --help` prints the help and runs nothing.
+    if rest.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    if let Some(bad) = rest.iter().find(|a| !accepted.contains(&a.as_str())) {
+        let takes = if accepted.is_empty() {
+            "no arguments".to_owned()
+        } else {
+            format!("only {}", accepted.join(", "))
+        };
+        bail!(
+            "`cargo xtask {task}` does not accept the argument `{bad}` (it takes {takes}); \
+             see `cargo xtask --help`"
+        );
+    }
+    match task {
+        "codegen" => codegen::run(rest.iter().any(|a| a == "--check")),
+        "test" => test(),
+        "gpu-bundle" => bundle::run(),
+        "bench" => bench(),
+        "wheel" => wheel::build().map(|w| println!("wheel: {}", w.display())),
+        _ => unreachable!("every task of TASKS is matched"),
     }
 }
 
-const USAGE: &str = "usage: cargo xtask <task>
+const USAGE: &str = "usage: cargo xtask <task> [--help]
 
 tasks:
   codegen [--check]   regenerate cuda-sys bindings from the pinned cuda.h (--check: fail on any difference)
-  test                run everything that needs no GPU: fmt, clippy, codegen --check, all tests
+  test                run everything that needs no GPU: fmt, clippy, codegen --check, all Rust tests,
+                      then build the tile_py wheel and run its pytest suite in target/py-venv
   wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
-  gpu-bundle          build target/gpu-bundle/ (release test binaries, example, run.sh) for a GPU machine
+  gpu-bundle          build target/gpu-bundle/ for a GPU machine: release test binaries, the examples,
+                      the kernels, the tile_py wheel with its tests, and run.sh
   bench               build the bundle and run its benchmarks here (needs a GPU); results in bench/results/.
-                      On a GPU machine without Rust: bash target/gpu-bundle/run.sh --bench DIR";
+                      On a GPU machine without Rust: bash target/gpu-bundle/run.sh --bench [DIR]
+                      (DIR defaults to ./bench-results)
+
+A task takes no arguments but those shown; `cargo xtask <task> --help` prints this help.";
 
 /// `cargo xtask bench`: the bundle's benchmarks, run on this machine's GPU.
 fn bench() -> Result<()> {

@@ -88,7 +88,10 @@ def launch(
       handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
     - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
     - `args`: one per declared parameter: DLPack producers, capsules,
-      `__cuda_array_interface__` objects, Python or NumPy scalars.
+      `__cuda_array_interface__` objects, Python or NumPy scalars. A tensor's DLPack device must
+      be device memory (`kDLCUDA`) or managed memory (`kDLCUDAManaged`) of the stream's device,
+      or pinned host memory (`kDLCUDAHost`, any device id); host memory (`kDLCPU`) and other
+      devices are refused with a `ValueError`.
     - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
     - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
     - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
@@ -110,7 +113,28 @@ def synchronize() -> None:
     """Wait for all launched work, then release every deferred tensor."""
 
 def stats() -> dict[str, int]:
-    """Release-queue counters: pending/held guards and bytes, released, leaked, launches."""
+    """Counters of tile_py's streams and release queues. Polls the streams first (non-blocking)
+    and runs the queued releases, so tensors whose work has finished are released.
+
+    - `streams`: streams tile_py holds, one per device and stream handle it launched on.
+    - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
+      `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
+      on the streams' release queues until an event shows their work finished.
+    - `held_guards`, `held_bytes`: guards and bytes owned by live `LaunchHandle`s.
+    - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
+      release queues, CUDA graphs, and exports dropped by a failed check.
+    - `guards_released`: guards the streams' release queues dropped, once the work was done (or
+      at once when the driver refused the launch). Dropping a guard only queues its release for
+      a thread that holds the GIL; this count includes `__cuda_array_interface__` objects and
+      leaves out captured launches and failed checks, so it differs from `released`.
+    - `leaked`: tensors never released: their completion could not be confirmed (a failed
+      wait), the interpreter was exiting, or they were inherited by a child of `os.fork()`.
+    - `launches`: launches the driver accepted on those streams (launches captured into a CUDA
+      graph are not counted).
+    - `errors`: completion events the release queues failed to record, query or wait for.
+    - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
+      at the next call into tile_py).
+    """
 
 def _check_args(
     params: Sequence[Param],
