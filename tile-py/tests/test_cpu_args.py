@@ -27,6 +27,7 @@ from dlpack_ctypes import (
     kDLCPU,
     kDLCUDA,
     kDLCUDAHost,
+    kDLCUDAManaged,
     kDLFloat,
     kDLFloat4_e2m1fn,
     make_capsule,
@@ -182,6 +183,16 @@ def test_row3_major_version_too_new_producer(counters):
     assert p.deleted == 1
 
 
+def test_row3_major_version_too_new_exchange_api(counters):
+    from dlpack_ctypes import make_exchange_producer_type
+
+    Ex, log = make_exchange_producer_type()
+    p = Ex(version=(2, 0), ndim=-5, null_shape=True)
+    with pytest.raises(BufferError, match=r"argument 0: unsupported DLPack version 2\.0"):
+        check([In("float32")], (p,))
+    assert log["from_obj"] == 1 and p.deleted == 1
+
+
 # ---- rows 4-9: malformed descriptors (deleter exactly once via the producer's capsule) ---------
 
 
@@ -268,6 +279,20 @@ def test_row10_pinned_host_accepted(counters):
     assert p.deleted == 1
 
 
+@pytest.mark.parametrize("device", [(kDLCUDAManaged, 0), (kDLCUDAHost, 7)])
+def test_row10_managed_on_the_stream_device_and_pinned_host_with_any_id_accepted(counters, device):
+    p = Producer(device=device)
+    check([Out("float32")], (p,))
+    assert p.deleted == 1
+
+
+def test_row10_managed_on_another_device_refused(counters):
+    p = Producer(device=(kDLCUDAManaged, 1))
+    with pytest.raises(ValueError, match=r"argument 0: .*cuda_managed:1.*cuda:0"):
+        check([Out("float32")], (p,))
+    assert p.deleted == 1
+
+
 # ---- rows 11-12: outputs ---------------------------------------------------------------------
 
 
@@ -275,6 +300,13 @@ def test_row11_read_only_output(counters):
     p = Producer(flags=READ_ONLY)
     with pytest.raises(ValueError, match=r"argument 1: tensor is read-only \(DLPACK_FLAG_BITMASK_READ_ONLY\)"):
         check([In("float32"), Out("float32")], (Producer(), p))
+    assert p.deleted == 1
+
+
+def test_row11_read_only_inout(counters):
+    p = Producer(flags=READ_ONLY)
+    with pytest.raises(ValueError, match=r"argument 0: tensor is read-only"):
+        check([InOut("float32")], (p,))
     assert p.deleted == 1
 
 
