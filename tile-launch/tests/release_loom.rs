@@ -86,12 +86,12 @@ impl Drop for Guard {
 
 type Tr = Tracker<FakeTimeline, Guard>;
 
-fn launch(
-    tracker: &Arc<Tr>,
+/// A guard for launch `id` and the `enqueue` that records its unit of work on the fake.
+fn guard_and_enqueue(
     fake: &FakeTimeline,
     log: &Arc<Mutex<Vec<(usize, bool)>>>,
     id: usize,
-) -> tile_launch::release::Pending<FakeTimeline, Guard> {
+) -> (Guard, impl FnOnce() -> Result<(), ()> + use<>) {
     let work = Arc::new(AtomicU64::new(0));
     let guard = Guard {
         id,
@@ -100,12 +100,20 @@ fn launch(
         log: Arc::clone(log),
     };
     let fake = fake.clone();
-    tracker
-        .launch(vec![guard], 1, move || {
-            work.store(fake.enqueue(), Ordering::SeqCst);
-            Ok::<(), ()>(())
-        })
-        .unwrap()
+    (guard, move || {
+        work.store(fake.enqueue(), Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+fn launch(
+    tracker: &Arc<Tr>,
+    fake: &FakeTimeline,
+    log: &Arc<Mutex<Vec<(usize, bool)>>>,
+    id: usize,
+) -> tile_launch::release::Pending<FakeTimeline, Guard> {
+    let (guard, enqueue) = guard_and_enqueue(fake, log, id);
+    tracker.launch(vec![guard], 1, enqueue).unwrap()
 }
 
 /// As [`launch`], straight into the queue (`Tracker::launch_deferred`).
@@ -115,25 +123,15 @@ fn launch_deferred(
     log: &Arc<Mutex<Vec<(usize, bool)>>>,
     id: usize,
 ) {
-    let work = Arc::new(AtomicU64::new(0));
-    let guard = Guard {
-        id,
-        work: Arc::clone(&work),
-        fake: fake.clone(),
-        log: Arc::clone(log),
-    };
-    let fake = fake.clone();
-    tracker
-        .launch_deferred(vec![guard], 1, move || {
-            work.store(fake.enqueue(), Ordering::SeqCst);
-            Ok::<(), ()>(())
-        })
-        .unwrap();
+    let (guard, enqueue) = guard_and_enqueue(fake, log, id);
+    tracker.launch_deferred(vec![guard], 1, enqueue).unwrap();
 }
 
-#[test]
-fn launch_deferred_races_a_launch_poll_and_completion() {
-    explore("launch_deferred_races_a_launch_poll_and_completion", || {
+/// Two launches deferred from two threads (the other thread's with `launch_deferred` when
+/// `one_step`, else with a handle's `defer`), a poll on each, and the work completing at any
+/// point: both released exactly once, after completion.
+fn launch_defer_poll_complete(name: &str, one_step: bool) {
+    explore(name, move || {
         let fake = FakeTimeline::new();
         let config = ReleaseConfig {
             marker_every: 1,
@@ -146,7 +144,11 @@ fn launch_deferred_races_a_launch_poll_and_completion() {
         let other = {
             let (tracker, fake, log) = (Arc::clone(&tracker), fake.clone(), Arc::clone(&log));
             loom::thread::spawn(move || {
-                launch_deferred(&tracker, &fake, &log, 0);
+                if one_step {
+                    launch_deferred(&tracker, &fake, &log, 0);
+                } else {
+                    launch(&tracker, &fake, &log, 0).defer();
+                }
                 tracker.poll();
             })
         };
@@ -155,6 +157,7 @@ fn launch_deferred_races_a_launch_poll_and_completion() {
             loom::thread::spawn(move || fake.complete_all())
         };
         launch(&tracker, &fake, &log, 1).defer();
+        tracker.poll();
 
         other.join().unwrap();
         completer.join().unwrap();
@@ -181,49 +184,13 @@ fn launch_deferred_races_a_launch_poll_and_completion() {
 }
 
 #[test]
+fn launch_deferred_races_a_launch_poll_and_completion() {
+    launch_defer_poll_complete("launch_deferred_races_a_launch_poll_and_completion", true);
+}
+
+#[test]
 fn concurrent_launch_defer_poll_complete() {
-    explore("concurrent_launch_defer_poll_complete", || {
-        let fake = FakeTimeline::new();
-        let config = ReleaseConfig {
-            marker_every: 1,
-            max_pending_guards: 1,
-            ..ReleaseConfig::default()
-        };
-        let tracker: Arc<Tr> = Tracker::new(fake.clone(), config);
-        let log = Arc::new(Mutex::new(Vec::new()));
-
-        let other = {
-            let (tracker, fake, log) = (Arc::clone(&tracker), fake.clone(), Arc::clone(&log));
-            loom::thread::spawn(move || {
-                launch(&tracker, &fake, &log, 0).defer();
-                tracker.poll();
-            })
-        };
-        let completer = {
-            let fake = fake.clone();
-            loom::thread::spawn(move || fake.complete_all())
-        };
-        let handle = launch(&tracker, &fake, &log, 1);
-        handle.defer();
-        tracker.poll();
-
-        other.join().unwrap();
-        completer.join().unwrap();
-        tracker.synchronize().unwrap();
-
-        let mut drops = log.lock().unwrap().clone();
-        assert!(
-            drops.iter().all(|&(_, complete)| complete),
-            "released early: {drops:?}"
-        );
-        drops.sort_unstable();
-        assert_eq!(drops, vec![(0, true), (1, true)]);
-        let stats = tracker.stats();
-        assert_eq!(
-            (stats.released, stats.leaked, stats.pending_guards),
-            (2, 0, 0)
-        );
-    });
+    launch_defer_poll_complete("concurrent_launch_defer_poll_complete", false);
 }
 
 fn new_tracker(fake: &FakeTimeline, marker_every: u32) -> (Arc<Tr>, Log) {
