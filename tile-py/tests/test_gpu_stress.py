@@ -108,19 +108,20 @@ def test_stress_threads_streams_producers():
         assert not alive, f"thread {tid}: objects {alive} (a, b, c, plain) still referenced"
 
 
-FAULT_SCRIPT = textwrap.dedent(
+def child_script(body, extra_source=""):
+    """A Python program for a subprocess: imports, the `add` kernel of SOURCE (plus
+    `extra_source`) loaded as `lib` and `add`, then `body`."""
+    return (
+        "import sys, torch, tile_py\n"
+        "from tile_py import In, Out, Scalar\n"
+        f"lib = tile_py.Library.from_cuda_source({SOURCE + extra_source!r})\n"
+        'add = lib.kernel("add", [In("f32"), In("f32"), Out("f32"), Scalar("u64")])\n'
+        + textwrap.dedent(body)
+    )
+
+
+FAULT_SCRIPT = child_script(
     r"""
-    import sys, torch, tile_py
-    from tile_py import In, Out, Scalar
-    src = r'''
-    extern "C" __global__ void add(const float* a, const float* b, float* c, unsigned long long n) {
-        unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-        if (i < n) c[i] = a[i] + b[i];
-    }
-    extern "C" __global__ void fault(float* p) { asm volatile("trap;"); }
-    '''
-    lib = tile_py.Library.from_cuda_source(src)
-    add = lib.kernel("add", [In("f32"), In("f32"), Out("f32"), Scalar("u64")])
     fault = lib.kernel("fault", [Out("f32")])
     n = 1 << 20
     a, b, c = (torch.randn(n, device="cuda") for _ in range(3))
@@ -136,7 +137,8 @@ FAULT_SCRIPT = textwrap.dedent(
     st = tile_py.stats()
     print("STATS", st["released"], st["leaked"])
     sys.stdout.flush()
-    """
+    """,
+    extra_source='extern "C" __global__ void fault(float* p) { asm volatile("trap;"); }\n',
 )
 
 
@@ -159,18 +161,8 @@ def test_kernel_fault_poisons_the_context_in_a_subprocess():
     assert leaked >= 1, out
 
 
-EXIT_SCRIPT = textwrap.dedent(
+EXIT_SCRIPT = child_script(
     r"""
-    import sys, torch, tile_py
-    from tile_py import In, Out, Scalar
-    src = r'''
-    extern "C" __global__ void add(const float* a, const float* b, float* c, unsigned long long n) {
-        unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-        if (i < n) c[i] = a[i] + b[i];
-    }
-    '''
-    lib = tile_py.Library.from_cuda_source(src)
-    add = lib.kernel("add", [In("f32"), In("f32"), Out("f32"), Scalar("u64")])
     n = 1 << 20
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
