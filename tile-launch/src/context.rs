@@ -81,9 +81,13 @@ impl Context {
         // SAFETY: out-pointer to a local; the driver is initialised by `driver()`.
         unsafe { (d.cuDeviceGet)(&mut device, ordinal) }.check("cuDeviceGet")?;
         let mut raw: CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
-        unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
-            .check("cuDevicePrimaryCtxRetain")?;
+        // Relaxed capture mode: retaining (and so perhaps creating) the primary context must not
+        // invalidate a global-mode capture another thread has in progress.
+        crate::capture::relaxed(d, || {
+            // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
+            unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
+                .check("cuDevicePrimaryCtxRetain")
+        })?;
         // From here on `Context`'s Drop balances the retain, on the error path too.
         let mut ctx = Context {
             ordinal,

@@ -102,6 +102,21 @@ pub enum Error {
     )]
     CapturedLaunch,
 
+    /// The launch stream is capturing a CUDA graph, and a tensor's data is ready on a stream
+    /// that is not part of that capture ([`TensorArg::ready_on`](crate::TensorArg::ready_on)):
+    /// the graph cannot be ordered after work outside it (`cuStreamWaitEvent` would fail with
+    /// `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` and invalidate the capture). Nothing was consumed
+    /// and the capture is unchanged. Make the data ready before the capture begins (and pass the
+    /// tensor without `ready_on`), or fork the producer's stream into the capture.
+    #[error(
+        "argument {index}: its data is ready on a stream outside the graph capture in progress on \
+         the launch stream; the launch was refused and the capture left as it was"
+    )]
+    ProducerOutsideCapture {
+        /// The argument's position.
+        index: usize,
+    },
+
     /// A launch configuration value is outside what the device or CUDA allows.
     #[error("invalid launch configuration: {what} is {value}, limit {limit}")]
     InvalidConfig {

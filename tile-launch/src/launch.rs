@@ -5,7 +5,7 @@ use std::fmt;
 
 use cuda_sys::{
     CUfunction, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
-    CUstream, CuResultExt,
+    CUstream, CUstreamCaptureStatus, CuResultExt, CudaError,
 };
 use smallvec::SmallVec;
 use tile_dlpack::{Unused, Used};
@@ -576,6 +576,17 @@ impl Stream {
             check_pointer_devices(d, &args, ctx.ordinal())?;
         }
         let capture = crate::capture::capturing_graph(d, self.raw())?;
+        if capture.is_some()
+            && let Err(e) = check_capture_joins(d, self.raw(), &args)
+        {
+            // Tensors handed over already consumed are released here (nothing uses them); their
+            // deleters must not disturb the capture in progress on this thread.
+            let _ = crate::capture::relaxed(d, || {
+                drop(std::mem::take(&mut args));
+                Ok(())
+            });
+            return Err(e);
+        }
         // 2. Consume. A failure here releases what was consumed so far (nothing is launched).
         let tensors = args.iter().filter(|a| matches!(a, Arg::Tensor(_))).count();
         let mut guards = Vec::new();
@@ -609,10 +620,15 @@ impl Stream {
         // 4. Order after the producers, then launch.
         // The context is bound and `waits` holds only other streams: wait directly rather than
         // through `wait_for_raw`, which would check and bind both again.
-        for s in waits {
-            // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context,
-            // which is bound.
-            unsafe { self.tracker().timeline().wait_for(s) }?;
+        if !waits.is_empty() {
+            self.with_tracker(|t| {
+                for s in waits {
+                    // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this
+                    // context, which is bound.
+                    unsafe { t.timeline().wait_for(s) }?;
+                }
+                Ok::<(), CudaError>(())
+            })?;
         }
         let mut attrs = launch_attributes(config);
         let cfg = CUlaunchConfig {
@@ -677,14 +693,60 @@ impl Stream {
             }));
         }
         if defer {
-            self.tracker().launch_deferred(guards, bytes, enqueue)?;
+            self.with_tracker(|t| t.launch_deferred(guards, bytes, enqueue))?;
             return Ok(None);
         }
-        let pending = self.tracker().launch(guards, bytes, enqueue)?;
+        let pending = self.with_tracker(|t| t.launch(guards, bytes, enqueue))?;
         Ok(Some(LaunchHandle {
             inner: HandleInner::Tracked(pending),
         }))
     }
+}
+
+/// The capture sequence `stream` belongs to: `Some(id)` while it captures (active or
+/// invalidated), `None` otherwise (`cuStreamGetCaptureInfo`).
+fn capture_id(
+    d: &cuda_sys::Driver,
+    stream: CUstream,
+) -> std::result::Result<Option<u64>, CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0u64;
+    // SAFETY: out-pointers to locals; the optional outputs are null (not wanted); `stream` is a
+    // stream of the bound context (the caller's contract for `ready_on`).
+    unsafe {
+        (d.cuStreamGetCaptureInfo)(
+            stream,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    .check("cuStreamGetCaptureInfo")?;
+    Ok((status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
+}
+
+/// While `stream` captures a graph, a tensor whose data is ready on another stream can be
+/// ordered only if that stream takes part in the same capture (the wait then joins it into the
+/// graph). Waiting on work outside the capture fails (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`)
+/// and invalidates the capture; it would also order the graph's replays after nothing. Such a
+/// launch is refused here, before anything is consumed, and the capture is left as it was.
+fn check_capture_joins(d: &cuda_sys::Driver, stream: CUstream, args: &[Arg<'_>]) -> Result<()> {
+    let Some(ours) = capture_id(d, stream)? else {
+        return Ok(());
+    };
+    for (index, arg) in args.iter().enumerate() {
+        let Arg::Tensor(t) = arg else { continue };
+        let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
+            continue;
+        };
+        if capture_id(d, producer)? != Some(ours) {
+            return Err(Error::ProducerOutsideCapture { index });
+        }
+    }
+    Ok(())
 }
 
 /// Checks that the memory of every non-empty device tensor (`kDLCUDA`) is on device `ordinal`

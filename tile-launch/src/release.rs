@@ -130,6 +130,23 @@ pub trait Timeline: Send + Sync + 'static {
     fn releasing(&self, release: &mut dyn FnMut()) {
         release();
     }
+
+    /// Whether the stream this timeline observes is named by its handle on one thread only
+    /// (CUDA's per-thread default stream). The tracker then records a marker at every launch,
+    /// on the launching thread, so that a wait, poll or release made later from any thread finds
+    /// a marker covering the launch and never has to record or synchronise there. The default
+    /// is `false`.
+    fn thread_bound(&self) -> bool {
+        false
+    }
+
+    /// Whether [`record`](Timeline::record) and [`synchronize`](Timeline::synchronize) reach the
+    /// stream from the calling thread: always, except for a [`thread_bound`](Timeline::thread_bound)
+    /// timeline on a thread other than its own (there the handle names another stream, and both
+    /// calls fail). The default is `true`.
+    fn reachable_here(&self) -> bool {
+        true
+    }
 }
 
 /// Tuning of a [`Tracker`]. `ReleaseConfig::default()` is
@@ -194,6 +211,26 @@ pub struct Stats {
     pub markers_recorded: u64,
     /// Errors stored in the sticky slot, or that would have been had it been empty.
     pub errors: u64,
+}
+
+impl Stats {
+    /// The sum of two snapshots (e.g. the release queues of the per-thread default stream of
+    /// several threads).
+    #[must_use]
+    pub(crate) fn plus(self, other: &Stats) -> Stats {
+        Stats {
+            pending_guards: self.pending_guards + other.pending_guards,
+            pending_bytes: self.pending_bytes.saturating_add(other.pending_bytes),
+            held_guards: self.held_guards + other.held_guards,
+            held_bytes: self.held_bytes.saturating_add(other.held_bytes),
+            released: self.released + other.released,
+            leaked: self.leaked + other.leaked,
+            release_panics: self.release_panics + other.release_panics,
+            launches: self.launches + other.launches,
+            markers_recorded: self.markers_recorded + other.markers_recorded,
+            errors: self.errors + other.errors,
+        }
+    }
 }
 
 /// Why a [`Tracker`] could not confirm that work completed.

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use cuda_sys::{
     CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CuResultExt, CudaError, Driver,
@@ -23,11 +24,48 @@ unsafe impl Send for Event {}
 // state of its own.
 unsafe impl Sync for Event {}
 
+/// How the driver resolves a stream handle.
+///
+/// The default-stream handles are relative: the legacy default stream (null, or
+/// `CU_STREAM_LEGACY`) names the legacy stream of whichever context is current on the calling
+/// thread, and the per-thread default stream (`CU_STREAM_PER_THREAD`) names a different stream on
+/// every thread (and in every context). Any other handle names one stream wherever it is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HandleKind {
+    /// A stream created by `cuStreamCreate` (ours or another library's).
+    Explicit,
+    /// The legacy default stream of the stream's context.
+    Legacy,
+    /// The per-thread default stream of one thread, in the stream's context.
+    PerThread,
+}
+
+impl HandleKind {
+    pub(crate) fn of(raw: CUstream) -> HandleKind {
+        if raw.is_null() || raw == cuda_sys::CU_STREAM_LEGACY {
+            HandleKind::Legacy
+        } else if raw == cuda_sys::CU_STREAM_PER_THREAD {
+            HandleKind::PerThread
+        } else {
+            HandleKind::Explicit
+        }
+    }
+}
+
 /// The CUDA side of a stream's release queue: records events on the stream, queries and waits
 /// on them, and keeps finished events in a pool for reuse.
+///
+/// Every driver call it makes runs with the stream's context current (pushed when another one,
+/// or none, is current, and popped after), whichever thread makes it: a release, a poll or a
+/// wait may come from a thread that never used CUDA. For the per-thread default stream, the
+/// timeline belongs to one thread ([`Timeline::thread_bound`]): it records and synchronises only
+/// there, and answers every other thread from the markers recorded at launch time.
 pub struct CudaTimeline {
     d: &'static Driver,
     raw: CUstream,
+    kind: HandleKind,
+    /// For [`HandleKind::PerThread`]: the thread whose per-thread default stream this is.
+    thread: Option<ThreadId>,
     owned: bool,
     ctx: Arc<Context>,
     pool: Mutex<Vec<Event>>,
@@ -50,10 +88,35 @@ impl CudaTimeline {
         let d = self.d;
         let _bound = self.ctx.bind_with(d)?;
         let mut ev: CUevent = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; the stream's context is current.
-        unsafe { (d.cuEventCreate)(&mut ev, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
-            .check("cuEventCreate")?;
+        // Creating an event is harmless to a capture, but relaxed mode keeps it from failing, or
+        // invalidating another thread's global-mode capture, on drivers that think otherwise.
+        crate::capture::relaxed(d, || {
+            // SAFETY: out-pointer to a local; the stream's context is current.
+            unsafe { (d.cuEventCreate)(&mut ev, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
+                .check("cuEventCreate")
+        })?;
         Ok(Event(ev))
+    }
+
+    /// Whether the calling thread is one where this timeline's stream handle names its stream:
+    /// always, except for a per-thread default stream on a thread other than its own.
+    fn reachable(&self) -> bool {
+        self.thread
+            .is_none_or(|owner| owner == std::thread::current().id())
+    }
+
+    /// Refuses, without calling `function`, on a thread where the handle names another stream.
+    fn refuse_if_unreachable(&self, function: &'static str) -> Result<(), CudaError> {
+        if self.reachable() {
+            return Ok(());
+        }
+        Err(CudaError::new(
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+            match function {
+                "cuEventRecord" => "cuEventRecord (another thread's per-thread default stream)",
+                _ => "cuStreamSynchronize (another thread's per-thread default stream)",
+            },
+        ))
     }
 
     /// The raw stream handle.
@@ -65,6 +128,8 @@ impl CudaTimeline {
     /// event there would add a node to the graph, and synchronising would invalidate the capture.
     /// One `cuStreamIsCapturing`; the release queue records markers sparingly, so this stays off
     /// the per-launch path.
+    /// The stream's context must be current (a default-stream handle names that context's
+    /// stream).
     fn refuse_if_capturing(&self, function: &'static str) -> Result<(), CudaError> {
         if crate::capture::is_capturing(self.d, self.raw)? {
             return Err(CudaError::new(
@@ -104,6 +169,8 @@ impl Timeline for CudaTimeline {
 
     fn record(&self) -> Result<Event, Self::Error> {
         let d = self.d;
+        self.refuse_if_unreachable("cuEventRecord")?;
+        let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuEventRecord")?;
         let ev = self.event()?;
         // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
@@ -118,6 +185,7 @@ impl Timeline for CudaTimeline {
 
     fn query(&self, marker: &Event) -> Result<bool, Self::Error> {
         let d = self.d;
+        let _bound = self.ctx.bind_with(d)?;
         // Our events are recorded outside capture only; relaxed mode keeps the query from
         // failing, or invalidating another thread's global-mode capture.
         crate::capture::relaxed(d, || {
@@ -132,6 +200,7 @@ impl Timeline for CudaTimeline {
 
     fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
         let d = self.d;
+        let _bound = self.ctx.bind_with(d)?;
         crate::capture::relaxed(d, || {
             // SAFETY: `marker` is a live event.
             unsafe { (d.cuEventSynchronize)(marker.0) }.check("cuEventSynchronize")
@@ -140,6 +209,8 @@ impl Timeline for CudaTimeline {
 
     fn synchronize(&self) -> Result<(), Self::Error> {
         let d = self.d;
+        self.refuse_if_unreachable("cuStreamSynchronize")?;
+        let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuStreamSynchronize")?;
         crate::capture::relaxed(d, || {
             // SAFETY: `self.raw` is a live stream.
@@ -154,9 +225,19 @@ impl Timeline for CudaTimeline {
             .push(marker);
     }
 
+    fn thread_bound(&self) -> bool {
+        self.kind == HandleKind::PerThread
+    }
+
+    fn reachable_here(&self) -> bool {
+        self.reachable()
+    }
+
     fn releasing(&self, release: &mut dyn FnMut()) {
-        // Deleters may change the calling thread's current context (`cudarc` binds its own, for
-        // one): put back the caller's afterwards.
+        // Deleters run with the stream's context current (a `cudarc` buffer's free, for one,
+        // needs its context, and the releasing thread may never have used CUDA), and may change
+        // the calling thread's current context themselves (`cudarc` binds its own): the caller's
+        // is put back afterwards.
         let d = self.d;
         let mut saved: cuda_sys::CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
@@ -166,6 +247,14 @@ impl Timeline for CudaTimeline {
             saved,
             active: saved_ok.is_ok(),
         };
+        if saved_ok.is_ok() && saved != self.ctx.raw() {
+            // SAFETY: the context is retained by `self.ctx`; `_restore` makes `saved` current
+            // again afterwards.
+            let set = unsafe { (d.cuCtxSetCurrent)(self.ctx.raw()) }.check("cuCtxSetCurrent");
+            if let Err(e) = set {
+                log::warn!("releasing without the stream's context current: {e}");
+            }
+        }
         let mut ran = false;
         let relaxed = crate::capture::relaxed(self.d, || {
             ran = true;
@@ -209,6 +298,7 @@ impl Drop for RestoreContext {
 impl Drop for CudaTimeline {
     fn drop(&mut self) {
         let d = self.d;
+        let _bound = self.ctx.bind_with(d);
         let events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
         for ev in events {
             // SAFETY: the event is ours and no longer used.
@@ -228,6 +318,9 @@ impl Drop for CudaTimeline {
 
 type StreamTracker = Tracker<CudaTimeline, Guard>;
 
+/// The release queues of the per-thread default stream, one per launching thread.
+type ThreadTrackers = Vec<(ThreadId, Arc<StreamTracker>)>;
+
 /// A CUDA stream together with its release queue.
 ///
 /// Cloning is cheap and shares the stream. A stream created by [`Stream::new`] is destroyed
@@ -240,13 +333,36 @@ pub struct Stream {
 }
 
 struct StreamInner {
+    /// The release queue of the stream; for the per-thread default stream, that of the thread
+    /// that made this `Stream`.
     tracker: Arc<StreamTracker>,
+    /// For the per-thread default stream: one release queue per thread that launched on it
+    /// (each thread's per-thread default stream is a stream of its own, with its own order).
+    per_thread: Option<Mutex<ThreadTrackers>>,
+    config: ReleaseConfig,
     check_pointer_devices: AtomicBool,
+}
+
+impl StreamInner {
+    /// Every release queue of the stream.
+    fn trackers(&self) -> Vec<Arc<StreamTracker>> {
+        match &self.per_thread {
+            None => vec![Arc::clone(&self.tracker)],
+            Some(map) => map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(_, t)| Arc::clone(t))
+                .collect(),
+        }
+    }
 }
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        self.tracker.shutdown();
+        for tracker in self.trackers() {
+            tracker.shutdown();
+        }
     }
 }
 
@@ -281,9 +397,13 @@ impl Stream {
         let d = driver()?;
         let _bound = ctx.bind()?;
         let mut raw: CUstream = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; the context is current.
-        unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
-            .check("cuStreamCreate")?;
+        // Relaxed capture mode: creating a stream is a "potentially unsafe" call that would
+        // invalidate another thread's global-mode capture.
+        crate::capture::relaxed(d, || {
+            // SAFETY: out-pointer to a local; the context is current.
+            unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
+                .check("cuStreamCreate")
+        })?;
         Ok(Self::wrap(d, ctx, raw, true, None, config))
     }
 
@@ -343,20 +463,61 @@ impl Stream {
         keep: Option<Box<dyn std::any::Any + Send + Sync>>,
         config: ReleaseConfig,
     ) -> Stream {
+        let kind = HandleKind::of(raw);
         let timeline = CudaTimeline {
             d,
             raw,
+            kind,
+            thread: (kind == HandleKind::PerThread).then(|| std::thread::current().id()),
             owned,
             ctx: Arc::clone(ctx),
             pool: Mutex::new(Vec::new()),
             _keep: keep,
         };
+        let tracker = Tracker::new(timeline, config);
+        let per_thread = (kind == HandleKind::PerThread)
+            .then(|| Mutex::new(vec![(std::thread::current().id(), Arc::clone(&tracker))]));
         Stream {
             inner: Arc::new(StreamInner {
-                tracker: Tracker::new(timeline, config),
+                tracker,
+                per_thread,
+                config,
                 check_pointer_devices: AtomicBool::new(Context::several_devices()),
             }),
         }
+    }
+
+    /// Runs `f` with the release queue that launches from the calling thread go to: the stream's
+    /// one queue, or, for the per-thread default stream, the calling thread's (made on first
+    /// use).
+    pub(crate) fn with_tracker<R>(&self, f: impl FnOnce(&Arc<StreamTracker>) -> R) -> R {
+        let Some(map) = &self.inner.per_thread else {
+            return f(&self.inner.tracker);
+        };
+        let me = std::thread::current().id();
+        let tracker = {
+            let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+            match map.iter().find(|(t, _)| *t == me) {
+                Some((_, tracker)) => Arc::clone(tracker),
+                None => {
+                    let first = self.inner.tracker.timeline();
+                    let timeline = CudaTimeline {
+                        d: first.d,
+                        raw: first.raw,
+                        kind: HandleKind::PerThread,
+                        thread: Some(me),
+                        owned: false,
+                        ctx: Arc::clone(&first.ctx),
+                        pool: Mutex::new(Vec::new()),
+                        _keep: None,
+                    };
+                    let tracker = Tracker::new(timeline, self.inner.config);
+                    map.push((me, Arc::clone(&tracker)));
+                    tracker
+                }
+            }
+        };
+        f(&tracker)
     }
 
     /// The raw `CUstream` handle.
@@ -367,10 +528,6 @@ impl Stream {
     /// The context this stream belongs to.
     pub fn context(&self) -> &Arc<Context> {
         &self.inner.tracker.timeline().ctx
-    }
-
-    pub(crate) fn tracker(&self) -> &Arc<StreamTracker> {
-        &self.inner.tracker
     }
 
     /// Makes this stream wait, on the device, for all work enqueued so far on `producer`
@@ -391,25 +548,34 @@ impl Stream {
             return Ok(());
         }
         let _bound = self.context().bind()?;
-        // SAFETY: this function's contract; the context is bound above.
-        Ok(unsafe { self.inner.tracker.timeline().wait_for(producer) }?)
+        // SAFETY: this function's contract; the context is bound above. A default-stream handle
+        // names the calling thread's stream here, as it does for the launches made from it.
+        Ok(self.with_tracker(|t| unsafe { t.timeline().wait_for(producer) })?)
     }
 
     /// Blocks until all work on the stream is done, then releases every deferred tensor
     /// (`cuEventRecord` + `cuEventSynchronize`, or `cuStreamSynchronize`).
+    ///
+    /// For the per-thread default stream, "the stream" is every thread's that launched through
+    /// this value: the calling thread's is synchronised as a whole, another thread's up to the
+    /// last launch made through tile (its marker, recorded at launch time on that thread), since
+    /// the handle cannot name another thread's stream.
     ///
     /// # Errors
     ///
     /// [`Error::Cuda`](crate::Error::Cuda) if the wait fails; nothing is released then.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
-        Ok(self.inner.tracker.synchronize()?)
+        for tracker in self.inner.trackers() {
+            tracker.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Releases deferred tensors whose work has completed, without blocking. Returns how many
     /// were released.
     pub fn poll(&self) -> usize {
-        self.inner.tracker.poll()
+        self.inner.trackers().iter().map(|t| t.poll()).sum()
     }
 
     /// Whether launches on this stream check each device tensor's data pointer against the
@@ -436,6 +602,9 @@ impl Stream {
 
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.
     pub fn stats(&self) -> Stats {
-        self.inner.tracker.stats()
+        self.inner
+            .trackers()
+            .iter()
+            .fold(Stats::default(), |sum, t| sum.plus(&t.stats()))
     }
 }

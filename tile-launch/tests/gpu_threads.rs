@@ -1,1 +1,517 @@
-//! placeholder
+//! GPU tests of the core promise across threads and contexts: thread-relative stream handles
+//! (the legacy and the per-thread default stream) retired, polled and synchronised from other
+//! threads, deleters run with the stream's context current, and the caller's current context
+//! left as it was. Run by the GPU bundle; ignored, never passed, without a GPU.
+
+mod gpu_common;
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use cuda_sys::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUstream, CuResultExt};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use gpu_common::{
+    Count, Layout, gpu, random, ready_tensor, vector_add_args, vector_add_library,
+    vector_add_signature, view,
+};
+use tile_launch::{Context, Kernel, LaunchConfig, Param, ScalarType, Signature, Stream};
+
+const N: usize = 1 << 20;
+/// How long the spin kernel holds the launch stream, in nanoseconds.
+const SPIN_NS: u64 = 800_000_000;
+
+struct Fixture {
+    ctx: Arc<Context>,
+    cu: Arc<CudaContext>,
+    producer: Arc<CudaStream>,
+    add: Kernel,
+    spin: Kernel,
+}
+
+fn fixture() -> Result<Fixture> {
+    let g = gpu(0)?;
+    let lib = vector_add_library(&g.ctx)?;
+    let (add, spin) = {
+        let _bound = g.ctx.bind()?;
+        (
+            lib.kernel("vector_add", vector_add_signature())?,
+            lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?,
+        )
+    };
+    Ok(Fixture {
+        ctx: g.ctx,
+        cu: Arc::clone(g.producer.context()),
+        producer: g.producer,
+        add,
+        spin,
+    })
+}
+
+/// The calling thread's current context (`cuCtxGetCurrent`).
+fn current() -> Result<CUcontext> {
+    let d = cuda_sys::driver()?;
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuCtxGetCurrent)(&mut c) }.check("cuCtxGetCurrent")?;
+    Ok(c)
+}
+
+/// Inputs whose deleters free their memory (stream-ordered on the producer stream), an output
+/// poisoned with NaN that the test keeps, and the expected sums.
+struct Case {
+    a: gpu_common::Count,
+    b: gpu_common::Count,
+    c_count: Count,
+    c: CudaSlice<f32>,
+    expected: Vec<f32>,
+}
+
+type Args = [tile_launch::Arg<'static>; 7];
+
+/// A case and its launch arguments (which stay on the thread that made them: not `Send`).
+fn case(f: &Fixture, seed: u64) -> Result<(Case, Args)> {
+    let ha = random(N, seed);
+    let hb = random(N, seed + 1);
+    let a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let mut c = f.producer.alloc_zeros::<f32>(N)?;
+    f.producer.memcpy_htod(&vec![f32::NAN; N], &mut c)?;
+    let c_ptr = {
+        let (p, s) = c.device_ptr(&f.producer);
+        drop(s);
+        p
+    };
+    let (ta, ca) = ready_tensor(a, Layout::contiguous(N))?;
+    let (tb, cb) = ready_tensor(b, Layout::contiguous(N))?;
+    let (tc, cc) = view(c_ptr, N, 0)?;
+    // SAFETY: `c` is written on the producer stream only by the copy above, which the launch is
+    // ordered after (`ready_on` the producer stream).
+    let tc = unsafe { tc.ready_on(f.producer.cu_stream() as CUstream) };
+    Ok((
+        Case {
+            a: ca,
+            b: cb,
+            c_count: cc,
+            c,
+            expected: ha.iter().zip(&hb).map(|(x, y)| x + y).collect(),
+        },
+        vector_add_args(ta, tb, tc, 1, N),
+    ))
+}
+
+impl Case {
+    fn counts(&self) -> (usize, usize, usize) {
+        (self.a.get(), self.b.get(), self.c_count.get())
+    }
+
+    /// Right after the launch: the producer allocates and writes a sentinel where the inputs
+    /// were, as a caching allocator would hand their memory out again once freed.
+    fn reuse_freed_memory(f: &Fixture) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let mut s1 = f.producer.alloc_zeros::<f32>(N)?;
+        let mut s2 = f.producer.alloc_zeros::<f32>(N)?;
+        f.producer.memcpy_htod(&vec![-7.0f32; N], &mut s1)?;
+        f.producer.memcpy_htod(&vec![-7.0f32; N], &mut s2)?;
+        Ok((s1, s2))
+    }
+
+    fn wrong(&self, f: &Fixture) -> Result<usize> {
+        let hc = f.producer.clone_dtoh(&self.c)?;
+        f.producer.synchronize()?;
+        Ok((0..N).filter(|&i| hc[i] != self.expected[i]).count())
+    }
+}
+
+/// 1(a): a launch on the per-thread default stream from a worker thread, behind an 800 ms
+/// kernel, retired (and polled, queried) from the main thread. Nothing may be released before
+/// the kernel has finished, and every output must be right.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn per_thread_stream_launch_retired_from_another_thread() -> Result<()> {
+    let f = Arc::new(fixture()?);
+    // SAFETY: the per-thread default stream is always valid in its context.
+    let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let worker = {
+        let (f, stream) = (Arc::clone(&f), stream.clone());
+        std::thread::spawn(move || -> Result<()> {
+            let (c, args) = case(&f, 11)?;
+            stream
+                .launch(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
+                .defer();
+            let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+            tx.send((c, h, Instant::now()))
+                .map_err(|_| anyhow::anyhow!("main thread gone"))?;
+            // Stay alive until the main thread is done with this thread's stream.
+            done_rx.recv()?;
+            Ok(())
+        })
+    };
+    let (c, h, launched) = rx.recv()?;
+    let reused = Case::reuse_freed_memory(&f)?;
+    f.producer.synchronize()?;
+    for _ in 0..100 {
+        stream.poll();
+    }
+    ensure!(
+        !h.is_complete()?,
+        "the 800 ms kernel should still be running"
+    );
+    ensure!(
+        c.counts() == (0, 0, 0),
+        "released while the kernel runs: {:?}",
+        c.counts()
+    );
+    h.retire()?;
+    let after = launched.elapsed();
+    ensure!(
+        c.counts() == (1, 1, 1),
+        "deleters after retire: {:?}",
+        c.counts()
+    );
+    ensure!(
+        after >= Duration::from_millis(700),
+        "retire returned {after:?} after the launch, before the 800 ms kernel could finish"
+    );
+    let wrong = c.wrong(&f)?;
+    ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
+    ensure!(stream.stats().leaked == 0, "leaked: {:?}", stream.stats());
+    done_tx.send(())?;
+    worker.join().expect("worker panicked")?;
+    drop(reused);
+    println!(
+        "per-thread stream, retired from another thread: released {after:?} after the launch, \
+         {wrong} of {N} wrong"
+    );
+    Ok(())
+}
+
+/// 1(a), deferred: launches deferred on the per-thread stream by two workers, then
+/// `Stream::synchronize` from the main thread must wait for both workers' kernels, not for the
+/// main thread's own (idle) per-thread stream.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn per_thread_stream_synchronize_waits_for_every_thread() -> Result<()> {
+    let f = Arc::new(fixture()?);
+    // SAFETY: the per-thread default stream is always valid in its context.
+    let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let done_rx = Arc::new(std::sync::Mutex::new(done_rx));
+    let mut workers = Vec::new();
+    for seed in [21, 31] {
+        let (f, stream, tx, done_rx) = (
+            Arc::clone(&f),
+            stream.clone(),
+            tx.clone(),
+            Arc::clone(&done_rx),
+        );
+        workers.push(std::thread::spawn(move || -> Result<()> {
+            let (c, args) = case(&f, seed)?;
+            stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
+            stream.launch_deferred(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+            tx.send((c, Instant::now()))
+                .map_err(|_| anyhow::anyhow!("main thread gone"))?;
+            let _ = done_rx.lock().expect("lock").recv();
+            Ok(())
+        }));
+    }
+    let (c1, l1) = rx.recv()?;
+    let (c2, l2) = rx.recv()?;
+    let (cases, launched) = ([c1, c2], [l1, l2]);
+    let reused = Case::reuse_freed_memory(&f)?;
+    f.producer.synchronize()?;
+    stream.poll();
+    for c in &cases {
+        ensure!(
+            c.counts() == (0, 0, 0),
+            "released while the kernels run: {:?}",
+            c.counts()
+        );
+    }
+    stream.synchronize()?;
+    let waited = launched
+        .iter()
+        .map(Instant::elapsed)
+        .min()
+        .unwrap_or_default();
+    ensure!(
+        waited >= Duration::from_millis(700),
+        "synchronize returned {waited:?} after the launches"
+    );
+    for c in &cases {
+        ensure!(
+            c.counts() == (1, 1, 1),
+            "after synchronize: {:?}",
+            c.counts()
+        );
+        let wrong = c.wrong(&f)?;
+        ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
+    }
+    for _ in &workers {
+        done_tx.send(())?;
+    }
+    for w in workers {
+        w.join().expect("worker panicked")?;
+    }
+    drop(reused);
+    ensure!(stream.stats().leaked == 0, "leaked: {:?}", stream.stats());
+    println!("per-thread stream, two workers, synchronize from main: waited {waited:?}");
+    Ok(())
+}
+
+/// 1(b) and 4(a): a launch on the legacy default stream (null and `CU_STREAM_LEGACY`), retired
+/// from a fresh thread that has no current context. The wait must not fail for want of a
+/// context, nothing may leak, the deleters (a `cudarc` buffer's free among them) must succeed,
+/// and the fresh thread must still have no current context afterwards.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
+    let f = fixture()?;
+    for raw in [std::ptr::null_mut(), CU_STREAM_LEGACY] {
+        // SAFETY: the legacy default stream is always valid in its context.
+        let stream = unsafe { Stream::from_raw(&f.ctx, raw) }?;
+        let (c, args) = case(&f, 41)?;
+        // A moved-in `cudarc` buffer: its deleter frees it through cudarc (needs a context).
+        let moved = f.producer.alloc_zeros::<f32>(N)?;
+        let moved = tile_launch::cudarc_interop::tensor(moved)?;
+        stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
+        let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+        let launched = Instant::now();
+        let (retired, ctx_after) = std::thread::spawn(move || -> Result<_> {
+            ensure!(current()?.is_null(), "a fresh thread has no context");
+            let r = h.retire();
+            Ok((r.map(|_| ()), current()?.is_null()))
+        })
+        .join()
+        .expect("retiring thread panicked")?;
+        retired?;
+        ensure!(
+            ctx_after,
+            "retire left a context current on a thread that had none"
+        );
+        ensure!(
+            launched.elapsed() >= Duration::from_millis(700),
+            "retired before the kernel could finish"
+        );
+        ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+        let wrong = c.wrong(&f)?;
+        ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
+        // Deferred work on the legacy stream, polled and synchronised from fresh threads; a
+        // moved-in cudarc buffer rides along, whose deleter frees it through cudarc (which
+        // needs a current context, and keeps the error of a failed free).
+        let scratch_b = f.producer.alloc_zeros::<f32>(N)?;
+        let scratch_c = f.producer.alloc_zeros::<f32>(N)?;
+        f.producer.synchronize()?;
+        let (tb, nb) = view(gpu_common::address(&scratch_b), N, 0)?;
+        let (tc, nc) = view(gpu_common::address(&scratch_c), N, 0)?;
+        let released_before = stream.stats().released;
+        stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
+        stream.launch_deferred(
+            &f.add,
+            &LaunchConfig::for_elements(N as u64, 256),
+            vector_add_args(moved, tb, tc, 1, N),
+        )?;
+        let s2 = stream.clone();
+        std::thread::spawn(move || s2.poll()).join().expect("poll");
+        ensure!(
+            (nb.get(), nc.get()) == (0, 0),
+            "released while the kernel runs"
+        );
+        let s3 = stream.clone();
+        std::thread::spawn(move || -> Result<()> {
+            s3.synchronize()?;
+            ensure!(current()?.is_null(), "synchronize left a context current");
+            Ok(())
+        })
+        .join()
+        .expect("synchronize thread panicked")?;
+        ensure!((nb.get(), nc.get()) == (1, 1), "after synchronize");
+        ensure!(
+            stream.stats().released >= released_before + 3,
+            "the moved buffer's guard was not released: {:?}",
+            stream.stats()
+        );
+        // A free that failed for want of a context would be kept here.
+        f.cu.check_err()?;
+        drop((scratch_b, scratch_c));
+        let stats = stream.stats();
+        ensure!(
+            stats.leaked == 0 && stats.errors == 0,
+            "legacy stream {raw:?}: {stats:?}"
+        );
+        println!("legacy stream {raw:?}: retired and synchronised from fresh threads, {stats:?}");
+    }
+    Ok(())
+}
+
+/// 4(b): the caller's own context (a non-primary context, made with `cuCtxCreate`) is current
+/// during launch, retire and synchronise; it must still be current after each call, and the
+/// launch must still use the stream's context.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn caller_context_is_left_current() -> Result<()> {
+    let f = fixture()?;
+    let d = cuda_sys::driver()?;
+    let mut dev: cuda_sys::CUdevice = 0;
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuDeviceGet)(&mut dev, 0) }.check("cuDeviceGet")?;
+    let mut own_cu: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; default creation parameters. The new context is pushed.
+    // (cuda-sys loads only what tile calls; cudarc's bindings have cuCtxCreate.)
+    let created =
+        unsafe { cudarc::driver::sys::cuCtxCreate_v4(&mut own_cu, std::ptr::null_mut(), 0, dev) };
+    ensure!(
+        created == cudarc::driver::sys::CUresult::CUDA_SUCCESS,
+        "cuCtxCreate: {created:?}"
+    );
+    let own = own_cu as CUcontext;
+    let result = (|| -> Result<()> {
+        ensure!(
+            current()? == own,
+            "cuCtxCreate makes the new context current"
+        );
+        let stream = Stream::new(&f.ctx)?;
+        ensure!(current()? == own, "Stream::new changed the current context");
+        let (c, args) = case(&f, 51)?;
+        // cudarc calls in `case` bind cudarc's context: put ours back.
+        // SAFETY: `own` is a live context.
+        unsafe { (d.cuCtxSetCurrent)(own) }.check("cuCtxSetCurrent")?;
+        let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+        ensure!(current()? == own, "launch changed the current context");
+        h.retire()?;
+        ensure!(current()? == own, "retire changed the current context");
+        stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [1_000_000u64.into()])?;
+        stream.synchronize()?;
+        ensure!(current()? == own, "synchronize changed the current context");
+        ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+        let wrong = c.wrong(&f)?;
+        ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
+        Ok(())
+    })();
+    // SAFETY: `own` was created above and nothing uses it after this.
+    let destroyed = unsafe { cudarc::driver::sys::cuCtxDestroy_v2(own_cu) };
+    ensure!(
+        destroyed == cudarc::driver::sys::CUresult::CUDA_SUCCESS,
+        "cuCtxDestroy: {destroyed:?}"
+    );
+    result?;
+    println!(
+        "caller's non-primary context left current by Stream::new, launch, retire, synchronize"
+    );
+    Ok(())
+}
+
+/// The per-thread default stream of a worker that exits before its launch is retired: the
+/// retire from the main thread still waits for the kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn per_thread_stream_worker_exits_before_retire() -> Result<()> {
+    let f = Arc::new(fixture()?);
+    // SAFETY: the per-thread default stream is always valid in its context.
+    let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
+    let (c, h, launched) = {
+        let (f, stream) = (Arc::clone(&f), stream.clone());
+        std::thread::spawn(move || -> Result<_> {
+            let (c, args) = case(&f, 61)?;
+            stream
+                .launch(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
+                .defer();
+            let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+            Ok((c, h, Instant::now()))
+        })
+        .join()
+        .expect("worker panicked")?
+    };
+    let reused = Case::reuse_freed_memory(&f)?;
+    f.producer.synchronize()?;
+    ensure!(c.counts() == (0, 0, 0), "released early: {:?}", c.counts());
+    h.retire()?;
+    let after = launched.elapsed();
+    ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+    let wrong = c.wrong(&f)?;
+    ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
+    drop(reused);
+    println!(
+        "per-thread stream of an exited worker: retired {after:?} after launch, {wrong} wrong"
+    );
+    Ok(())
+}
+
+/// The capture status of `stream` (`cuStreamIsCapturing`).
+fn capture_status(stream: &Stream) -> Result<cuda_sys::CUstreamCaptureStatus> {
+    let d = cuda_sys::driver()?;
+    let _bound = stream.context().bind()?;
+    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local; the stream is live.
+    unsafe { (d.cuStreamIsCapturing)(stream.raw(), &mut status) }.check("cuStreamIsCapturing")?;
+    Ok(status)
+}
+
+/// 3(a): a tensor whose data is ready on a stream outside the capture, launched into a
+/// capturing stream, is refused before anything is enqueued; the capture stays active, ends,
+/// and its graph (with the launches captured before and after) replays with the right results.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn capture_refuses_a_producer_outside_the_capture() -> Result<()> {
+    use cuda_sys::CUstreamCaptureStatus as S;
+    let f = fixture()?;
+    let stream = Stream::new(&f.ctx)?;
+    let (c, args) = case(&f, 71)?;
+    f.producer.synchronize()?;
+    let capture = stream.begin_capture(tile_launch::CaptureMode::Global)?;
+    // A launch the graph keeps (no tensors).
+    stream
+        .launch(&f.spin, &LaunchConfig::new(1, 1), [1_000u64.into()])?
+        .defer();
+    let refused = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args);
+    let index = match refused {
+        Err(tile_launch::Error::ProducerOutsideCapture { index }) => index,
+        Err(e) => anyhow::bail!("wrong error: {e}"),
+        Ok(_) => anyhow::bail!("a launch ordered after a stream outside the capture was accepted"),
+    };
+    ensure!(index == 0, "refused argument {index}, want 0");
+    ensure!(
+        capture_status(&stream)? == S::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        "the refused launch disturbed the capture"
+    );
+    // The same data, made ready before: accepted into the capture.
+    let (ta, na) = view(gpu_common::address(&c.c), N, 0)?;
+    let out = f.producer.alloc_zeros::<f32>(N)?;
+    f.producer.synchronize()?;
+    let (tb, nb) = view(gpu_common::address(&c.c), N, 0)?;
+    let (tc, nc) = view(gpu_common::address(&out), N, 0)?;
+    stream
+        .launch(
+            &f.add,
+            &LaunchConfig::for_elements(N as u64, 256),
+            vector_add_args(ta, tb, tc, 1, N),
+        )?
+        .defer();
+    let graph = capture.end()?;
+    let exec = graph.instantiate()?;
+    // Fill c with 1.0 so the graph's add writes 2.0 everywhere.
+    let mut c_slice = c.c;
+    f.producer.memcpy_htod(&vec![1.0f32; N], &mut c_slice)?;
+    f.producer.synchronize()?;
+    exec.launch(&stream)?;
+    stream.synchronize()?;
+    let host = f.producer.clone_dtoh(&out)?;
+    f.producer.synchronize()?;
+    let wrong = host.iter().filter(|&&x| x != 2.0).count();
+    ensure!(wrong == 0, "{wrong} of {N} wrong after replay");
+    // The refused launch's own tensors were released (nothing uses them), exactly once.
+    ensure!(
+        (c.a.get(), c.b.get(), c.c_count.get()) == (1, 1, 1),
+        "refused launch's deleters: {:?}",
+        (c.a.get(), c.b.get(), c.c_count.get())
+    );
+    drop((exec, graph));
+    na.expect_eventually(1, "captured tensor a")?;
+    nb.expect_eventually(1, "captured tensor b")?;
+    nc.expect_eventually(1, "captured tensor c")?;
+    println!("capture: producer outside refused (argument {index}), capture intact, replay right");
+    Ok(())
+}

@@ -428,7 +428,15 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             }
             ManuallyDrop::new(Vec::new())
         };
-        self.maybe_record(&mut st);
+        if self.timeline.thread_bound() {
+            // Later waits, polls and releases may come from threads where the stream cannot be
+            // named: cover this launch now, on the launching thread.
+            if let Err(e) = self.record_locked(&mut st) {
+                st.note_error(e, format_args!("recording the marker of launch #{seq}"));
+            }
+        } else {
+            self.maybe_record(&mut st);
+        }
         st.launches_since_poll = st.launches_since_poll.saturating_add(1);
         if st.launches_since_poll >= self.config.poll_every.max(1) {
             st.launches_since_poll = 0;
@@ -714,6 +722,15 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 Some(i) => Ok(i),
                 None => self.record_locked(&mut st),
             },
+            // Where the stream cannot be named (another thread's per-thread default stream),
+            // "everything" is what was launched through this tracker: the newest marker, which
+            // was recorded at launch time, covers it.
+            Target::Everything if !self.timeline.reachable_here() => {
+                if st.next_seq <= st.completed_through {
+                    return Ok(());
+                }
+                self.record_locked(&mut st)
+            }
             Target::Everything => self.record_fresh(&mut st),
         };
         match recorded {
