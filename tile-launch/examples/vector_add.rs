@@ -69,7 +69,7 @@ fn run() -> Result<()> {
     let hb = random(n, 2);
     let a = producer.clone_htod(&ha)?;
     let b = producer.clone_htod(&hb)?;
-    let c = producer.alloc_zeros::<f32>(n)?;
+    let mut c = producer.alloc_zeros::<f32>(n)?;
 
     // The launch stream: ours, a different one.
     let stream = Stream::new(&ctx)?;
@@ -83,7 +83,7 @@ fn run() -> Result<()> {
             cudarc_interop::tensor(b)?.into(),
             1i64.into(),
             // SAFETY: `c` is read back only after the handle is retired below.
-            unsafe { cudarc_interop::borrowed(&c) }?.into(),
+            unsafe { cudarc_interop::borrowed(&mut c) }?.into(),
             1i64.into(),
             (n as u64).into(),
         ],

@@ -40,6 +40,38 @@
 //! invalidate a capture that another thread began in global mode. Its events are only ever
 //! recorded outside capture, so querying them is legal.
 //!
+//! # The release thread: context and capture mode
+//!
+//! Each parcel carries the context of the stream whose capture it was attached to (an
+//! `Arc<Context>`, which keeps that context retained). The release thread makes it current
+//! (`cuCtxPushCurrent`, then `cuCtxPopCurrent`) while it drops that parcel's guards, so deleters
+//! that free memory (`cudarc`'s `cuMemFreeAsync`, a plain `cuMemFree`) run with the right context
+//! instead of failing with `CUDA_ERROR_INVALID_CONTEXT`. The thread's own stream-capture mode is
+//! relaxed for its whole life: its deleters may run while another thread captures in global
+//! mode, and must neither fail nor invalidate that capture.
+//!
+//! # Graphs with allocation nodes
+//!
+//! A temporary allocated inside the capture (`cuMemAllocAsync` on a capturing stream, e.g.
+//! `cudarc`'s `alloc`) is a graph allocation: its address is fixed, and each launch of the
+//! executable graph allocates it again. tile holds it like any other tensor until the graph, its
+//! clones and executable graphs are gone; its producer's free then runs after the last launch has
+//! completed and frees that launch's allocation (a free outside the graph, which CUDA allows).
+//! [`Graph::instantiate`] passes `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`, so that each
+//! relaunch first frees the previous launch's allocation and the graph can be replayed.
+//!
+//! Why not release such a guard inside the capture, so that its producer's free becomes a free
+//! node after tile's kernel node? Only a guard whose memory is *known* to be an allocation of
+//! this capture could be, and only if its deleter frees stream-ordered on a stream of the same
+//! capture; a deleter run early that frees otherwise (another stream, `cuMemFree`) would free
+//! memory the kernel node uses at every replay. Telling a graph allocation apart needs the
+//! capture graph's allocation nodes (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+//! `cuGraphMemAllocNodeGetParams`); pointer attributes do not say it. So tile takes the safe
+//! side: it never runs a deleter before the graph is gone, and costs at most one graph allocation
+//! kept between the last launch and the graph's destruction. A graph that is destroyed without
+//! ever being launched never made the allocation; its producer's late free may then fail (and
+//! `cudarc` records that error).
+//!
 //! # Shutdown
 //!
 //! The release thread lives for the rest of the process. Parcels whose graphs are still alive at
@@ -52,8 +84,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, OnceLock};
 
 use cuda_sys::{
-    CUgraph, CUgraphExec, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
-    CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags, CuResultExt, CudaError, Driver,
+    CUgraph, CUgraphExec, CUgraphInstantiate_flags, CUresult, CUstream, CUstreamCaptureMode,
+    CUstreamCaptureStatus, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags, CuResultExt,
+    CudaError, Driver,
 };
 
 use crate::context::Context;
@@ -95,7 +128,7 @@ struct Counters {
 /// object carries, and [`release_parcel`] is the destructor CUDA calls with it. Tests drive the
 /// two directly. The process-wide releaser of [`Guard`]s is [`graph_releaser`].
 pub struct GraphReleaser<G: Send + 'static> {
-    tx: Sender<Vec<G>>,
+    tx: Sender<Handoff<G>>,
     counters: Arc<Counters>,
 }
 
@@ -107,25 +140,43 @@ impl<G: Send + 'static> std::fmt::Debug for GraphReleaser<G> {
     }
 }
 
-/// What a user object owns: the guards and the way to the release thread.
+/// What a user object owns: the guards, the context to release them in, and the way to the
+/// release thread.
 struct Parcel<G: Send + 'static> {
     guards: ManuallyDrop<Vec<G>>,
-    tx: Sender<Vec<G>>,
+    ctx: Option<Arc<Context>>,
+    tx: Sender<Handoff<G>>,
     counters: Arc<Counters>,
+}
+
+/// What travels from a destructor to the release thread: a parcel's guards and the context that
+/// is made current while they are dropped (`None`: whatever is current, for CPU-only users).
+struct Handoff<G> {
+    guards: Vec<G>,
+    ctx: Option<Arc<Context>>,
 }
 
 impl<G: Send + 'static> GraphReleaser<G> {
     /// Starts a release thread named `name`. The thread ends once this releaser and every parcel
     /// it made are gone.
     ///
+    /// The thread's stream-capture mode is relaxed for its whole life
+    /// (`cuThreadExchangeStreamCaptureMode`, once, at its start; skipped without a driver): the
+    /// deleters it runs may free memory (`cuMemFree`) or synchronise while another thread
+    /// captures a graph in global mode, which would otherwise fail and invalidate that capture.
+    ///
     /// # Errors
     ///
     /// [`Error::Module`] if the thread cannot be spawned.
+    #[doc(alias = "cuThreadExchangeStreamCaptureMode")]
     pub fn new(name: &str) -> Result<Self> {
         let (releaser, receiver) = Self::unstarted();
         std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || while receiver.release_next() {})
+            .spawn(move || {
+                relax_this_thread();
+                while receiver.release_next() {}
+            })
             .map_err(|e| Error::Module(format!("cannot start the graph release thread: {e}")))?;
         Ok(releaser)
     }
@@ -135,7 +186,7 @@ impl<G: Send + 'static> GraphReleaser<G> {
     /// [`ReleaseReceiver::release_next`]. [`GraphReleaser::new`] runs it on a thread; models and
     /// tests drive it themselves.
     pub fn unstarted() -> (Self, ReleaseReceiver<G>) {
-        let (tx, rx) = channel::<Vec<G>>();
+        let (tx, rx) = channel::<Handoff<G>>();
         let counters = Arc::new(Counters::default());
         let receiver = ReleaseReceiver {
             rx,
@@ -146,13 +197,24 @@ impl<G: Send + 'static> GraphReleaser<G> {
 
     /// Packs `guards` into a parcel for a user object. The pointer must reach
     /// [`release_parcel::<G>`] exactly once (CUDA's destructor call does that), or be given to
-    /// [`GraphReleaser::reclaim`]; until then the guards are alive.
+    /// [`GraphReleaser::reclaim`]; until then the guards are alive. The release thread drops
+    /// them with whatever context is current on it (none); see
+    /// [`parcel_in`](GraphReleaser::parcel_in).
     pub fn parcel(&self, guards: Vec<G>) -> *mut c_void {
+        self.parcel_in(guards, None)
+    }
+
+    /// As [`parcel`](GraphReleaser::parcel), and the release thread makes `ctx` current while it
+    /// drops these guards (`cuCtxPushCurrent` / `cuCtxPopCurrent`), so that deleters freeing
+    /// memory of that context find it current. The parcel keeps `ctx` retained until then.
+    #[doc(alias = "cuCtxPushCurrent")]
+    pub fn parcel_in(&self, guards: Vec<G>, ctx: Option<Arc<Context>>) -> *mut c_void {
         self.counters
             .attached
             .fetch_add(guards.len() as u64, Ordering::SeqCst);
         let parcel = Box::new(Parcel {
             guards: ManuallyDrop::new(guards),
+            ctx,
             tx: self.tx.clone(),
             counters: Arc::clone(&self.counters),
         });
@@ -206,18 +268,28 @@ impl Counters {
 /// The release-thread side of a [`GraphReleaser`]: receives the guards that user-object
 /// destructors hand off, and drops them.
 pub struct ReleaseReceiver<G: Send + 'static> {
-    rx: Receiver<Vec<G>>,
+    rx: Receiver<Handoff<G>>,
     counters: Arc<Counters>,
 }
 
 impl<G: Send + 'static> ReleaseReceiver<G> {
     /// Waits for the next handed-off parcel and drops its guards in order, each inside
-    /// `catch_unwind` (a panicking deleter is counted and logged). Returns `false`, releasing
-    /// nothing, once the releaser and every parcel it made are gone.
+    /// `catch_unwind` (a panicking deleter is counted and logged), with the parcel's context
+    /// current when it has one (pushed, then popped: the thread's current context is the same
+    /// after). If that context cannot be made current the guards are dropped anyway and the
+    /// error is logged. Returns `false`, releasing nothing, once the releaser and every parcel
+    /// it made are gone.
     pub fn release_next(&self) -> bool {
-        let Ok(guards) = self.rx.recv() else {
+        let Ok(Handoff { guards, ctx }) = self.rx.recv() else {
             return false;
         };
+        let bound = ctx.as_deref().map(Context::bind);
+        if let Some(Err(e)) = &bound {
+            log::error!(
+                "tile-launch graph release: cannot make the graph's context current; \
+                 its tensors' deleters run without it: {e}"
+            );
+        }
         let mut panics = 0u64;
         let n = guards.len() as u64;
         for guard in guards {
@@ -228,11 +300,28 @@ impl<G: Send + 'static> ReleaseReceiver<G> {
                 );
             }
         }
+        // Pop the context before counting, so a watcher that sees the count finds it restored.
+        drop(bound);
+        drop(ctx);
         self.counters.released.fetch_add(n, Ordering::SeqCst);
         self.counters
             .release_panics
             .fetch_add(panics, Ordering::SeqCst);
         true
+    }
+}
+
+/// Sets the calling thread's stream-capture mode to relaxed for good
+/// (`cuThreadExchangeStreamCaptureMode`); without a driver, or if the call fails, it logs and
+/// leaves the mode as it is.
+fn relax_this_thread() {
+    let Ok(d) = cuda_sys::driver() else { return };
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: in/out pointer to a local holding a valid mode; the previous mode is discarded on
+    // purpose (this thread stays relaxed).
+    let r = unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) };
+    if let Err(e) = r.check("cuThreadExchangeStreamCaptureMode") {
+        log::warn!("tile-launch graph release thread stays in its default capture mode: {e}");
     }
 }
 
@@ -253,9 +342,11 @@ pub unsafe extern "C" fn release_parcel<G: Send + 'static>(p: *mut c_void) {
         // SAFETY: taken once; the guards are never dropped on this thread.
         let guards = unsafe { ManuallyDrop::take(&mut parcel.guards) };
         let n = guards.len() as u64;
+        // The context goes with the guards: dropping its last `Arc` here would call CUDA.
+        let ctx = parcel.ctx.take();
         let counters = Arc::clone(&parcel.counters);
         counters.handed_off.fetch_add(n, Ordering::SeqCst);
-        if let Err(back) = parcel.tx.send(guards) {
+        if let Err(back) = parcel.tx.send(Handoff { guards, ctx }) {
             counters.leaked.fetch_add(n, Ordering::SeqCst);
             mem::forget(back.0);
         }
@@ -336,6 +427,15 @@ pub(crate) fn relaxed<R>(
     d: &Driver,
     f: impl FnOnce() -> Result<R, CudaError>,
 ) -> Result<R, CudaError> {
+    relaxed_with(d, f)
+}
+
+/// [`relaxed`] for a closure with any error type a [`CudaError`] converts into (tile's own
+/// first-use calls: loading a library, looking up a kernel, setting its attributes, occupancy).
+pub(crate) fn relaxed_with<R, E: From<CudaError>>(
+    d: &Driver,
+    f: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E> {
     let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: in/out pointer to a local holding a valid mode.
     unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) }
@@ -355,16 +455,25 @@ pub(crate) fn relaxed<R>(
     f()
 }
 
-/// Attaches `guards` to `graph` (being captured) with a user object the graph owns. Returns how
-/// many guards were attached.
+/// Attaches `guards` to `graph` (being captured on a stream of `ctx`) with a user object the
+/// graph owns. Returns how many guards were attached. The release thread drops them with `ctx`
+/// current, which the parcel keeps retained until then.
+///
+/// Every guard is held until the graph, its clones and executable graphs are gone, graph
+/// allocations included (see the module docs, "Graphs with allocation nodes").
 ///
 /// On error nothing owns the guards any more but the release path: if the user object could not
 /// be created they are dropped here at once (nothing was launched that uses them); if the graph
 /// refused the reference, releasing the user object hands them to the release thread.
-pub(crate) fn attach(d: &Driver, graph: CUgraph, guards: Vec<Guard>) -> Result<usize> {
+pub(crate) fn attach(
+    d: &Driver,
+    graph: CUgraph,
+    ctx: &Arc<Context>,
+    guards: Vec<Guard>,
+) -> Result<usize> {
     let releaser = graph_releaser()?;
     let n = guards.len();
-    let p = releaser.parcel(guards);
+    let p = releaser.parcel_in(guards, Some(Arc::clone(ctx)));
     let mut object: CUuserObject = std::ptr::null_mut();
     // SAFETY: `p` is a parcel of `Guard`s and `release_parcel::<Guard>` its matching destructor,
     // which CUDA calls exactly once when the last reference goes; one initial reference (ours).
@@ -552,20 +661,33 @@ impl Graph {
         })
     }
 
-    /// Instantiates an executable graph (`cuGraphInstantiate`, flags 0); it holds its own
-    /// references to the user objects.
+    /// Instantiates an executable graph (`cuGraphInstantiateWithFlags` with
+    /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`); it holds its own references to the
+    /// user objects.
+    ///
+    /// With that flag, a graph allocation the graph does not free itself (a temporary allocated
+    /// during capture, e.g. with `cuMemAllocAsync`, whose free tile holds back until the graph
+    /// is gone) is freed before each relaunch, so the graph can be replayed; without it the
+    /// second launch fails with `CUDA_ERROR_INVALID_VALUE`. Graphs without allocation nodes are
+    /// unaffected. A graph with allocation or free nodes may have only one executable graph at
+    /// a time (a CUDA rule).
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] if the driver refuses.
+    /// [`Error::Cuda`] if the driver refuses (e.g. a second executable graph of a graph with
+    /// memory nodes).
     #[doc(alias = "cuGraphInstantiate")]
     #[doc(alias = "cuGraphInstantiateWithFlags")]
     pub fn instantiate(&self) -> Result<GraphExec> {
         let d = cuda_sys::driver()?;
         let _bound = self.ctx.bind_with(d)?;
         let mut raw: CUgraphExec = std::ptr::null_mut();
-        // SAFETY: `self.raw` is a live graph of the current context; out-pointer to a local.
-        unsafe { (d.cuGraphInstantiate)(&mut raw, self.raw, 0) }.check("cuGraphInstantiate")?;
+        let flags =
+            u64::from(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.0);
+        // SAFETY: `self.raw` is a live graph of the current context; out-pointer to a local; a
+        // valid instantiation flag.
+        unsafe { (d.cuGraphInstantiate)(&mut raw, self.raw, flags) }
+            .check("cuGraphInstantiateWithFlags")?;
         Ok(GraphExec {
             raw,
             ctx: Arc::clone(&self.ctx),

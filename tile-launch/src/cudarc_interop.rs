@@ -1,59 +1,179 @@
 //! `cudarc` interop: launch on `cudarc` streams, and pass `CudaSlice` buffers as DLPack tensors.
 //!
-//! A `CudaSlice` handed to [`tensor`] is moved into a DLPack tensor (through `dlpark`'s
-//! `cudarc` export). Its memory is freed, stream-ordered, when the launch that consumed it
-//! releases the tensor, i.e. only after the kernel has finished. The launch stream is made to
-//! wait for the slice's own stream, so work still pending there (an upload, a previous kernel)
-//! is finished before the kernel reads the data.
+//! # Contract
+//!
+//! - **Moved in** ([`tensor`], [`strided_tensor`], [`export`]): the `CudaSlice` becomes a DLPack
+//!   tensor whose deleter frees it, stream-ordered on the slice's own stream, when the launch
+//!   that consumed it releases the tensor, i.e. only after the kernel has finished.
+//! - **Borrowed** ([`borrowed`]): the tensor points into a slice the caller keeps; releasing it
+//!   frees nothing. See its `# Safety` section, and [`order_after`], for the other direction.
+//! - **Write access, always.** A tensor made here may be bound to an input, an output or an
+//!   in-out parameter; which one is not known when it is made. So every export asks `cudarc`
+//!   for *write* access (`DevicePtrMut::device_ptr_mut` on the slice's own stream): that stream
+//!   waits for the slice's pending reads as well as its pending writes on any other `cudarc`
+//!   stream, and the tensor is declared ready on it ([`TensorArg::ready_on`]), so the launch
+//!   stream waits for both on the device. An input waits for reads it did not need to wait for;
+//!   that is the price of never racing a pending read with a write.
+//! - **Captures are never disturbed.** When `cudarc` tracks the slice with events (several
+//!   streams in its context, event tracking on) and the slice's stream is capturing a CUDA
+//!   graph (`cuStreamIsCapturing`), the events would be waited on and recorded inside the
+//!   capture, which invalidates it. The export is then refused, before anything is moved or
+//!   recorded, and the slice is handed back. Export before the capture begins, or allocate the
+//!   slices used in captures with `cudarc`'s event tracking off
+//!   (`CudaContext::disable_event_tracking`). A deleter that finds the slice's stream capturing
+//!   leaks the slice (logged) rather than free it into the capture.
+//! - **The caller's current context is kept.** `cudarc` makes its own context current
+//!   (`cuCtxSetCurrent`); every function here saves the calling thread's current context
+//!   (`cuCtxGetCurrent`) first and restores it before returning, on every path, and so does a
+//!   moved-in tensor's deleter, which runs with the slice's context current.
+//! - **Primary contexts only.** tile launches in a device's primary context; a slice or stream
+//!   of a non-primary `cudarc` context is refused.
+//! - **Nothing is lost on a refusal.** A moved-in slice comes back with the error
+//!   ([`ExportError::into_slice`]).
 
+use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cuda_sys::{CUcontext, CUresult, CUstream, CudaError};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError};
 use tile_dlpack::Used;
 use tile_dlpack::dlpark::ffi::{DLDevice, DLManagedTensorVersioned};
 use tile_dlpack::dlpark::metadata::Dynamic;
-use tile_dlpack::dlpark::{DlpackElement, interop::cudarc as dl};
+use tile_dlpack::dlpark::{DlpackElement, OpaqueContext};
 
 use crate::error::{Error, Result};
 use crate::launch::TensorArg;
 use crate::{Context, Stream};
 
-/// Moves `slice` into a DLPack tensor of the given `shape` and `strides` (in elements) and
-/// returns it with the stream its data becomes ready on (the slice's stream).
+/// A refused export of a moved-in `CudaSlice`: the error, and the slice, untouched (not freed,
+/// no event recorded for it).
 ///
-/// # Errors
-///
-/// [`Error::Module`] if the layout does not fit in the slice; [`Error::Descriptor`] (index 0)
-/// if the resulting descriptor is refused.
-pub fn export<T: DlpackElement>(
+/// Converts into [`Error`] with `?` (dropping, and so freeing, the slice).
+pub struct ExportError<T> {
+    error: Error,
     slice: CudaSlice<T>,
-    shape: &[i64],
-    strides: &[i64],
-) -> Result<(Used, Arc<CudaStream>)> {
-    let export =
-        dl::from_cuda_slice::<T, DLManagedTensorVersioned>(Box::new(slice), shape, strides)
-            .map_err(|e| Error::Module(format!("cannot export CudaSlice as DLPack: {e}")))?;
-    let (initialized, ready_on) = export.into_parts();
-    // SAFETY: dlpark's export filled in every descriptor field from the slice it now owns; the
-    // data stays valid until the tensor's deleter runs.
-    let managed = unsafe { initialized.finish() };
-    let used = Used::from_managed_versioned(managed)
-        .map_err(|source| Error::Descriptor { index: 0, source })?;
-    Ok((used, ready_on))
 }
 
-/// A tensor argument from `slice` (shape `[len]`, stride 1), ordered after the slice's stream.
+impl<T> ExportError<T> {
+    fn new(error: Error, slice: CudaSlice<T>) -> Self {
+        Self { error, slice }
+    }
+
+    /// Why the export was refused.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The caller's slice, handed back.
+    pub fn into_slice(self) -> CudaSlice<T> {
+        self.slice
+    }
+
+    /// The error and the slice.
+    pub fn into_parts(self) -> (Error, CudaSlice<T>) {
+        (self.error, self.slice)
+    }
+}
+
+impl<T> fmt::Debug for ExportError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExportError")
+            .field("error", &self.error)
+            .field("slice_len", &self.slice.len())
+            .finish()
+    }
+}
+
+impl<T> fmt::Display for ExportError<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaSlice not exported (handed back): {}", self.error)
+    }
+}
+
+impl<T> std::error::Error for ExportError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<ExportError<T>> for Error {
+    fn from(e: ExportError<T>) -> Self {
+        e.error
+    }
+}
+
+/// Moves `slice` into a DLPack tensor of the given `shape` and `strides` (in elements), with
+/// write access (see the module docs), and returns it with the stream its data becomes ready on
+/// (the slice's stream).
 ///
 /// # Errors
 ///
-/// As [`export`].
-pub fn tensor<T: DlpackElement>(slice: CudaSlice<T>) -> Result<TensorArg<'static>> {
-    let n = i64::try_from(slice.len())
-        .map_err(|_| Error::Module("CudaSlice length does not fit in i64".into()))?;
+/// Each with the slice handed back ([`ExportError`]), nothing freed:
+/// - [`Error::Module`] if `shape` and `strides` differ in length, the layout reaches outside
+///   the slice, the slice belongs to a non-primary `cudarc` context, or its stream is capturing
+///   while `cudarc` tracks it with events;
+/// - [`Error::Cuda`] if a driver call fails (`cuCtxGetCurrent`, `cuCtxSetCurrent`,
+///   `cuStreamIsCapturing`), or if `cudarc` holds a sticky error or records one while waiting
+///   for the slice's pending work (`cuStreamWaitEvent`, `cuEventRecord`); a sticky error found
+///   before is left in `cudarc`'s context too;
+/// - [`Error::Driver`] without a driver;
+/// - [`Error::Descriptor`] (index 0) if the resulting descriptor is refused (dtype, rank,
+///   negative dimension, byte extent).
+#[doc(alias = "cuStreamIsCapturing")]
+pub fn export<T: DlpackElement>(
+    mut slice: CudaSlice<T>,
+    shape: &[i64],
+    strides: &[i64],
+) -> Result<(Used, Arc<CudaStream>), ExportError<T>> {
+    let ready_on = Arc::clone(slice.stream());
+    let ptr = {
+        let _restore = match CurrentContext::save() {
+            Ok(r) => r,
+            Err(e) => return Err(ExportError::new(e, slice)),
+        };
+        if let Err(e) = check_layout(slice.len(), shape, strides) {
+            return Err(ExportError::new(e, slice));
+        }
+        match write_access(&mut slice) {
+            Ok(ptr) => ptr,
+            Err(e) => return Err(ExportError::new(e, slice)),
+        }
+    };
+    let device = slice.ordinal();
+    // The tensor's deleter owns one reference and this function another until the descriptor
+    // has been accepted: if it is refused, the deleter drops its reference only, and the slice
+    // is handed back from this one.
+    let shared = Arc::new(slice);
+    let owner = SliceOwner(Some(Arc::clone(&shared)));
+    match describe(ptr, shape, strides, device, T::DTYPE, Box::new(owner)) {
+        Ok(used) => {
+            drop(shared);
+            Ok((used, ready_on))
+        }
+        Err(e) => {
+            let slice = Arc::into_inner(shared)
+                .expect("the refused tensor's deleter has dropped its reference");
+            Err(ExportError::new(e, slice))
+        }
+    }
+}
+
+/// A tensor argument from `slice` (shape `[len]`, stride 1), with write access, ordered after
+/// the slice's stream (see the module docs).
+///
+/// # Errors
+///
+/// As [`export`]; [`Error::Module`] too if the length does not fit in `i64`.
+pub fn tensor<T: DlpackElement>(slice: CudaSlice<T>) -> Result<TensorArg<'static>, ExportError<T>> {
+    let Ok(n) = i64::try_from(slice.len()) else {
+        let e = Error::Module("CudaSlice length does not fit in i64".into());
+        return Err(ExportError::new(e, slice));
+    };
     strided_tensor(slice, &[n], &[1])
 }
 
-/// A tensor argument from `slice` with an explicit layout, ordered after the slice's stream.
+/// A tensor argument from `slice` with an explicit layout (`shape` and `strides` in elements),
+/// with write access, ordered after the slice's stream (see the module docs).
 ///
 /// # Errors
 ///
@@ -62,47 +182,330 @@ pub fn strided_tensor<T: DlpackElement>(
     slice: CudaSlice<T>,
     shape: &[i64],
     strides: &[i64],
-) -> Result<TensorArg<'static>> {
+) -> Result<TensorArg<'static>, ExportError<T>> {
     let (used, ready_on) = export(slice, shape, strides)?;
-    let raw = ready_on.cu_stream() as cuda_sys::CUstream;
+    let raw = ready_on.cu_stream() as CUstream;
     // SAFETY: the slice, now owned by `used`'s deleter context, holds an `Arc` to its stream,
-    // so the stream outlives the launch that consumes this argument.
+    // so the stream outlives the launch that consumes this argument; the slice's context is a
+    // primary context (checked by `export`), the one tile launches in.
     Ok(unsafe { TensorArg::from(used).ready_on(raw) })
 }
 
-/// A tensor argument that borrows `slice` instead of taking it: releasing it frees nothing.
-/// Use it for outputs that the caller reads back after the launch is retired.
+/// A tensor argument (shape `[len]`, stride 1) that borrows `slice` instead of taking it:
+/// releasing it frees nothing. It asks `cudarc` for write access, whether it is then bound to an
+/// input or an output (see the module docs): its stream waits for the slice's pending reads and
+/// writes, and the launch waits for its stream.
 ///
 /// # Safety
 ///
-/// `slice` must not be dropped, freed or reused until the launch that consumes this argument is
-/// retired (or its stream synchronised): the GPU may still be writing to it.
+/// `cudarc` records its write marker for the slice *now*, before tile's kernel is enqueued, so
+/// `cudarc` itself does not order later uses of the slice after that kernel. Until the launch
+/// that consumes this argument is retired (or its stream synchronised), the slice must not be
+/// dropped, freed, read, written or reused through `cudarc` or anything else, unless
+/// [`order_after`] has first been called with the launch's stream: that makes `cudarc`'s later
+/// users of the slice, and its free, wait for the launch on the device.
 ///
 /// # Errors
 ///
-/// As [`export`].
-pub unsafe fn borrowed<T: DlpackElement>(slice: &CudaSlice<T>) -> Result<TensorArg<'static>> {
+/// As [`export`] (without the slice, which stays with the caller).
+#[doc(alias = "cuStreamIsCapturing")]
+pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<TensorArg<'static>> {
     let n = i64::try_from(slice.len())
         .map_err(|_| Error::Module("CudaSlice length does not fit in i64".into()))?;
-    let stream = slice.stream();
-    let (ptr, sync) = slice.device_ptr(stream);
-    drop(sync);
-    let device = i32::try_from(stream.context().ordinal())
+    let ptr = {
+        let _restore = CurrentContext::save()?;
+        write_access(slice)?
+    };
+    let used = describe(ptr, &[n], &[1], slice.ordinal(), T::DTYPE, Box::new(()))?;
+    let raw = slice.stream().cu_stream() as CUstream;
+    // SAFETY: the caller keeps the slice, and so its stream, alive until the launch is retired
+    // (this function's contract); the stream is of a primary context (checked above).
+    Ok(unsafe { TensorArg::from(used).ready_on(raw) })
+}
+
+/// Orders `cudarc`'s later uses of `slice` after everything enqueued on `stream` so far: the
+/// slice's stream waits for `stream` on the device (an event recorded on `stream` and
+/// `cuStreamWaitEvent`), then `cudarc` records its write marker for the slice there. Call it
+/// right after a launch on `stream` that wrote a [`borrowed`] slice; `cudarc`'s later readers,
+/// writers and the slice's free then wait for that launch without the host blocking.
+///
+/// # Errors
+///
+/// [`Error::Module`] if the slice is not in `stream`'s context, or if either stream is
+/// capturing a graph and `cudarc` tracks the slice with events (nothing is enqueued then);
+/// [`Error::Cuda`] if a driver call fails (`cuCtxGetCurrent`, `cuCtxSetCurrent`,
+/// `cuStreamIsCapturing`, `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`), or for
+/// `cudarc`'s sticky error as in [`export`]; [`Error::Driver`] without a driver.
+#[doc(alias = "cuStreamWaitEvent")]
+pub fn order_after<T>(slice: &mut CudaSlice<T>, stream: &Stream) -> Result<()> {
+    let _restore = CurrentContext::save()?;
+    let cu = Arc::clone(slice.context());
+    if raw_ctx(&cu) != stream.context().raw() {
+        return Err(Error::Module(format!(
+            "the CudaSlice is in another context (cuda:{}) than the stream (cuda:{})",
+            cu.ordinal(),
+            stream.context().ordinal()
+        )));
+    }
+    raw::set_current(raw_ctx(&cu))?;
+    let own = slice.stream().cu_stream() as CUstream;
+    let tracked = cu.is_managing_stream_synchronization();
+    if tracked && (raw::is_capturing(stream.raw())? || raw::is_capturing(own)?) {
+        return Err(Error::Module(
+            "cannot order a CudaSlice after a stream while either is capturing a CUDA graph: \
+             cudarc's event waits and records would invalidate the capture"
+                .into(),
+        ));
+    }
+    if own != stream.raw() {
+        raw::stream_wait_stream(own, stream.raw())?;
+    }
+    write_access(slice).map(drop)
+}
+
+/// Asks `cudarc` for write access to `slice` on its own stream (that stream waits for the
+/// slice's pending reads and writes; the write marker is recorded there), refusing first what
+/// would break: a non-primary context, a capturing stream with event tracking, a sticky error.
+/// Binds the slice's context; the caller restores its own ([`CurrentContext`]).
+fn write_access<T>(slice: &mut CudaSlice<T>) -> Result<cudarc::driver::sys::CUdeviceptr> {
+    let cu = Arc::clone(slice.context());
+    if !cu.is_primary() {
+        return Err(Error::Module(format!(
+            "the CudaSlice belongs to a non-primary cudarc context on cuda:{}; tile launches in \
+             the device's primary context",
+            cu.ordinal()
+        )));
+    }
+    raw::set_current(raw_ctx(&cu))?;
+    let stream = Arc::clone(slice.stream());
+    if cu.is_managing_stream_synchronization() && raw::is_capturing(stream.cu_stream() as CUstream)?
+    {
+        return Err(Error::Module(format!(
+            "the CudaSlice's stream on cuda:{} is capturing a CUDA graph and cudarc tracks the \
+             slice with events, which would be waited on and recorded inside the capture and \
+             invalidate it; export before the capture begins, or allocate the slices used in \
+             captures with cudarc's event tracking off",
+            cu.ordinal()
+        )));
+    }
+    if let Err(e) = cu.check_err() {
+        // Not ours: leave it for the caller's next cudarc call as well.
+        cu.record_err::<()>(Err(e));
+        return Err(cudarc_error(
+            e,
+            "cudarc (a sticky error of an earlier call)",
+        ));
+    }
+    let (ptr, record) = slice.device_ptr_mut(&stream);
+    drop(record);
+    cu.check_err()
+        .map_err(|e| cudarc_error(e, "cuStreamWaitEvent/cuEventRecord (cudarc event tracking)"))?;
+    Ok(ptr)
+}
+
+/// Checks that `shape` and `strides` have the same rank and that the elements they reach lie
+/// inside a slice of `len` elements. Negative dimensions and the rank limit are left to the
+/// descriptor's validation.
+fn check_layout(len: usize, shape: &[i64], strides: &[i64]) -> Result<()> {
+    if shape.len() != strides.len() {
+        return Err(Error::Module(format!(
+            "shape has {} dimensions but strides has {}",
+            shape.len(),
+            strides.len()
+        )));
+    }
+    if shape.iter().any(|&d| d <= 0) {
+        // Empty (no element is reached) or refused by validation (negative).
+        return Ok(());
+    }
+    let (mut lo, mut hi) = (0i128, 0i128);
+    for (&d, &s) in shape.iter().zip(strides) {
+        // |(d - 1) * s| < 2^126, and at most `MAX_NDIM` of them are added before validation
+        // could refuse the rank: checked anyway.
+        let reach = i128::from(d - 1) * i128::from(s);
+        let overflow = || Error::Module("the layout's element range overflows".into());
+        if reach < 0 {
+            lo = lo.checked_add(reach).ok_or_else(overflow)?;
+        } else {
+            hi = hi.checked_add(reach).ok_or_else(overflow)?;
+        }
+    }
+    if lo < 0 || hi >= len as i128 {
+        return Err(Error::Module(format!(
+            "layout shape {shape:?} strides {strides:?} reaches elements {lo}..={hi}, outside \
+             the CudaSlice's {len} elements"
+        )));
+    }
+    Ok(())
+}
+
+/// A validated DLPack tensor over `ptr` with the given layout on `cuda:device`, whose deleter
+/// drops `owner`.
+fn describe<C: OpaqueContext>(
+    ptr: cudarc::driver::sys::CUdeviceptr,
+    shape: &[i64],
+    strides: &[i64],
+    device: usize,
+    dtype: tile_dlpack::dlpark::ffi::DLDataType,
+    owner: C,
+) -> Result<Used> {
+    let device = i32::try_from(device)
         .map_err(|_| Error::Module("device ordinal does not fit in i32".into()))?;
-    let mut init = Dynamic::new([n], [1i64])
+    let mut init = Dynamic::new(shape, strides)
         .prepare_as::<DLManagedTensorVersioned>()
         .map_err(|e| Error::Module(format!("cannot describe CudaSlice as DLPack: {e}")))?
-        .initialize(Box::new(()));
+        .initialize(owner);
     init.set_data(ptr as usize as *mut std::ffi::c_void)
         .set_device(DLDevice::cuda(device))
-        .set_dtype(T::DTYPE);
-    // SAFETY: every field is set; the caller keeps the memory alive (this function's contract).
+        .set_dtype(dtype);
+    // SAFETY: every field is set; the data stays valid until the deleter runs (the owner holds
+    // the slice, or the caller keeps it: `borrowed`'s contract).
     let managed = unsafe { init.finish() };
-    let used = Used::from_managed_versioned(managed)
-        .map_err(|source| Error::Descriptor { index: 0, source })?;
-    let raw = stream.cu_stream() as cuda_sys::CUstream;
-    // SAFETY: the caller keeps the slice, and so its stream, alive until the launch is retired.
-    Ok(unsafe { TensorArg::from(used).ready_on(raw) })
+    Used::from_managed_versioned(managed).map_err(|source| Error::Descriptor { index: 0, source })
+}
+
+/// The deleter context of a moved-in slice. It frees the slice only if it holds the last
+/// reference (the exporting function holds another until the descriptor is accepted).
+struct SliceOwner<T>(Option<Arc<CudaSlice<T>>>);
+
+impl<T> Drop for SliceOwner<T> {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take().and_then(Arc::into_inner) {
+            release(slice);
+        }
+    }
+}
+
+/// Drops `slice` with its context current, restoring the thread's context afterwards. Leaks it
+/// (logged) when its stream is capturing and `cudarc` would wait on or record events, or free
+/// it, inside the capture. `cudarc` keeps its own errors (its sticky error slot).
+fn release<T>(slice: CudaSlice<T>) {
+    let restore = match CurrentContext::save() {
+        Ok(r) => r,
+        Err(e) => {
+            log::error!("releasing a CudaSlice: {e}; dropped without binding its context");
+            drop(slice);
+            return;
+        }
+    };
+    let cu = Arc::clone(slice.context());
+    if let Err(e) = raw::set_current(raw_ctx(&cu)) {
+        log::error!("releasing a CudaSlice: {e}");
+    }
+    match raw::is_capturing(slice.stream().cu_stream() as CUstream) {
+        Ok(false) => drop(slice),
+        Ok(true) => {
+            log::error!(
+                "a CudaSlice of {} bytes is leaked: its stream is capturing a CUDA graph, and \
+                 freeing it there would put the free into (or invalidate) the capture",
+                slice.num_bytes()
+            );
+            std::mem::forget(slice);
+        }
+        Err(e) => {
+            log::error!("a CudaSlice of {} bytes is leaked: {e}", slice.num_bytes());
+            std::mem::forget(slice);
+        }
+    }
+    drop(restore);
+}
+
+/// `cudarc`'s handle of its context, as a `cuda-sys` handle (the same driver object).
+fn raw_ctx(cu: &CudaContext) -> CUcontext {
+    cu.cu_ctx() as CUcontext
+}
+
+fn cudarc_error(e: DriverError, function: &'static str) -> Error {
+    Error::Cuda(CudaError::new(CUresult(e.0 as u32), function))
+}
+
+/// The calling thread's current context, made current again when dropped
+/// (`cuCtxGetCurrent`, then `cuCtxSetCurrent` if another one is current by then).
+struct CurrentContext {
+    saved: CUcontext,
+}
+
+impl CurrentContext {
+    fn save() -> Result<Self> {
+        Ok(Self {
+            saved: raw::current()?,
+        })
+    }
+}
+
+impl Drop for CurrentContext {
+    fn drop(&mut self) {
+        let restored = raw::current().and_then(|now| {
+            if now == self.saved {
+                Ok(())
+            } else {
+                raw::set_current(self.saved)
+            }
+        });
+        if let Err(e) = restored {
+            log::error!("restoring the caller's current context: {e}");
+        }
+    }
+}
+
+/// The driver calls of this module, one thin wrapper each.
+mod raw {
+    use cuda_sys::{
+        CUcontext, CUevent, CUevent_flags, CUstream, CUstreamCaptureStatus, CuResultExt, driver,
+    };
+
+    use crate::error::Result;
+
+    /// The calling thread's current context, null if none (`cuCtxGetCurrent`).
+    pub(super) fn current() -> Result<CUcontext> {
+        let d = driver()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
+        Ok(ctx)
+    }
+
+    /// Makes `ctx` current on the calling thread, replacing the top of its context stack; null
+    /// pops it (`cuCtxSetCurrent`).
+    pub(super) fn set_current(ctx: CUcontext) -> Result<()> {
+        let d = driver()?;
+        // SAFETY: `ctx` is null or a live context (a `cudarc` context held by the caller, or
+        // the context the thread had current when `CurrentContext::save` ran).
+        unsafe { (d.cuCtxSetCurrent)(ctx) }.check("cuCtxSetCurrent")?;
+        Ok(())
+    }
+
+    /// Whether `stream` is capturing, actively or invalidated (`cuStreamIsCapturing`). The
+    /// stream's context must be current.
+    pub(super) fn is_capturing(stream: CUstream) -> Result<bool> {
+        let d = driver()?;
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: out-pointer to a local; `stream` is a live stream of the current context.
+        unsafe { (d.cuStreamIsCapturing)(stream, &mut status) }.check("cuStreamIsCapturing")?;
+        Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Makes `waiter` wait on the device for the work enqueued on `producer` so far (an event
+    /// recorded on `producer`, `cuStreamWaitEvent`, the event destroyed). Both streams must be
+    /// of the current context.
+    pub(super) fn stream_wait_stream(waiter: CUstream, producer: CUstream) -> Result<()> {
+        let d = driver()?;
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; a context is current.
+        unsafe { (d.cuEventCreate)(&mut event, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
+            .check("cuEventCreate")?;
+        // SAFETY: `event` was just created in the current context, the streams' context.
+        let recorded = unsafe { (d.cuEventRecord)(event, producer) }.check("cuEventRecord");
+        let waited = recorded.and_then(|()| {
+            // SAFETY: as above; the wait captures the event's state now.
+            unsafe { (d.cuStreamWaitEvent)(waiter, event, 0) }.check("cuStreamWaitEvent")
+        });
+        // SAFETY: nothing uses `event` after this; a pending wait keeps what it needs.
+        let destroyed = unsafe { (d.cuEventDestroy)(event) }.check("cuEventDestroy");
+        waited?;
+        destroyed?;
+        Ok(())
+    }
 }
 
 impl Stream {
@@ -112,18 +515,27 @@ impl Stream {
     /// # Errors
     ///
     /// [`Error::Driver`] without a driver; [`Error::Module`] if `ctx` is not the stream's
-    /// device.
+    /// device, or the stream's `cudarc` context is not that device's primary context (`ctx`):
+    /// tile launches only in primary contexts.
     pub fn from_cudarc(ctx: &Arc<Context>, stream: &Arc<CudaStream>) -> Result<Stream> {
-        if stream.context().ordinal() as i32 != ctx.ordinal() {
+        let cu = stream.context();
+        if i32::try_from(cu.ordinal()).ok() != Some(ctx.ordinal()) {
             return Err(Error::Module(format!(
                 "cudarc stream is on cuda:{}, context on cuda:{}",
-                stream.context().ordinal(),
+                cu.ordinal(),
                 ctx.ordinal()
             )));
         }
-        let raw = stream.cu_stream() as cuda_sys::CUstream;
-        // SAFETY: `raw` belongs to the primary context of the same device (cudarc uses primary
-        // contexts); the `Arc` kept by the stream keeps it valid.
+        if raw_ctx(cu) != ctx.raw() {
+            return Err(Error::Module(format!(
+                "cudarc stream belongs to a non-primary context of cuda:{}; tile launches in the \
+                 device's primary context",
+                cu.ordinal()
+            )));
+        }
+        let raw = stream.cu_stream() as CUstream;
+        // SAFETY: `raw` belongs to `ctx`, the device's primary context (checked above); the
+        // `Arc` kept by the stream keeps it valid.
         unsafe { Stream::from_raw_keeping(ctx, raw, Box::new(Arc::clone(stream))) }
     }
 }

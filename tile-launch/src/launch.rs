@@ -686,7 +686,7 @@ impl Stream {
             // The graph owns the guards before the kernel node exists. If the launch then fails,
             // they are released with the graph (a failed launch invalidates the capture, and
             // ending it destroys the graph).
-            let guards = crate::capture::attach(d, graph, guards)?;
+            let guards = crate::capture::attach(d, graph, ctx, guards)?;
             enqueue()?;
             return Ok((!defer).then_some(LaunchHandle {
                 inner: HandleInner::Captured { guards },

@@ -186,6 +186,9 @@ impl Signature {
 struct LibraryInner {
     d: &'static Driver,
     raw: CUlibrary,
+    /// The ordinal of the device whose context was current when the library was loaded, if one
+    /// was: where [`Library::kernel`] checks a signature when no context is current then.
+    home: Option<i32>,
 }
 
 // SAFETY: library handles are context-independent and usable from any thread.
@@ -195,11 +198,43 @@ unsafe impl Sync for LibraryInner {}
 
 impl Drop for LibraryInner {
     fn drop(&mut self) {
-        // SAFETY: every kernel of this library holds an `Arc` to it, so none is alive.
-        if let Err(e) = unsafe { (self.d.cuLibraryUnload)(self.raw) }.check("cuLibraryUnload") {
+        let (d, raw) = (self.d, self.raw);
+        // Relaxed: unloading must not disturb another thread's global-mode capture.
+        let r = crate::capture::relaxed(d, || {
+            // SAFETY: every kernel of this library holds an `Arc` to it, so none is alive.
+            unsafe { (d.cuLibraryUnload)(raw) }.check("cuLibraryUnload")
+        });
+        if let Err(e) = r {
             log::error!("{e}");
         }
     }
+}
+
+/// The ordinal of the device of the calling thread's current context, or `None` when no context
+/// is current (`cuCtxGetCurrent`, `cuCtxGetDevice`, then `cuDeviceGet` per ordinal until one
+/// names that device).
+fn current_ordinal(d: &Driver) -> Result<Option<i32>, cuda_sys::CudaError> {
+    let mut current: cuda_sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
+    if current.is_null() {
+        return Ok(None);
+    }
+    let mut device: cuda_sys::CUdevice = 0;
+    // SAFETY: out-pointer to a local; a context is current.
+    unsafe { (d.cuCtxGetDevice)(&mut device) }.check("cuCtxGetDevice")?;
+    let mut count: std::ffi::c_int = 0;
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuDeviceGetCount)(&mut count) }.check("cuDeviceGetCount")?;
+    for ordinal in 0..count {
+        let mut dev: cuda_sys::CUdevice = 0;
+        // SAFETY: out-pointer to a local; `ordinal` is below the device count.
+        unsafe { (d.cuDeviceGet)(&mut dev, ordinal) }.check("cuDeviceGet")?;
+        if dev == device {
+            return Ok(Some(ordinal));
+        }
+    }
+    Ok(None)
 }
 
 /// Loaded device code (`cuLibraryLoadData`): a cubin, a fatbin or PTX text. Libraries are not
@@ -221,6 +256,11 @@ impl Library {
     /// Loads a cubin or fatbin image, or PTX text (`cuLibraryLoadData`); the driver tells them
     /// apart by their headers. PTX is compiled for the current device by the driver.
     ///
+    /// The load runs with the calling thread's stream-capture mode relaxed
+    /// (`cuThreadExchangeStreamCaptureMode`), so that it cannot invalidate a graph capture
+    /// another thread is making in global mode. The device of the context current now, if any,
+    /// is remembered for [`Library::kernel`].
+    ///
     /// # Errors
     ///
     /// [`Error::Driver`] without a driver; [`Error::Cuda`] when the driver rejects the image
@@ -239,23 +279,28 @@ impl Library {
             owned.push(0);
             &owned
         };
-        let mut raw: CUlibrary = std::ptr::null_mut();
-        // SAFETY: `bytes` outlives the call and is NUL-terminated; no JIT or library options.
-        unsafe {
-            (d.cuLibraryLoadData)(
-                &mut raw,
-                bytes.as_ptr().cast::<c_void>(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        }
-        .check("cuLibraryLoadData")?;
+        let (raw, home) = crate::capture::relaxed(d, || {
+            let home = current_ordinal(d)?;
+            let mut raw: CUlibrary = std::ptr::null_mut();
+            // SAFETY: `bytes` outlives the call and is NUL-terminated; no JIT or library
+            // options.
+            unsafe {
+                (d.cuLibraryLoadData)(
+                    &mut raw,
+                    bytes.as_ptr().cast::<c_void>(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0,
+                )
+            }
+            .check("cuLibraryLoadData")?;
+            Ok((raw, home))
+        })?;
         Ok(Library {
-            inner: Arc::new(LibraryInner { d, raw }),
+            inner: Arc::new(LibraryInner { d, raw, home }),
         })
     }
 
@@ -304,34 +349,51 @@ impl Library {
 
     /// Looks up kernel `name` (`cuLibraryGetKernel`) and checks `signature` against the
     /// parameters the compiled kernel declares (`cuKernelGetParamInfo`): same count, and each
-    /// parameter of the declared size. The check loads the kernel into the calling thread's
-    /// current context, or into device 0's primary context when none is current.
+    /// parameter of the declared size.
+    ///
+    /// The check may load the kernel into a context. It uses the calling thread's current
+    /// context; when none is current, it first asks the driver without one, and if the driver
+    /// cannot answer so, it uses the primary context of the device whose context was current
+    /// when the library was loaded, and only when there was none either, device 0's (retained
+    /// for the check only). To keep device 0 out of it, call this with your device's context
+    /// current ([`Context::bind`](crate::Context::bind)). Every driver call runs with the
+    /// calling thread's stream-capture mode relaxed (`cuThreadExchangeStreamCaptureMode`), so it
+    /// cannot invalidate another thread's global-mode capture.
     ///
     /// # Errors
     ///
     /// [`Error::Cuda`] with `CUDA_ERROR_NOT_FOUND` if there is no such kernel;
     /// [`Error::Signature`] if the declared parameters do not match the compiled ones.
     #[doc(alias = "cuLibraryGetKernel")]
+    #[doc(alias = "cuKernelGetParamInfo")]
     pub fn kernel(&self, name: &str, signature: Signature) -> Result<Kernel> {
         let d = self.inner.d;
         let cname = CString::new(name)
             .map_err(|_| Error::Module(format!("kernel name {name:?} contains a NUL byte")))?;
-        let mut raw: CUkernel = std::ptr::null_mut();
-        // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
-        unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
-            .check("cuLibraryGetKernel")?;
-        // Reading parameter info loads the kernel into a context: use the calling thread's
-        // current one, or device 0's primary context when none is current.
-        let mut current: cuda_sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
-        let fallback = if current.is_null() {
-            Some(crate::Context::new(0)?)
-        } else {
-            None
-        };
-        let _bound = fallback.as_ref().map(|c| c.bind_with(d)).transpose()?;
-        check_param_info(d, raw, name, &signature)?;
+        let raw = crate::capture::relaxed_with(d, || -> Result<CUkernel> {
+            let mut raw: CUkernel = std::ptr::null_mut();
+            // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
+            unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
+                .check("cuLibraryGetKernel")?;
+            let mut current: cuda_sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: out-pointer to a local.
+            unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
+            if !current.is_null() {
+                check_param_info(d, raw, name, &signature)?;
+                return Ok(raw);
+            }
+            // No context current. A driver that answers without one settles it; trust only a
+            // full match that read at least one parameter (an error may just mean "no
+            // context").
+            if !signature.params().is_empty() && check_param_info(d, raw, name, &signature).is_ok()
+            {
+                return Ok(raw);
+            }
+            let fallback = crate::Context::new(self.inner.home.unwrap_or(0))?;
+            let _bound = fallback.bind_with(d)?;
+            check_param_info(d, raw, name, &signature)?;
+            Ok(raw)
+        })?;
         Ok(Kernel {
             raw,
             name: name.to_owned(),
@@ -378,14 +440,15 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
 }
 
 /// What a kernel knows about itself on one device, learnt at its first launch there that needs
-/// it.
+/// it. Only what survives a reset of the device's primary context (`cuDevicePrimaryCtxReset`)
+/// is kept here: the compiled code's static shared memory. Whether the dynamic shared memory
+/// opt-in is in effect is context state, read from the context's function at each launch that
+/// needs it.
 #[derive(Clone, Copy, Debug)]
 struct OnDevice {
     ordinal: i32,
     /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory per block, in bytes.
     static_shared: u32,
-    /// The `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` we set, in bytes (0: not set).
-    dynamic_opt_in: u32,
 }
 
 /// A kernel of a loaded [`Library`] with its declared [`Signature`]. Cheap to clone; keeps the
@@ -432,14 +495,19 @@ impl Kernel {
 
 impl Kernel {
     /// The kernel-specific checks and set-up of a launch on `ctx`'s device, made before anything
-    /// is consumed. `ctx` must be current.
+    /// is consumed. `ctx` must be current. Every driver call here runs with the calling
+    /// thread's stream-capture mode relaxed (`cuThreadExchangeStreamCaptureMode`): setting an
+    /// attribute or asking for occupancy must not invalidate another thread's global-mode
+    /// capture, nor this thread's own capture when the launch is being captured.
     ///
     /// - Dynamic shared memory: at most the device's opt-in limit minus the kernel's static
     ///   shared memory (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, read once per device). Above the
-    ///   default limit (48 KiB on current GPUs, minus the static part), the kernel opts in once
-    ///   per device, to the full opt-in limit (`cuKernelSetAttribute` with
-    ///   `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`). Launches with no dynamic shared
-    ///   memory skip all of this.
+    ///   default limit (48 KiB on current GPUs, minus the static part), the kernel's function in
+    ///   the current context (`cuKernelGetFunction`) is asked for its
+    ///   `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (`cuFuncGetAttribute`), and if that is
+    ///   below the request, the kernel opts in to the full opt-in limit (`cuKernelSetAttribute`).
+    ///   Asking the context each time notices a primary context that was reset since (the
+    ///   opt-in is gone with it). Launches with no dynamic shared memory skip all of this.
     /// - Cooperative launches: the grid must fit co-resident on the device, i.e. at most
     ///   `cuOccupancyMaxActiveBlocksPerMultiprocessor` (for this block size and shared memory)
     ///   times the number of SMs.
@@ -454,37 +522,51 @@ impl Kernel {
         ctx: &Context,
         config: &LaunchConfig,
     ) -> Result<()> {
+        crate::capture::relaxed_with(d, || self.prepare_relaxed(d, ctx, config))
+    }
+
+    /// The kernel's static shared memory on `ctx`'s device, read once per device.
+    fn static_shared(&self, d: &Driver, ctx: &Context) -> Result<u32> {
+        let mut st = self.per_device.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = st.iter().find(|k| k.ordinal == ctx.ordinal()) {
+            return Ok(k.static_shared);
+        }
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: out-pointer to a local; `self.raw` is a kernel of a loaded library and
+        // `ctx.device()` a valid device.
+        unsafe {
+            (d.cuKernelGetAttribute)(
+                &mut v,
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                self.raw,
+                ctx.device(),
+            )
+        }
+        .check("cuKernelGetAttribute")?;
+        let static_shared = u32::try_from(v).unwrap_or(0);
+        st.push(OnDevice {
+            ordinal: ctx.ordinal(),
+            static_shared,
+        });
+        Ok(static_shared)
+    }
+
+    /// The kernel's function in the current context (`cuKernelGetFunction`).
+    fn function(&self, d: &Driver) -> Result<CUfunction> {
+        let mut func: CUfunction = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; a context is current (the caller's contract).
+        unsafe { (d.cuKernelGetFunction)(&mut func, self.raw) }.check("cuKernelGetFunction")?;
+        Ok(func)
+    }
+
+    fn prepare_relaxed(&self, d: &Driver, ctx: &Context, config: &LaunchConfig) -> Result<()> {
         let limits = ctx.limits();
         let dynamic = config.shared_mem_bytes;
         if dynamic > 0 {
-            let mut st = self.per_device.lock().unwrap_or_else(|p| p.into_inner());
-            let i = match st.iter().position(|k| k.ordinal == ctx.ordinal()) {
-                Some(i) => i,
-                None => {
-                    let mut v: std::ffi::c_int = 0;
-                    // SAFETY: out-pointer to a local; `self.raw` is a kernel of a loaded library
-                    // and `ctx.device()` a valid device.
-                    unsafe {
-                        (d.cuKernelGetAttribute)(
-                            &mut v,
-                            CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                            self.raw,
-                            ctx.device(),
-                        )
-                    }
-                    .check("cuKernelGetAttribute")?;
-                    st.push(OnDevice {
-                        ordinal: ctx.ordinal(),
-                        static_shared: u32::try_from(v).unwrap_or(0),
-                        dynamic_opt_in: 0,
-                    });
-                    st.len() - 1
-                }
-            };
-            let k = &mut st[i];
+            let static_shared = self.static_shared(d, ctx)?;
             let limit = limits
                 .max_shared_mem_per_block_optin
-                .saturating_sub(k.static_shared);
+                .saturating_sub(static_shared);
             if dynamic > limit {
                 return Err(Error::InvalidConfig {
                     what: "shared_mem_bytes (the device's opt-in limit per block minus the \
@@ -495,26 +577,37 @@ impl Kernel {
             }
             let default = limits
                 .max_shared_mem_per_block
-                .saturating_sub(k.static_shared);
-            if dynamic > default && dynamic > k.dynamic_opt_in {
-                // SAFETY: a valid attribute and value (at most the opt-in limit minus the static
-                // part) for a kernel of a loaded library on a valid device.
+                .saturating_sub(static_shared);
+            if dynamic > default {
+                let func = self.function(d)?;
+                let mut now: std::ffi::c_int = 0;
+                // SAFETY: out-pointer to a local; `func` is the kernel's function in the
+                // current context.
                 unsafe {
-                    (d.cuKernelSetAttribute)(
+                    (d.cuFuncGetAttribute)(
+                        &mut now,
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        std::ffi::c_int::try_from(limit).unwrap_or(std::ffi::c_int::MAX),
-                        self.raw,
-                        ctx.device(),
+                        func,
                     )
                 }
-                .check("cuKernelSetAttribute")?;
-                k.dynamic_opt_in = limit;
+                .check("cuFuncGetAttribute")?;
+                if u32::try_from(now).unwrap_or(0) < dynamic {
+                    // SAFETY: a valid attribute and value (at most the opt-in limit minus the
+                    // static part) for a kernel of a loaded library on a valid device.
+                    unsafe {
+                        (d.cuKernelSetAttribute)(
+                            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            std::ffi::c_int::try_from(limit).unwrap_or(std::ffi::c_int::MAX),
+                            self.raw,
+                            ctx.device(),
+                        )
+                    }
+                    .check("cuKernelSetAttribute")?;
+                }
             }
         }
         if config.cooperative {
-            let mut func: CUfunction = std::ptr::null_mut();
-            // SAFETY: out-pointer to a local; `ctx` is current.
-            unsafe { (d.cuKernelGetFunction)(&mut func, self.raw) }.check("cuKernelGetFunction")?;
+            let func = self.function(d)?;
             let mut per_sm: std::ffi::c_int = 0;
             let block = std::ffi::c_int::try_from(config.block.volume()).unwrap_or(0);
             // SAFETY: out-pointer to a local; `func` is the kernel's function in the current

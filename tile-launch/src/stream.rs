@@ -307,9 +307,14 @@ impl Drop for CudaTimeline {
             }
         }
         if self.owned {
-            // SAFETY: we created this stream and nothing refers to it any more (every tracker
-            // handle that could record on it is gone).
-            if let Err(e) = unsafe { (d.cuStreamDestroy)(self.raw) }.check("cuStreamDestroy") {
+            // Relaxed capture mode: destroying a stream must not invalidate another thread's
+            // global-mode capture.
+            let destroyed = crate::capture::relaxed(d, || {
+                // SAFETY: we created this stream and nothing refers to it any more (every
+                // tracker handle that could record on it is gone).
+                unsafe { (d.cuStreamDestroy)(self.raw) }.check("cuStreamDestroy")
+            });
+            if let Err(e) = destroyed {
                 log::error!("{e}");
             }
         }

@@ -145,11 +145,11 @@ fn per_thread_stream_launch_retired_from_another_thread() -> Result<()> {
             tx.send((c, h, Instant::now()))
                 .map_err(|_| anyhow::anyhow!("main thread gone"))?;
             // Stay alive until the main thread is done with this thread's stream.
-            done_rx.recv()?;
+            let _ = done_rx.recv_timeout(Duration::from_secs(60));
             Ok(())
         })
     };
-    let (c, h, launched) = rx.recv()?;
+    let (c, h, launched) = rx.recv_timeout(Duration::from_secs(60))?;
     let reused = Case::reuse_freed_memory(&f)?;
     f.producer.synchronize()?;
     for _ in 0..100 {
@@ -214,12 +214,17 @@ fn per_thread_stream_synchronize_waits_for_every_thread() -> Result<()> {
             stream.launch_deferred(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
             tx.send((c, Instant::now()))
                 .map_err(|_| anyhow::anyhow!("main thread gone"))?;
-            let _ = done_rx.lock().expect("lock").recv();
+            let _ = done_rx
+                .lock()
+                .expect("lock")
+                .recv_timeout(Duration::from_secs(60));
             Ok(())
         }));
     }
-    let (c1, l1) = rx.recv()?;
-    let (c2, l2) = rx.recv()?;
+    // Only the workers hold senders now: a worker that fails ends the wait instead of hanging.
+    drop(tx);
+    let (c1, l1) = rx.recv_timeout(Duration::from_secs(60))?;
+    let (c2, l2) = rx.recv_timeout(Duration::from_secs(60))?;
     let (cases, launched) = ([c1, c2], [l1, l2]);
     let reused = Case::reuse_freed_memory(&f)?;
     f.producer.synchronize()?;

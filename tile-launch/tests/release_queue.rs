@@ -74,7 +74,10 @@ fn config(marker_every: u32) -> ReleaseConfig {
 
 impl Harness {
     fn new(config: ReleaseConfig) -> Self {
-        let fake = FakeTimeline::new();
+        Self::with_fake(FakeTimeline::new(), config)
+    }
+
+    fn with_fake(fake: FakeTimeline, config: ReleaseConfig) -> Self {
         Self {
             tracker: Tracker::new(fake.clone(), config),
             fake,
@@ -1202,4 +1205,50 @@ fn launches_poll_only_every_poll_every_launches() {
     h.tracker.synchronize().unwrap();
     assert_eq!(h.dropped(), 5);
     h.assert_sound();
+}
+
+/// A thread-bound timeline (CUDA's per-thread default stream): every launch records its marker
+/// on the launching thread, and retire, poll and synchronize from another thread never record
+/// or synchronise there (which would name that thread's own, idle stream), yet release nothing
+/// before completion and everything after.
+#[test]
+fn thread_bound_timeline_is_answered_from_launch_time_markers() {
+    let fake = FakeTimeline::new();
+    fake.bind_to_current_thread();
+    let h = Arc::new(Harness::with_fake(fake, config(64)));
+    let handle = h.launch(2);
+    h.launch_deferred(1);
+    h.launch_deferred(3);
+    assert_eq!(
+        h.fake.markers_recorded(),
+        3,
+        "one marker per launch, at launch time"
+    );
+    let other = {
+        let h = Arc::clone(&h);
+        std::thread::spawn(move || {
+            assert_eq!(h.tracker.poll(), 0, "nothing completed yet");
+            let Err(handle) = handle.try_retire() else {
+                panic!("retired before its work completed");
+            };
+            assert_eq!(h.dropped(), 0);
+            handle
+                .retire()
+                .expect("answered from the launch-time marker");
+            h.tracker
+                .synchronize()
+                .expect("answered from the newest marker");
+            h.assert_sound();
+            assert_eq!(h.dropped(), 6);
+        })
+    };
+    other.join().unwrap();
+    let calls = h.fake.calls();
+    assert_eq!(
+        calls.foreign, 0,
+        "no record or synchronize attempted off the owning thread"
+    );
+    assert_eq!(calls.synchronize, 0);
+    assert_eq!(calls.record, 3);
+    assert_eq!(h.stats().leaked, 0);
 }

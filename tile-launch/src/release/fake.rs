@@ -59,6 +59,9 @@ pub struct FakeCalls {
     pub synchronize: u64,
     /// Calls of [`Timeline::recycle`].
     pub recycle: u64,
+    /// Calls of [`Timeline::record`] or [`Timeline::synchronize`] made, and refused, on a thread
+    /// other than the one a [`bound`](FakeTimeline::bind_to_current_thread) timeline belongs to.
+    pub foreign: u64,
 }
 
 /// An injected failure.
@@ -101,9 +104,24 @@ struct FakeState {
     failures: [u32; 4],
     blocking: bool,
     calls: FakeCalls,
+    /// For a thread-bound timeline: the thread it belongs to.
+    owner: Option<std::thread::ThreadId>,
 }
 
 impl FakeState {
+    /// Refuses `op` (record or synchronize) on a thread other than the owner's, as the
+    /// per-thread default stream cannot be named from there.
+    fn refuse_if_foreign(&mut self, op: FakeOp) -> Result<(), FakeError> {
+        if self
+            .owner
+            .is_some_and(|owner| owner != std::thread::current().id())
+        {
+            self.calls.foreign += 1;
+            return Err(FakeError { op });
+        }
+        Ok(())
+    }
+
     fn should_fail(&mut self, op: FakeOp) -> Result<(), FakeError> {
         let left = &mut self.failures[op.index()];
         match *left {
@@ -158,6 +176,7 @@ impl FakeTimeline {
                     failures: [0; 4],
                     blocking: false,
                     calls: FakeCalls::default(),
+                    owner: None,
                 }),
                 progressed: Condvar::new(),
             }),
@@ -166,6 +185,14 @@ impl FakeTimeline {
 
     fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
         f(&mut sync::lock(&self.shared.state))
+    }
+
+    /// Makes this a thread-bound timeline ([`Timeline::thread_bound`]) belonging to the calling
+    /// thread, as CUDA's per-thread default stream is: [`Timeline::record`] and
+    /// [`Timeline::synchronize`] then fail on every other thread (counted in
+    /// [`FakeCalls::foreign`]).
+    pub fn bind_to_current_thread(&self) {
+        self.with(|st| st.owner = Some(std::thread::current().id()));
     }
 
     /// Enqueues one unit of work; returns its number (1 for the first).
@@ -289,6 +316,7 @@ impl Timeline for FakeTimeline {
     fn record(&self) -> Result<FakeMarker, FakeError> {
         self.with(|st| {
             st.calls.record += 1;
+            st.refuse_if_foreign(FakeOp::Record)?;
             st.should_fail(FakeOp::Record)?;
             st.markers.push(st.enqueued);
             Ok(FakeMarker {
@@ -318,6 +346,7 @@ impl Timeline for FakeTimeline {
     fn synchronize(&self) -> Result<(), FakeError> {
         let enqueued = self.with(|st| {
             st.calls.synchronize += 1;
+            st.refuse_if_foreign(FakeOp::Synchronize)?;
             st.should_fail(FakeOp::Synchronize).map(|()| st.enqueued)
         })?;
         self.finish(enqueued);
@@ -326,5 +355,13 @@ impl Timeline for FakeTimeline {
 
     fn recycle(&self, _marker: FakeMarker) {
         self.with(|st| st.calls.recycle += 1);
+    }
+
+    fn thread_bound(&self) -> bool {
+        self.with(|st| st.owner.is_some())
+    }
+
+    fn reachable_here(&self) -> bool {
+        self.with(|st| st.owner.is_none_or(|o| o == std::thread::current().id()))
     }
 }

@@ -246,3 +246,56 @@ pub fn random(n: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// The variable that tells a test binary started by [`run_in_child`] which test it runs.
+pub const CHILD_ENV: &str = "TILE_TEST_CHILD";
+
+/// Whether this process is the child [`run_in_child`] started for test `name`.
+pub fn is_child(name: &str) -> bool {
+    std::env::var(CHILD_ENV).is_ok_and(|v| v == name)
+}
+
+/// Runs test `name` (a top-level `#[ignore]`d test of this binary) again in a fresh process,
+/// for tests that need a process where nothing else touched a device (or that reset one), and
+/// fails unless it ran and passed there.
+pub fn run_in_child(name: &str) -> Result<()> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, name)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("--- child {name} ---\n{stdout}{stderr}--- end of child {name} ---");
+    ensure!(out.status.success(), "child {name} failed: {}", out.status);
+    ensure!(
+        stdout.contains("1 passed"),
+        "child {name} did not run the test"
+    );
+    Ok(())
+}
+
+/// `cuStreamIsCapturing` of a raw stream.
+pub fn capture_status(stream: cuda_sys::CUstream) -> Result<cuda_sys::CUstreamCaptureStatus> {
+    use cuda_sys::CuResultExt;
+    let d = cuda_sys::driver()?;
+    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local; the caller passes a live stream.
+    unsafe { (d.cuStreamIsCapturing)(stream, &mut status) }.check("cuStreamIsCapturing")?;
+    Ok(status)
+}
+
+/// The calling thread's current context (`cuCtxGetCurrent`; null when none).
+pub fn current_context_raw() -> Result<cuda_sys::CUcontext> {
+    use cuda_sys::CuResultExt;
+    let d = cuda_sys::driver()?;
+    let mut c: cuda_sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuCtxGetCurrent)(&mut c) }.check("cuCtxGetCurrent")?;
+    Ok(c)
+}
