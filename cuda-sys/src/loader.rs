@@ -212,6 +212,7 @@ entry_points! {
     cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease_v11000 @ 11000;
     cuCtxGetCurrent: PFN_cuCtxGetCurrent_v4000 @ 4000;
     cuCtxSetCurrent: PFN_cuCtxSetCurrent_v4000 @ 4000;
+    cuCtxGetId: PFN_cuCtxGetId_v12000 @ 12000;
     /// `cuCtxPushCurrent_v2`, as cuda.h maps the name.
     cuCtxPushCurrent: PFN_cuCtxPushCurrent_v4000 @ 4000;
     /// `cuCtxPopCurrent_v2`, as cuda.h maps the name.

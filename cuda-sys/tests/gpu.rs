@@ -123,6 +123,9 @@ fn every_entry_point_behaves_as_its_abi_says() {
     cu!(cuCtxGetCurrent(&mut current));
     assert_eq!(current, context);
     cu!(cuCtxSetCurrent(context));
+    let mut context_id = 0u64;
+    cu!(cuCtxGetId(context, &mut context_id));
+    assert_ne!(context_id, 0, "a context's unique id");
     let mut ctx_device: CUdevice = -1;
     cu!(cuCtxGetDevice(&mut ctx_device));
     assert_eq!(ctx_device, device);

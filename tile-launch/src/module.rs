@@ -444,11 +444,15 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
 /// is kept here: the compiled code's static shared memory. Whether the dynamic shared memory
 /// opt-in is in effect is context state, read from the context's function at each launch that
 /// needs it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct OnDevice {
     ordinal: i32,
     /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory per block, in bytes.
     static_shared: u32,
+    /// Contexts (by `cuCtxGetId`, unique for each context the driver creates, a primary context
+    /// re-created after a reset included) in which the kernel's dynamic shared memory limit is
+    /// known to be raised to the opt-in maximum.
+    opted_in: Vec<u64>,
 }
 
 /// A kernel of a loaded [`Library`] with its declared [`Signature`]. Cheap to clone; keeps the
@@ -547,6 +551,7 @@ impl Kernel {
         st.push(OnDevice {
             ordinal: ctx.ordinal(),
             static_shared,
+            opted_in: Vec::new(),
         });
         Ok(static_shared)
     }
@@ -579,6 +584,12 @@ impl Kernel {
                 .max_shared_mem_per_block
                 .saturating_sub(static_shared);
             if dynamic > default {
+                let mut id = 0u64;
+                // SAFETY: out-pointer to a local; `ctx.raw()` is a retained context.
+                unsafe { (d.cuCtxGetId)(ctx.raw(), &mut id) }.check("cuCtxGetId")?;
+                if self.opted_in(ctx.ordinal(), id) {
+                    return self.check_cooperative(d, ctx, config);
+                }
                 let func = self.function(d)?;
                 let mut now: std::ffi::c_int = 0;
                 // SAFETY: out-pointer to a local; `func` is the kernel's function in the
@@ -604,8 +615,32 @@ impl Kernel {
                     }
                     .check("cuKernelSetAttribute")?;
                 }
+                self.note_opted_in(ctx.ordinal(), id);
             }
         }
+        self.check_cooperative(d, ctx, config)
+    }
+
+    /// Whether the dynamic shared memory limit is known raised in context `id` of `ordinal`.
+    fn opted_in(&self, ordinal: i32, id: u64) -> bool {
+        let st = self.per_device.lock().unwrap_or_else(|p| p.into_inner());
+        st.iter()
+            .any(|k| k.ordinal == ordinal && k.opted_in.contains(&id))
+    }
+
+    fn note_opted_in(&self, ordinal: i32, id: u64) {
+        let mut st = self.per_device.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = st.iter_mut().find(|k| k.ordinal == ordinal)
+            && !k.opted_in.contains(&id)
+        {
+            k.opted_in.push(id);
+        }
+    }
+
+    /// A cooperative launch's grid against the kernel's occupancy on this device.
+    fn check_cooperative(&self, d: &Driver, ctx: &Context, config: &LaunchConfig) -> Result<()> {
+        let limits = ctx.limits();
+        let dynamic = config.shared_mem_bytes;
         if config.cooperative {
             let func = self.function(d)?;
             let mut per_sm: std::ffi::c_int = 0;

@@ -345,15 +345,25 @@ fn shared_memory_opt_in_survives_a_primary_context_reset() -> Result<()> {
         return run_in_child(NAME);
     }
     cuda_sys::driver().context("no CUDA driver")?;
-    let ctx = Context::new(0)?;
-    let lib = config_library(&ctx)?;
+    let first = Context::new(0)?;
+    let lib = config_library(&first)?;
     let k = shared_sum(&lib)?;
     let big = 100u32 << 10;
     let cfg = LaunchConfig {
         shared_mem_bytes: big,
         ..LaunchConfig::new(1, 256)
     };
+    // The library (`cuLibraryLoadData`) is independent of contexts and outlives the reset; the
+    // context handle retained before the reset is destroyed by it, so round 1 retains the
+    // recreated primary context afresh, as a user would.
+    let mut contexts = vec![Arc::clone(&first)];
     for round in 0..2 {
+        let ctx = if round == 0 {
+            Arc::clone(&first)
+        } else {
+            Context::new(0)?
+        };
+        contexts.push(Arc::clone(&ctx));
         let out = mem_alloc(&ctx, 4)?;
         let s = Stream::new(&ctx)?;
         let (t, c) = view(out, 1, 0)?;

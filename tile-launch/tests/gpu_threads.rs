@@ -13,8 +13,7 @@ use anyhow::{Result, ensure};
 use cuda_sys::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUstream, CuResultExt};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use gpu_common::{
-    Count, Layout, gpu, random, ready_tensor, vector_add_args, vector_add_library,
-    vector_add_signature, view,
+    Count, gpu, random, vector_add_args, vector_add_library, vector_add_signature, view,
 };
 use tile_launch::{Context, Kernel, LaunchConfig, Param, ScalarType, Signature, Stream};
 
@@ -23,6 +22,7 @@ const N: usize = 1 << 20;
 const SPIN_NS: u64 = 800_000_000;
 
 struct Fixture {
+    ordinal: i32,
     ctx: Arc<Context>,
     cu: Arc<CudaContext>,
     producer: Arc<CudaStream>,
@@ -31,7 +31,11 @@ struct Fixture {
 }
 
 fn fixture() -> Result<Fixture> {
-    let g = gpu(0)?;
+    fixture_on(0)
+}
+
+fn fixture_on(ordinal: i32) -> Result<Fixture> {
+    let g = gpu(ordinal)?;
     let lib = vector_add_library(&g.ctx)?;
     let (add, spin) = {
         let _bound = g.ctx.bind()?;
@@ -41,6 +45,7 @@ fn fixture() -> Result<Fixture> {
         )
     };
     Ok(Fixture {
+        ordinal,
         ctx: g.ctx,
         cu: Arc::clone(g.producer.context()),
         producer: g.producer,
@@ -83,12 +88,19 @@ fn case(f: &Fixture, seed: u64) -> Result<(Case, Args)> {
         drop(s);
         p
     };
-    let (ta, ca) = ready_tensor(a, Layout::contiguous(N))?;
-    let (tb, cb) = ready_tensor(b, Layout::contiguous(N))?;
-    let (tc, cc) = view(c_ptr, N, 0)?;
-    // SAFETY: `c` is written on the producer stream only by the copy above, which the launch is
-    // ordered after (`ready_on` the producer stream).
-    let tc = unsafe { tc.ready_on(f.producer.cu_stream() as CUstream) };
+    let producer = f.producer.cu_stream() as CUstream;
+    let (ta, ca) = gpu_common::owned_tensor(a, f.ordinal)?;
+    let (tb, cb) = gpu_common::owned_tensor(b, f.ordinal)?;
+    let (tc, cc) = view(c_ptr, N, f.ordinal)?;
+    // SAFETY: the producer stream is kept alive by the fixture for the whole test; the inputs'
+    // uploads and `c`'s poisoning are pending there, and the launch is ordered after them.
+    let (ta, tb, tc) = unsafe {
+        (
+            ta.ready_on(producer),
+            tb.ready_on(producer),
+            tc.ready_on(producer),
+        )
+    };
     Ok((
         Case {
             a: ca,
@@ -419,22 +431,30 @@ fn per_thread_stream_worker_exits_before_retire() -> Result<()> {
     let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
     let (c, h, launched) = {
         let (f, stream) = (Arc::clone(&f), stream.clone());
-        std::thread::spawn(move || -> Result<_> {
+        let worker = std::thread::spawn(move || -> Result<_> {
             let (c, args) = case(&f, 61)?;
             stream
                 .launch(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
                 .defer();
             let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+            eprintln!("worker: launched, exiting");
             Ok((c, h, Instant::now()))
-        })
-        .join()
-        .expect("worker panicked")?
+        });
+        join_within(worker, Duration::from_secs(10))
+            .ok_or_else(|| anyhow::anyhow!("the worker's exit did not return within 10 s"))?
+            .expect("worker panicked")?
     };
+    eprintln!(
+        "main: worker joined {:?} after the launch",
+        launched.elapsed()
+    );
     let reused = Case::reuse_freed_memory(&f)?;
     f.producer.synchronize()?;
     ensure!(c.counts() == (0, 0, 0), "released early: {:?}", c.counts());
+    eprintln!("main: retiring");
     h.retire()?;
     let after = launched.elapsed();
+    eprintln!("main: retired after {after:?}");
     ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
     let wrong = c.wrong(&f)?;
     ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
@@ -465,6 +485,8 @@ fn capture_refuses_a_producer_outside_the_capture() -> Result<()> {
     let f = fixture()?;
     let stream = Stream::new(&f.ctx)?;
     let (c, args) = case(&f, 71)?;
+    let out = f.producer.alloc_zeros::<f32>(N)?;
+    let (c_addr, out_addr) = (gpu_common::address(&c.c), gpu_common::address(&out));
     f.producer.synchronize()?;
     let capture = stream.begin_capture(tile_launch::CaptureMode::Global)?;
     // A launch the graph keeps (no tensors).
@@ -483,11 +505,9 @@ fn capture_refuses_a_producer_outside_the_capture() -> Result<()> {
         "the refused launch disturbed the capture"
     );
     // The same data, made ready before: accepted into the capture.
-    let (ta, na) = view(gpu_common::address(&c.c), N, 0)?;
-    let out = f.producer.alloc_zeros::<f32>(N)?;
-    f.producer.synchronize()?;
-    let (tb, nb) = view(gpu_common::address(&c.c), N, 0)?;
-    let (tc, nc) = view(gpu_common::address(&out), N, 0)?;
+    let (ta, na) = view(c_addr, N, 0)?;
+    let (tb, nb) = view(c_addr, N, 0)?;
+    let (tc, nc) = view(out_addr, N, 0)?;
     stream
         .launch(
             &f.add,
@@ -518,5 +538,130 @@ fn capture_refuses_a_producer_outside_the_capture() -> Result<()> {
     nb.expect_eventually(1, "captured tensor b")?;
     nc.expect_eventually(1, "captured tensor c")?;
     println!("capture: producer outside refused (argument {index}), capture intact, replay right");
+    Ok(())
+}
+
+/// Joins `worker` within `limit`, or says it did not end (the thread is then left running).
+fn join_within<T: Send + 'static>(
+    worker: std::thread::JoinHandle<T>,
+    limit: Duration,
+) -> Option<std::thread::Result<T>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(worker.join());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// Experiment, without tile's launch path: a thread launches a 800 ms kernel on its per-thread
+/// default stream with `cuLaunchKernel` and returns. Does the thread's exit return?
+#[test]
+#[ignore = "needs a CUDA device"]
+fn experiment_driver_alone_thread_exit_with_pending_per_thread_work() -> Result<()> {
+    let f = Arc::new(fixture()?);
+    for (what, sync_first) in [("pending work", false), ("work finished", true)] {
+        let worker = {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || -> Result<()> {
+                let d = cuda_sys::driver()?;
+                let _bound = f.ctx.bind()?;
+                let mut ns = SPIN_NS;
+                let mut params = [(&mut ns as *mut u64).cast::<std::ffi::c_void>()];
+                // SAFETY: `spin` takes one u64; the parameter array points at it.
+                unsafe {
+                    (d.cuLaunchKernel)(
+                        f.spin.raw() as cuda_sys::CUfunction,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        CU_STREAM_PER_THREAD,
+                        params.as_mut_ptr(),
+                        std::ptr::null_mut(),
+                    )
+                }
+                .check("cuLaunchKernel")?;
+                if sync_first {
+                    // SAFETY: the per-thread default stream of this thread.
+                    unsafe { (d.cuStreamSynchronize)(CU_STREAM_PER_THREAD) }
+                        .check("cuStreamSynchronize")?;
+                }
+                Ok(())
+            })
+        };
+        let start = Instant::now();
+        match join_within(worker, Duration::from_secs(10)) {
+            Some(r) => {
+                r.expect("worker panicked")?;
+                println!(
+                    "driver alone, {what}: the thread's exit returned after {:?}",
+                    start.elapsed()
+                );
+            }
+            None => println!("driver alone, {what}: the thread's exit did not return within 10 s"),
+        }
+    }
+    Ok(())
+}
+
+/// 1(b), 4(a) and 4(b) on two GPUs: device 1's legacy and per-thread default streams, launched
+/// while device 0's context is current on the launching thread, retired from a fresh thread.
+/// The launch must run on device 1, nothing may be released early, the fresh thread must end
+/// with no context current, and device 0's context must still be current on the launching one.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn default_streams_of_device_1_with_device_0_current() -> Result<()> {
+    let n = Context::device_count()?;
+    if n < 2 {
+        println!("skipped: needs two GPUs (found {n})");
+        return Ok(());
+    }
+    let f0 = fixture_on(0)?;
+    let f1 = fixture_on(1)?;
+    for raw in [std::ptr::null_mut(), CU_STREAM_LEGACY, CU_STREAM_PER_THREAD] {
+        // SAFETY: the default streams are always valid in their context.
+        let stream = unsafe { Stream::from_raw(&f1.ctx, raw) }?;
+        let (c, args) = case(&f1, 81)?;
+        let outer = f0.ctx.bind()?;
+        let dev0 = current()?;
+        ensure!(dev0 == f0.ctx.raw(), "device 0's context is current");
+        stream
+            .launch(&f1.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
+            .defer();
+        let h = stream.launch(&f1.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+        ensure!(current()? == dev0, "launch changed the current context");
+        let launched = Instant::now();
+        let ctx_after = std::thread::spawn(move || -> Result<bool> {
+            h.retire()?;
+            Ok(current()?.is_null())
+        })
+        .join()
+        .expect("retiring thread panicked")?;
+        ensure!(ctx_after, "retire left a context current on a fresh thread");
+        ensure!(
+            launched.elapsed() >= Duration::from_millis(700),
+            "{raw:?}: retired before the kernel could finish"
+        );
+        ensure!(
+            c.counts() == (1, 1, 1),
+            "{raw:?}: deleters {:?}",
+            c.counts()
+        );
+        stream.synchronize()?;
+        ensure!(
+            current()? == dev0,
+            "synchronize changed the current context"
+        );
+        drop(outer);
+        let wrong = c.wrong(&f1)?;
+        ensure!(wrong == 0, "{raw:?}: {wrong} of {N} wrong");
+        f1.cu.check_err()?;
+        println!(
+            "device 1 stream {raw:?} with device 0 current: retired on a fresh thread, {wrong} wrong"
+        );
+    }
     Ok(())
 }
