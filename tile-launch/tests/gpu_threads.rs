@@ -421,50 +421,6 @@ fn caller_context_is_left_current() -> Result<()> {
     Ok(())
 }
 
-/// The per-thread default stream of a worker that exits before its launch is retired: the
-/// retire from the main thread still waits for the kernel.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn per_thread_stream_worker_exits_before_retire() -> Result<()> {
-    let f = Arc::new(fixture()?);
-    // SAFETY: the per-thread default stream is always valid in its context.
-    let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
-    let (c, h, launched) = {
-        let (f, stream) = (Arc::clone(&f), stream.clone());
-        let worker = std::thread::spawn(move || -> Result<_> {
-            let (c, args) = case(&f, 61)?;
-            stream
-                .launch(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
-                .defer();
-            let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
-            eprintln!("worker: launched, exiting");
-            Ok((c, h, Instant::now()))
-        });
-        join_within(worker, Duration::from_secs(10))
-            .ok_or_else(|| anyhow::anyhow!("the worker's exit did not return within 10 s"))?
-            .expect("worker panicked")?
-    };
-    eprintln!(
-        "main: worker joined {:?} after the launch",
-        launched.elapsed()
-    );
-    let reused = Case::reuse_freed_memory(&f)?;
-    f.producer.synchronize()?;
-    ensure!(c.counts() == (0, 0, 0), "released early: {:?}", c.counts());
-    eprintln!("main: retiring");
-    h.retire()?;
-    let after = launched.elapsed();
-    eprintln!("main: retired after {after:?}");
-    ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
-    let wrong = c.wrong(&f)?;
-    ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
-    drop(reused);
-    println!(
-        "per-thread stream of an exited worker: retired {after:?} after launch, {wrong} wrong"
-    );
-    Ok(())
-}
-
 /// The capture status of `stream` (`cuStreamIsCapturing`).
 fn capture_status(stream: &Stream) -> Result<cuda_sys::CUstreamCaptureStatus> {
     let d = cuda_sys::driver()?;
@@ -538,72 +494,6 @@ fn capture_refuses_a_producer_outside_the_capture() -> Result<()> {
     nb.expect_eventually(1, "captured tensor b")?;
     nc.expect_eventually(1, "captured tensor c")?;
     println!("capture: producer outside refused (argument {index}), capture intact, replay right");
-    Ok(())
-}
-
-/// Joins `worker` within `limit`, or says it did not end (the thread is then left running).
-fn join_within<T: Send + 'static>(
-    worker: std::thread::JoinHandle<T>,
-    limit: Duration,
-) -> Option<std::thread::Result<T>> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(worker.join());
-    });
-    rx.recv_timeout(limit).ok()
-}
-
-/// Experiment, without tile's launch path: a thread launches a 800 ms kernel on its per-thread
-/// default stream with `cuLaunchKernel` and returns. Does the thread's exit return?
-#[test]
-#[ignore = "needs a CUDA device"]
-fn experiment_driver_alone_thread_exit_with_pending_per_thread_work() -> Result<()> {
-    let f = Arc::new(fixture()?);
-    for (what, sync_first) in [("pending work", false), ("work finished", true)] {
-        let worker = {
-            let f = Arc::clone(&f);
-            std::thread::spawn(move || -> Result<()> {
-                let d = cuda_sys::driver()?;
-                let _bound = f.ctx.bind()?;
-                let mut ns = SPIN_NS;
-                let mut params = [(&mut ns as *mut u64).cast::<std::ffi::c_void>()];
-                // SAFETY: `spin` takes one u64; the parameter array points at it.
-                unsafe {
-                    (d.cuLaunchKernel)(
-                        f.spin.raw() as cuda_sys::CUfunction,
-                        1,
-                        1,
-                        1,
-                        1,
-                        1,
-                        1,
-                        0,
-                        CU_STREAM_PER_THREAD,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    )
-                }
-                .check("cuLaunchKernel")?;
-                if sync_first {
-                    // SAFETY: the per-thread default stream of this thread.
-                    unsafe { (d.cuStreamSynchronize)(CU_STREAM_PER_THREAD) }
-                        .check("cuStreamSynchronize")?;
-                }
-                Ok(())
-            })
-        };
-        let start = Instant::now();
-        match join_within(worker, Duration::from_secs(10)) {
-            Some(r) => {
-                r.expect("worker panicked")?;
-                println!(
-                    "driver alone, {what}: the thread's exit returned after {:?}",
-                    start.elapsed()
-                );
-            }
-            None => println!("driver alone, {what}: the thread's exit did not return within 10 s"),
-        }
-    }
     Ok(())
 }
 
