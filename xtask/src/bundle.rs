@@ -179,8 +179,12 @@ if [ "${1:-}" = "--sanitize" ]; then
     #   cudarc deleter's cuMemFreeAsync on the producer's stream) as racing the kernel on the
     #   launch stream, although the free is only issued after an event query has seen that
     #   kernel complete; the sanitizer does not count a completed cuEventQuery as ordering.
-    # Left out: the negative control (it corrupts memory on purpose) and the primary-context
-    # reset test (cuDevicePrimaryCtxReset tears down the context the sanitizer instruments).
+    # Left out: the negative control (it corrupts memory on purpose), the primary-context
+    # reset test (cuDevicePrimaryCtxReset tears down the context the sanitizer instruments), and
+    # the test of another thread's first use during a global-mode capture: under the sanitizer
+    # (memcheck and synccheck seen) loading a library on the other thread leaves the capture
+    # invalidated, which it does not without the sanitizer; the sanitizer's own work on each
+    # loaded module is the likely cause (not established).
     part=${2:-all}
     shift $(( $# > 1 ? 2 : 1 ))
     status=0
@@ -200,7 +204,7 @@ if [ "${1:-}" = "--sanitize" ]; then
                 echo "== compute-sanitizer --tool $tool $(basename "$t")"
                 if ! compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
                     "$t" --include-ignored --test-threads=1 --skip negative_control \
-                    --skip primary_context_reset; then
+                    --skip primary_context_reset --skip first_use_on_another_thread; then
                     status=1
                 fi
             done
