@@ -226,9 +226,14 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         if let Ok(d) = driver() {
-            // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
-            let r = unsafe { (d.cuDevicePrimaryCtxRelease)(self.device) };
-            if let Err(e) = r.check("cuDevicePrimaryCtxRelease") {
+            // Relaxed capture mode: the last release may tear the context down, which must not
+            // invalidate another thread's global-mode capture.
+            let r = crate::capture::relaxed(d, || {
+                // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
+                unsafe { (d.cuDevicePrimaryCtxRelease)(self.device) }
+                    .check("cuDevicePrimaryCtxRelease")
+            });
+            if let Err(e) = r {
                 log::error!("{e}");
             }
         }

@@ -231,8 +231,10 @@ pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<Ten
 ///
 /// # Errors
 ///
-/// [`Error::Module`] if the slice is not in `stream`'s context, or if either stream is
-/// capturing a graph and `cudarc` tracks the slice with events (nothing is enqueued then);
+/// [`Error::Module`] if the slice is not in `stream`'s context, if either stream is capturing a
+/// graph and `cudarc` tracks the slice with events (nothing is enqueued then), or if `stream` is
+/// the per-thread default stream and another thread has launched on it (this thread's handle
+/// names another stream);
 /// [`Error::Cuda`] if a driver call fails (`cuCtxGetCurrent`, `cuCtxSetCurrent`,
 /// `cuStreamIsCapturing`, `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`), or for
 /// `cudarc`'s sticky error as in [`export`]; [`Error::Driver`] without a driver.
@@ -246,6 +248,14 @@ pub fn order_after<T>(slice: &mut CudaSlice<T>, stream: &Stream) -> Result<()> {
             cu.ordinal(),
             stream.context().ordinal()
         )));
+    }
+    if !stream.names_every_launch_here() {
+        return Err(Error::Module(
+            "cannot order a CudaSlice after the per-thread default stream from this thread: \
+             launches were made on it from another thread, whose per-thread stream this thread \
+             cannot name; retire the launch (or synchronise the stream) instead"
+                .into(),
+        ));
     }
     raw::set_current(raw_ctx(&cu))?;
     let own = slice.stream().cu_stream() as CUstream;

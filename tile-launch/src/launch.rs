@@ -607,7 +607,9 @@ impl Stream {
             };
             bytes = bytes.saturating_add(used.view().nbytes_spanned());
             guards.push(guard(index, used));
-            if let Some(s) = t.ready_on.filter(|s| *s != self.raw()) {
+            if let Some(s) = t.ready_on.filter(|s| *s != self.raw())
+                && !waits.contains(&s)
+            {
                 waits.push(s);
             }
         }
@@ -742,7 +744,13 @@ fn check_capture_joins(d: &cuda_sys::Driver, stream: CUstream, args: &[Arg<'_>])
         let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
             continue;
         };
-        if capture_id(d, producer)? != Some(ours) {
+        let theirs = match capture_id(d, producer) {
+            Ok(id) => id,
+            // The legacy stream asked about while a blocking stream captures: not part of it.
+            Err(e) if e.code == cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => None,
+            Err(e) => return Err(e.into()),
+        };
+        if theirs != Some(ours) {
             return Err(Error::ProducerOutsideCapture { index });
         }
     }

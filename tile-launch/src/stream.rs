@@ -301,8 +301,11 @@ impl Drop for CudaTimeline {
         let _bound = self.ctx.bind_with(d);
         let events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
         for ev in events {
-            // SAFETY: the event is ours and no longer used.
-            if let Err(e) = unsafe { (d.cuEventDestroy)(ev.0) }.check("cuEventDestroy") {
+            let destroyed = crate::capture::relaxed(d, || {
+                // SAFETY: the event is ours and no longer used.
+                unsafe { (d.cuEventDestroy)(ev.0) }.check("cuEventDestroy")
+            });
+            if let Err(e) = destroyed {
                 log::error!("{e}");
             }
         }
@@ -344,6 +347,10 @@ struct StreamInner {
     /// For the per-thread default stream: one release queue per thread that launched on it
     /// (each thread's per-thread default stream is a stream of its own, with its own order).
     per_thread: Option<Mutex<ThreadTrackers>>,
+    /// The thread that made this value (its queue is `tracker`, never dropped).
+    creator: ThreadId,
+    /// Totals of per-thread queues dropped once idle (see [`Stream::stats`]).
+    gone: Mutex<Stats>,
     config: ReleaseConfig,
     check_pointer_devices: AtomicBool,
 }
@@ -486,6 +493,8 @@ impl Stream {
             inner: Arc::new(StreamInner {
                 tracker,
                 per_thread,
+                creator: std::thread::current().id(),
+                gone: Mutex::new(Stats::default()),
                 config,
                 check_pointer_devices: AtomicBool::new(Context::several_devices()),
             }),
@@ -505,6 +514,20 @@ impl Stream {
             match map.iter().find(|(t, _)| *t == me) {
                 Some((_, tracker)) => Arc::clone(tracker),
                 None => {
+                    // Threads come and go (a thread pool, say): drop the queues of other threads
+                    // that hold nothing and that nobody else refers to, keeping their totals.
+                    map.retain(|(t, tracker)| {
+                        let keep = *t == self.inner.creator || Arc::strong_count(tracker) > 1 || {
+                            let st = tracker.stats();
+                            st.pending_guards > 0 || st.held_guards > 0 || st.held_bytes > 0
+                        };
+                        if !keep {
+                            let mut gone =
+                                self.inner.gone.lock().unwrap_or_else(|p| p.into_inner());
+                            *gone = gone.plus(&tracker.stats());
+                        }
+                        keep
+                    });
                     let first = self.inner.tracker.timeline();
                     let timeline = CudaTimeline {
                         d: first.d,
@@ -523,6 +546,20 @@ impl Stream {
             }
         };
         f(&tracker)
+    }
+
+    /// Whether the stream's handle, used on the calling thread, names the stream of every
+    /// launch made through this value: always, except for the per-thread default stream once
+    /// another thread has launched on it.
+    pub(crate) fn names_every_launch_here(&self) -> bool {
+        let Some(map) = &self.inner.per_thread else {
+            return true;
+        };
+        let me = std::thread::current().id();
+        map.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .all(|(t, tracker)| *t == me || tracker.stats().launches == 0)
     }
 
     /// The raw `CUstream` handle.
@@ -607,9 +644,10 @@ impl Stream {
 
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.
     pub fn stats(&self) -> Stats {
+        let gone = *self.inner.gone.lock().unwrap_or_else(|p| p.into_inner());
         self.inner
             .trackers()
             .iter()
-            .fold(Stats::default(), |sum, t| sum.plus(&t.stats()))
+            .fold(gone, |sum, t| sum.plus(&t.stats()))
     }
 }

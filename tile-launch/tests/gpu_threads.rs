@@ -555,3 +555,37 @@ fn default_streams_of_device_1_with_device_0_current() -> Result<()> {
     }
     Ok(())
 }
+
+/// Short-lived threads (a thread pool's turnover) launching on one per-thread default stream:
+/// each retires its own launch; the stream's totals count every launch and release exactly once
+/// (the queues of finished threads are dropped once idle, their totals kept).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn per_thread_stream_many_short_lived_threads() -> Result<()> {
+    let f = Arc::new(fixture()?);
+    // SAFETY: the per-thread default stream is always valid in its context.
+    let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
+    let threads = 8;
+    for seed in 0..threads {
+        let (f, stream) = (Arc::clone(&f), stream.clone());
+        std::thread::spawn(move || -> Result<()> {
+            let (c, args) = case(&f, 100 + seed)?;
+            stream
+                .launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?
+                .retire()?;
+            ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+            let wrong = c.wrong(&f)?;
+            ensure!(wrong == 0, "{wrong} of {N} wrong");
+            Ok(())
+        })
+        .join()
+        .expect("thread panicked")?;
+    }
+    let stats = stream.stats();
+    ensure!(
+        stats.launches == threads && stats.released == 3 * threads && stats.leaked == 0,
+        "{stats:?}"
+    );
+    println!("per-thread stream, {threads} short-lived threads: {stats:?}");
+    Ok(())
+}
