@@ -69,6 +69,9 @@ pub struct CudaTimeline {
     owned: bool,
     ctx: Arc<Context>,
     pool: Mutex<Vec<Event>>,
+    /// Events of [`wait_for`](CudaTimeline::wait_for), kept apart from the markers': an event a
+    /// stream was just made to wait on is never re-recorded as that stream's completion marker.
+    waits: Mutex<Vec<Event>>,
     // Whatever keeps a borrowed stream alive (e.g. another library's stream object); dropped
     // after the events are destroyed.
     _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
@@ -82,7 +85,11 @@ unsafe impl Sync for CudaTimeline {}
 
 impl CudaTimeline {
     fn event(&self) -> Result<Event, CudaError> {
-        if let Some(e) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        self.event_from(&self.pool)
+    }
+
+    fn event_from(&self, pool: &Mutex<Vec<Event>>) -> Result<Event, CudaError> {
+        if let Some(e) = pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(e);
         }
         let d = self.d;
@@ -149,7 +156,7 @@ impl CudaTimeline {
     /// stream), and that context should be current.
     pub(crate) unsafe fn wait_for(&self, producer: CUstream) -> Result<(), CudaError> {
         let d = self.d;
-        let ev = self.event()?;
+        let ev = self.event_from(&self.waits)?;
         // SAFETY: `ev` is a live event of this stream's context; `producer` is a stream handle the
         // caller vouched for.
         let r = unsafe { (d.cuEventRecord)(ev.0, producer) }.check("cuEventRecord");
@@ -158,7 +165,10 @@ impl CudaTimeline {
             // reused right after.
             unsafe { (d.cuStreamWaitEvent)(self.raw, ev.0, 0) }.check("cuStreamWaitEvent")
         });
-        self.recycle(ev);
+        self.waits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ev);
         r
     }
 }
@@ -299,7 +309,8 @@ impl Drop for CudaTimeline {
     fn drop(&mut self) {
         let d = self.d;
         let _bound = self.ctx.bind_with(d);
-        let events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
+        events.append(self.waits.get_mut().unwrap_or_else(|p| p.into_inner()));
         for ev in events {
             let destroyed = crate::capture::relaxed(d, || {
                 // SAFETY: the event is ours and no longer used.
@@ -484,6 +495,7 @@ impl Stream {
             owned,
             ctx: Arc::clone(ctx),
             pool: Mutex::new(Vec::new()),
+            waits: Mutex::new(Vec::new()),
             _keep: keep,
         };
         let tracker = Tracker::new(timeline, config);
@@ -537,6 +549,7 @@ impl Stream {
                         owned: false,
                         ctx: Arc::clone(&first.ctx),
                         pool: Mutex::new(Vec::new()),
+                        waits: Mutex::new(Vec::new()),
                         _keep: None,
                     };
                     let tracker = Tracker::new(timeline, self.inner.config);
