@@ -564,6 +564,7 @@ impl Stream {
     /// Whether the stream's handle, used on the calling thread, names the stream of every
     /// launch made through this value: always, except for the per-thread default stream once
     /// another thread has launched on it.
+    #[cfg(feature = "cudarc")]
     pub(crate) fn names_every_launch_here(&self) -> bool {
         let Some(map) = &self.inner.per_thread else {
             return true;
