@@ -1,5 +1,41 @@
 //! Raw CUDA driver API: generated bindings and a run-time loader for `libcuda.so.1`.
 //!
+//! Published as the package `tile-cuda-sys` (the name `cuda-sys` on crates.io is an unrelated
+//! crate); the library is `cuda_sys`. Use it alone when you want the driver API's types and a
+//! loader that fails with an error value, and write the safe layer yourself; `tile-launch` is
+//! tile's safe layer on top of it.
+//!
+//! # Example
+//!
+//! Load the driver and read its version. On a machine without an NVIDIA driver, [`driver()`]
+//! returns [`LoadError::LibraryNotFound`] (this example then prints one line and succeeds); a
+//! driver without a usable GPU gives [`LoadError::Init`].
+//!
+//! ```
+//! use cuda_sys::{CuResultExt, LoadError, driver};
+//!
+//! # fn main() -> Result<(), cuda_sys::CudaError> {
+//! match driver() {
+//!     Ok(cuda) => {
+//!         // `cuDriverGetVersion` as recorded at load: 13000 for a CUDA 13.0 driver.
+//!         let (major, minor) = (cuda.version() / 1000, cuda.version() % 1000 / 10);
+//!         println!("CUDA {major}.{minor} driver from {}", cuda.path().display());
+//!         let mut count = 0;
+//!         // SAFETY: `count` is valid for a write; `driver()` has initialised the driver.
+//!         unsafe { (cuda.cuDeviceGetCount)(&mut count) }.check("cuDeviceGetCount")?;
+//!         println!("{count} device(s)");
+//!     }
+//!     // No driver here: an error value naming the library, never a panic.
+//!     Err(LoadError::LibraryNotFound { path, .. }) => {
+//!         println!("no NVIDIA driver: {} not found", path.display());
+//!     }
+//!     // A driver that failed to initialise (no GPU: CUDA_ERROR_NO_DEVICE) or is too old.
+//!     Err(other) => println!("CUDA driver unusable: {other}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Contract
 //!
 //! This crate is the lowest room of the workspace. It provides, and promises, exactly this:
@@ -27,21 +63,6 @@
 //! buffer sizes, current context, stream ordering) is left to the caller, `tile-launch`.
 //!
 //! Dependencies: `libloading` and `thiserror` only.
-//!
-//! # Example
-//!
-//! ```no_run
-//! use cuda_sys::{CuResultExt, driver};
-//!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let cuda = driver()?;
-//! let mut count = 0;
-//! // SAFETY: `count` is valid for a write; the driver is initialised.
-//! unsafe { (cuda.cuDeviceGetCount)(&mut count) }.check("cuDeviceGetCount")?;
-//! println!("CUDA {} with {count} device(s)", cuda.version());
-//! # Ok(())
-//! # }
-//! ```
 
 #[rustfmt::skip]
 mod bindings;
@@ -62,3 +83,9 @@ pub const CU_STREAM_LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
 /// The calling thread's per-thread default stream (`CU_STREAM_PER_THREAD` in cuda.h, which
 /// bindgen cannot translate).
 pub const CU_STREAM_PER_THREAD: CUstream = std::ptr::without_provenance_mut(0x2);
+
+/// The examples of this crate's `README.md`, compiled (and run, unless marked `no_run`) as
+/// doctests so that they stay correct.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,4 +1,4 @@
-//! Tests that need a CUDA device. Run with `cargo test -p cuda-sys -- --ignored`; without a
+//! Tests that need a CUDA device. Run with `cargo test -p tile-cuda-sys -- --ignored`; without a
 //! driver or a device they fail.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};

@@ -1,6 +1,71 @@
 //! DLPack ownership for tile: who owns a tensor, when its deleter runs, and whether its
 //! descriptor can be trusted.
 //!
+//! Use it alone when you consume DLPack tensors (from Python capsules, C libraries or Rust
+//! producers) and want their ownership as types and their descriptors validated, with no CUDA
+//! and no Python involved; `tile-launch` builds kernel launches on it.
+//!
+//! # Example
+//!
+//! A producer exports a host `Vec<f32>` as a `DLManagedTensorVersioned` (built here with
+//! [`dlpark`], re-exported by this crate) whose deleter frees the `Vec`; the consumer takes it
+//! through the three states.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//!
+//! use tile_dlpack::dlpark::metadata::Dynamic;
+//! use tile_dlpack::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned};
+//! use tile_dlpack::{DType, Device, Unused};
+//!
+//! /// What the deleter frees: the data, and a count of deleter runs for this example.
+//! struct Owner {
+//!     _data: Vec<f32>,
+//!     deleted: Arc<AtomicUsize>,
+//! }
+//!
+//! impl Drop for Owner {
+//!     fn drop(&mut self) {
+//!         self.deleted.fetch_add(1, Ordering::SeqCst);
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The producer: a 2 x 3 f32 tensor on the CPU (row-major strides [3, 1]).
+//! let mut data: Vec<f32> = vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0];
+//! let ptr = data.as_mut_ptr(); // the heap buffer stays put when the Vec moves into `Owner`
+//! let deleted = Arc::new(AtomicUsize::new(0));
+//! let owner = Box::new(Owner { _data: data, deleted: Arc::clone(&deleted) });
+//! let mut init = Dynamic::compact([2_i64, 3]).initialize(owner)?;
+//! init.set_data(ptr.cast()).set_device(DLDevice::CPU).set_dtype(DLDataType::F32);
+//! // SAFETY: data, device, dtype and shape describe the Vec, which the tensor's context owns
+//! // until its deleter runs.
+//! let export: *mut DLManagedTensorVersioned = unsafe { init.finish() }.into_raw();
+//!
+//! // Unused: the producer's export, not ours yet; `peek` validates without taking it over.
+//! // SAFETY: `export` is a live descriptor that nobody else consumes or deletes.
+//! let unused = unsafe { Unused::from_versioned(export) };
+//! assert_eq!(unused.peek()?.shape(), &[2, 3]);
+//!
+//! // Used: consumed. Its deleter is ours now and runs exactly once.
+//! let used = unused.consume()?;
+//! let view = used.view();
+//! assert_eq!((view.dtype(), view.device()), (DType::F32, Device::CPU));
+//! assert_eq!(view.strides(), &[3, 1]);
+//! assert_eq!(view.data_ptr(), ptr as u64);
+//! assert_eq!(deleted.load(Ordering::SeqCst), 0);
+//!
+//! // Released: the deleter has run; the token exposes no pointer.
+//! let _released = used.release();
+//! assert_eq!(deleted.load(Ordering::SeqCst), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A Rust producer can skip the raw pointer: [`Used::from_managed_versioned`] takes dlpark's
+//! `Managed` directly. A C producer or a Python capsule hands over the pointer, as above.
+//!
 //! # What this crate promises
 //!
 //! - **Ownership states are types.** A producer's export starts as an [`Unused`] (we do not
@@ -88,3 +153,9 @@ pub use view::{ByteExtent, TensorView};
 /// [`DescriptorError::NdimOutOfRange`]. 64 is NumPy 2's own limit, far above the rank any
 /// kernel uses, and bounds the work validation does per tensor.
 pub const MAX_NDIM: i32 = 64;
+
+/// The examples of this crate's `README.md`, compiled (and run, unless marked `no_run`) as
+/// doctests so that they stay correct.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

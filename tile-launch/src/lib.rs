@@ -1,6 +1,44 @@
 //! Launch CUDA kernels on DLPack tensors, and keep every consumed tensor alive until the GPU
 //! work that uses it has finished.
 //!
+//! Use it when you launch kernels on tensors that other libraries own (PyTorch, CuPy, JAX,
+//! `cudarc`, or any DLPack producer) and must not free before the kernel has run. It needs an
+//! NVIDIA driver at run time only; building needs neither the driver nor the CUDA toolkit.
+//!
+//! # Example
+//!
+//! Load a kernel, declare its parameters, launch it on three consumed tensors and retire the
+//! launch (compiled, not run here: it needs a GPU and a PTX file).
+//!
+//! ```no_run
+//! use tile_launch::{Context, Library, LaunchConfig, Param, ScalarType, Signature, Stream};
+//! use tile_dlpack::DType;
+//! # fn tensors() -> (tile_dlpack::Used, tile_dlpack::Used, tile_dlpack::Used) { unimplemented!() }
+//! # fn main() -> Result<(), tile_launch::Error> {
+//! let ctx = Context::new(0)?;
+//! let stream = Stream::new(&ctx)?;
+//! let lib = Library::from_file("vector_add.ptx")?;
+//! let kernel = lib.kernel(
+//!     "vector_add",
+//!     Signature::new([
+//!         Param::input(DType::F32),
+//!         Param::input(DType::F32),
+//!         Param::output(DType::F32),
+//!         Param::scalar(ScalarType::U64),
+//!     ]),
+//! )?;
+//! let (a, b, c) = tensors();
+//! let n = a.view().numel();
+//! let handle = stream.launch(
+//!     &kernel,
+//!     &LaunchConfig::for_elements(n, 256),
+//!     [a.into(), b.into(), c.into(), n.into()],
+//! )?;
+//! handle.retire()?; // waits, then runs the three deleters
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Contract
 //!
 //! - [`Stream::launch`] checks a launch completely (configuration against the device's limits,
@@ -31,41 +69,11 @@
 //!
 //! # Layering
 //!
-//! Depends on `cuda-sys` (raw driver API), `tile-dlpack` (ownership states and validation),
-//! `thiserror`, `log` and `smallvec`; optionally `cudarc` (features `cudarc`, `nvrtc`). It knows nothing of
-//! Python. The release queue ([`release`]) is written against the [`release::Timeline`] trait so
-//! that it is tested on the CPU with a manual-completion fake.
-//!
-//! # Example
-//!
-//! ```no_run
-//! use tile_launch::{Context, Library, LaunchConfig, Param, ScalarType, Signature, Stream};
-//! use tile_dlpack::DType;
-//! # fn tensors() -> (tile_dlpack::Used, tile_dlpack::Used, tile_dlpack::Used) { unimplemented!() }
-//! # fn main() -> Result<(), tile_launch::Error> {
-//! let ctx = Context::new(0)?;
-//! let stream = Stream::new(&ctx)?;
-//! let lib = Library::from_file("vector_add.ptx")?;
-//! let kernel = lib.kernel(
-//!     "vector_add",
-//!     Signature::new([
-//!         Param::input(DType::F32),
-//!         Param::input(DType::F32),
-//!         Param::output(DType::F32),
-//!         Param::scalar(ScalarType::U64),
-//!     ]),
-//! )?;
-//! let (a, b, c) = tensors();
-//! let n = a.view().numel();
-//! let handle = stream.launch(
-//!     &kernel,
-//!     &LaunchConfig::for_elements(n, 256),
-//!     [a.into(), b.into(), c.into(), n.into()],
-//! )?;
-//! handle.retire()?; // waits, then runs the three deleters
-//! # Ok(())
-//! # }
-//! ```
+//! Depends on `tile-cuda-sys` (library `cuda_sys`, the raw driver API), `tile-dlpack`
+//! (ownership states and validation), `thiserror`, `log` and `smallvec`; optionally `cudarc`
+//! (features `cudarc`, `nvrtc`). It knows nothing of Python. The release queue ([`release`]) is
+//! written against the [`release::Timeline`] trait so that it is tested on the CPU with a
+//! manual-completion fake (feature `testing`: `release::fake`).
 
 pub mod capture;
 mod context;
@@ -91,3 +99,9 @@ pub use stream::{CudaTimeline, Event, Stream};
 
 pub use cuda_sys;
 pub use tile_dlpack;
+
+/// The examples of this crate's `README.md`, compiled (and run, unless marked `no_run`) as
+/// doctests so that they stay correct.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -6,7 +6,8 @@
 //! | bad value: device, grid/block, read-only or overlapping output, null data, ndim, consumed capsule | `ValueError` |
 //! | unsupported DLPack major version | `BufferError` |
 //! | size, address or scalar overflow | `OverflowError` |
-//! | a CUDA driver call failed, or no driver | `tile_py.CudaError` (`.name`: the driver's error name, `.function`: the call) |
+//! | a CUDA driver call failed, or the driver is too old or failed to initialise | `tile_py.CudaError` (`.name`: the driver's error name, `.function`: the call) |
+//! | no driver: `libcuda.so.1` (or `TILE_LIBCUDA`) could not be opened | `tile_py.DriverNotFoundError`, a `CudaError` with `.name` and `.function` None |
 //!
 //! Messages start with `argument {i}: ` when one argument is at fault and quote the offending
 //! value.
@@ -25,6 +26,15 @@ create_exception!(
     "A CUDA driver call failed, or the driver could not be loaded. `.name` is the driver's \
      name for the error (e.g. `CUDA_ERROR_INVALID_VALUE`) and `.function` the driver call that \
      returned it (e.g. `cuLaunchKernel`); both are None when no driver call was made."
+);
+
+create_exception!(
+    tile_py,
+    DriverNotFoundError,
+    CudaError,
+    "The CUDA driver library could not be opened: no NVIDIA driver is installed, or \
+     `TILE_LIBCUDA` names a missing file. A `CudaError` whose `.name` and `.function` are None; \
+     the message names the library and the loader's reason."
 );
 
 /// An error of tile-py's own argument conversion: the exception class and the message.
@@ -75,13 +85,7 @@ pub(crate) fn launch_err(
 ) -> PyErr {
     match e {
         Error::Cuda(c) => cuda_err(py, &c.to_string(), Some(&c)),
-        Error::Driver(l) => {
-            let call = match &l {
-                cuda_sys::LoadError::Init(c) => Some(c),
-                _ => None,
-            };
-            cuda_err(py, &l.to_string(), call)
-        }
+        Error::Driver(l) => driver_err(py, &l),
         Error::Descriptor { index, source } => {
             let kind = descriptor_kind(&source);
             let mut msg = format!("argument {index}: {source}");
@@ -107,7 +111,24 @@ pub(crate) fn launch_err(
 /// A `tile_py.CudaError` with `.name` (the driver's error name) and `.function` (the driver
 /// call that returned it) set from `call`, both None when no driver call was made.
 pub(crate) fn cuda_err(py: Python<'_>, msg: &str, call: Option<&cuda_sys::CudaError>) -> PyErr {
-    let e = CudaError::new_err(msg.to_owned());
+    with_cuda_attrs(py, CudaError::new_err(msg.to_owned()), call)
+}
+
+/// Maps a failure to load the driver: `DriverNotFoundError` when the library could not be
+/// opened, else a `CudaError` (`.name` and `.function` set when `cuInit` failed, None for a
+/// missing entry point, i.e. a driver too old or a library that is not the driver).
+fn driver_err(py: Python<'_>, e: &cuda_sys::LoadError) -> PyErr {
+    match e {
+        cuda_sys::LoadError::LibraryNotFound { .. } => {
+            with_cuda_attrs(py, DriverNotFoundError::new_err(e.to_string()), None)
+        }
+        cuda_sys::LoadError::Init(c) => cuda_err(py, &e.to_string(), Some(c)),
+        _ => cuda_err(py, &e.to_string(), None),
+    }
+}
+
+/// Sets `.name` and `.function` on a fresh `CudaError` (or subclass) from `call`.
+fn with_cuda_attrs(py: Python<'_>, e: PyErr, call: Option<&cuda_sys::CudaError>) -> PyErr {
     let value = e.value(py);
     // Setting an attribute on a fresh exception instance cannot fail short of memory
     // exhaustion; if it does, the exception still carries the message.
@@ -119,6 +140,11 @@ pub(crate) fn cuda_err(py: Python<'_>, msg: &str, call: Option<&cuda_sys::CudaEr
 /// The Python class `tile_py.CudaError`.
 pub(crate) fn cuda_error_type(py: Python<'_>) -> Bound<'_, PyType> {
     CudaError::type_object(py)
+}
+
+/// The Python class `tile_py.DriverNotFoundError`.
+pub(crate) fn driver_not_found_error_type(py: Python<'_>) -> Bound<'_, PyType> {
+    DriverNotFoundError::type_object(py)
 }
 
 /// A short `repr` of an offending value for messages (at most 80 characters).

@@ -183,6 +183,9 @@ pub(crate) fn parse_params(params: &Bound<'_, PyAny>) -> PyResult<Vec<Param>> {
 }
 
 /// Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC.
+///
+/// Loading raises `tile_py.CudaError` when the driver refuses the image, and its subclass
+/// `tile_py.DriverNotFoundError` when no CUDA driver could be loaded.
 #[pyclass(frozen, module = "tile_py")]
 pub(crate) struct Library {
     inner: tile_launch::Library,

@@ -227,7 +227,8 @@ impl Drop for LaunchHandle {
 ///
 /// Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
 /// overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
-/// (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call).
+/// (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call), and its subclass
+/// `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
 #[pyfunction]
 #[pyo3(signature = (stream, grid, kernel, args, *, block, shared_mem = None, cluster = None,
                     cooperative = false, programmatic_dependent_launch = false, sync = true))]
@@ -620,7 +621,13 @@ fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
 #[pymodule]
 fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // The crate version, which maturin also writes into the wheel's metadata.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CudaError", errors::cuda_error_type(py))?;
+    m.add(
+        "DriverNotFoundError",
+        errors::driver_not_found_error_type(py),
+    )?;
     m.add_class::<kernel::Library>()?;
     m.add_class::<kernel::Kernel>()?;
     m.add_class::<kernel::PyParam>()?;

@@ -11,9 +11,12 @@
 //! - `cargo xtask bench` builds the bundle and runs its benchmarks on this machine's GPU.
 //!
 //! A task refuses any argument it does not take; `--help` or `-h` after a task prints the usage.
+//! Before it starts, a task checks what it needs from the machine (libclang for codegen, a Python
+//! with pip and venv for codegen and the wheel) and stops with one line naming what to install.
 
 mod bundle;
 mod codegen;
+mod prereq;
 mod wheel;
 
 use std::process::Command;
@@ -59,6 +62,7 @@ fn main() -> Result<()> {
              see `cargo xtask --help`"
         );
     }
+    prereq::require(prereq::of_task(task));
     match task {
         "codegen" => codegen::run(rest.iter().any(|a| a == "--check")),
         "test" => test(),
@@ -74,7 +78,8 @@ const USAGE: &str = "usage: cargo xtask <task> [--help]
 tasks:
   codegen [--check]   regenerate cuda-sys bindings from the pinned cuda.h (--check: fail on any difference)
   test                run everything that needs no GPU: fmt, clippy, codegen --check, all Rust tests,
-                      then build the tile_py wheel and run its pytest suite in target/py-venv
+                      then build the tile_py wheel (manylinux2014, via zig) and run its pytest suite
+                      and mypy stubtest in target/py-venv
   wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
   gpu-bundle          build target/gpu-bundle/ for a GPU machine: release test binaries, the examples,
                       the kernels, the tile_py wheel with its tests, and run.sh

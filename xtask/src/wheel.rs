@@ -22,29 +22,47 @@ fn succeeds(cmd: &mut Command) -> bool {
 }
 
 /// `target/py-venv/bin/python`, creating the virtual environment (from `TILE_PYTHON`, else
-/// `python3`) on first use and installing `packages` from PyPI into it when an import of
-/// `modules` fails. A venv keeps pip away from a system Python that forbids installing (PEP 668).
-fn venv_python(modules: &str, packages: &[&str]) -> Result<PathBuf> {
+/// `python3`) on first use, with `requirements` installed from PyPI. pip leaves requirements
+/// that are already met alone without asking the index, so a set-up venv needs no network. A
+/// venv keeps pip away from a system Python that forbids installing (PEP 668).
+fn venv_python(requirements: &[&str]) -> Result<PathBuf> {
     let venv = workspace_root().join("target/py-venv");
     let vpy = venv.join("bin/python");
     if !vpy.exists() {
         run_cmd(Command::new(python()).args(["-m", "venv"]).arg(&venv))?;
     }
-    if !succeeds(Command::new(&vpy).args(["-c", &format!("import {modules}")])) {
-        run_cmd(
-            Command::new(&vpy)
-                .args(["-m", "pip", "install", "--quiet"])
-                .args(packages),
-        )?;
-    }
+    run_cmd(
+        Command::new(&vpy)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(requirements),
+    )?;
     Ok(vpy)
 }
 
-/// Builds `target/wheels/tile_py-*.whl` (release, abi3) with maturin from `target/py-venv`
-/// (installed there when missing) and returns its path.
+/// maturin, and zig (the `ziglang` wheel) to link the extension against glibc 2.17 whatever
+/// this machine's glibc is. Pinned: maturin's zig driver follows zig's command line.
+const BUILD_REQUIREMENTS: &[&str] = &["maturin>=1.9.3,<2", "ziglang==0.17.1"];
+
+/// The oldest glibc the wheel runs on, as a manylinux policy (glibc 2.17, the floor of Rust's
+/// `x86_64-unknown-linux-gnu` target).
+const MANYLINUX: &str = "manylinux2014";
+
+/// NumPy and pytest for the suite; mypy for `stubtest`, pinned because each mypy release adds
+/// checks (mypy 2.4 needs Python 3.10 or newer; on an older venv stubtest is skipped, saying so).
+const TEST_REQUIREMENTS: &[&str] = &["numpy", "pytest", "mypy==2.4.1; python_version >= '3.10'"];
+
+/// Builds `target/wheels/tile_py-*.whl` (release, abi3, stripped, `manylinux2014` /
+/// `manylinux_2_17`: linked by zig against glibc 2.17) with maturin from `target/py-venv`
+/// (maturin and zig installed there when missing) and returns its path.
 pub fn build() -> Result<PathBuf> {
     let root = workspace_root();
-    let vpy = venv_python("maturin", &["maturin>=1.7,<2"])?;
+    let vpy = venv_python(BUILD_REQUIREMENTS)?;
     let wheels = root.join("target/wheels");
     if wheels.exists() {
         for e in fs::read_dir(&wheels)? {
@@ -57,11 +75,23 @@ pub fn build() -> Result<PathBuf> {
             }
         }
     }
-    run_cmd(Command::new(&vpy).args([
+    // maturin finds zig as `python3 -m ziglang` on PATH: the venv's bin directory first.
+    let bin = vpy.parent().context("venv python has a directory")?;
+    let path = std::env::join_paths(
+        std::iter::once(bin.to_path_buf()).chain(
+            std::env::var_os("PATH")
+                .iter()
+                .flat_map(std::env::split_paths),
+        ),
+    )?;
+    run_cmd(Command::new(&vpy).env("PATH", path).args([
         "-m",
         "maturin",
         "build",
         "--release",
+        "--zig",
+        "--compatibility",
+        MANYLINUX,
         "--manifest-path",
         "tile-py/Cargo.toml",
         "--out",
@@ -84,11 +114,12 @@ fn find_wheel(dir: &Path) -> Result<PathBuf> {
     bail!("maturin built no tile_py wheel in {}", dir.display())
 }
 
-/// Installs `wheel` into `target/py-venv` (created with NumPy and pytest from PyPI on first
-/// use) and runs the pytest suite there. Without a GPU the `gpu` tests are reported as skipped,
-/// with the reason.
+/// Installs `wheel` into `target/py-venv` (created with NumPy, pytest and mypy from PyPI on
+/// first use), runs the pytest suite there, then mypy's `stubtest`: `tile_py/__init__.pyi`
+/// against the installed module. Without a GPU the `gpu` tests are reported as skipped, with
+/// the reason.
 pub fn pytest(wheel: &Path) -> Result<()> {
-    let vpy = venv_python("numpy, pytest", &["numpy", "pytest"])?;
+    let vpy = venv_python(TEST_REQUIREMENTS)?;
     run_cmd(
         Command::new(&vpy)
             .args([
@@ -109,7 +140,28 @@ pub fn pytest(wheel: &Path) -> Result<()> {
         "-p",
         "no:cacheprovider",
         "tile-py/tests",
-    ]))
+    ]))?;
+    stubtest(&vpy)
+}
+
+/// `python -m mypy.stubtest tile_py`: every name, signature, `@final` and `__all__` of the stub
+/// matches the installed module. No allowlist: there is no difference to excuse.
+fn stubtest(vpy: &Path) -> Result<()> {
+    if !succeeds(Command::new(vpy).args(["-c", "import mypy.stubtest"])) {
+        println!("stubtest: skipped (mypy is not installed: it needs Python 3.10 or newer)");
+        return Ok(());
+    }
+    // Run in target/, where its `.mypy_cache` goes (stubtest reads no MYPY_CACHE_DIR), not in
+    // the checkout; `run_cmd` would run it from the workspace root.
+    let mut cmd = Command::new(vpy);
+    cmd.args(["-m", "mypy.stubtest", "tile_py"])
+        .current_dir(workspace_root().join("target"));
+    eprintln!("$ {cmd:?}");
+    let status = cmd.status().context("cannot start mypy.stubtest")?;
+    if !status.success() {
+        bail!("stubtest: tile_py/__init__.pyi differs from the module ({status})");
+    }
+    Ok(())
 }
 
 /// Puts the wheel, the pytest suite, the Python example and `python/run_pytest.sh` under

@@ -11,7 +11,8 @@ that uses it has finished.
                        block=256)
     h.wait()   # or let it go: a dropped handle is released by the stream's queue
 
-Importing needs no GPU; the CUDA driver is loaded on first use.
+Importing needs no GPU; the CUDA driver is loaded on first use. Without one, the first call
+that needs it raises ``tile_py.DriverNotFoundError`` (a ``tile_py.CudaError``).
 """
 
 import atexit as _atexit
@@ -19,6 +20,7 @@ import os as _os
 
 from ._tile_py import (
     CudaError,
+    DriverNotFoundError,
     In,
     InOut,
     Kernel,
@@ -34,10 +36,12 @@ from ._tile_py import (
     launch,
     stats,
     synchronize,
+    __version__,
 )
 
 __all__ = [
     "CudaError",
+    "DriverNotFoundError",
     "In",
     "InOut",
     "Kernel",

@@ -2,43 +2,76 @@
 
 import os
 from types import TracebackType
-from typing import Any, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Optional, Sequence, Tuple, Type, Union, final
 
-Dims = Union[int, Tuple[int], Tuple[int, int], Tuple[int, int, int]]
-StreamLike = Any  # an object with __cuda_stream__, a CuPy stream, or an int handle
-DTypeLike = Any  # 'float32', 'bfloat16', torch.float16, numpy.int32, ...
+__all__ = [
+    "CudaError",
+    "DriverNotFoundError",
+    "In",
+    "InOut",
+    "Kernel",
+    "LaunchHandle",
+    "Library",
+    "Out",
+    "Param",
+    "Scalar",
+    "launch",
+    "stats",
+    "synchronize",
+]
+
+__version__: str
+"""The version of tile_py (the Rust crate's version, as in the wheel's metadata), e.g. '0.1.0'."""
+
+# Type aliases for the annotations below; they exist in the stub only.
+_Dims = Union[int, Tuple[int], Tuple[int, int], Tuple[int, int, int]]
+_StreamLike = Any  # an object with __cuda_stream__, a CuPy stream, or an int handle
+_DTypeLike = Any  # 'float32', 'bfloat16', torch.float16, numpy.int32, ...
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed, or no driver could be loaded."""
 
     name: Optional[str]
     """The driver's name for the error, e.g. 'CUDA_ERROR_INVALID_VALUE'; None if no driver call
-    was made (no driver could be loaded)."""
+    was made (no driver could be loaded, or it lacks an entry point tile_py needs)."""
     function: Optional[str]
     """The driver call that returned the error, e.g. 'cuLaunchKernel'; None as for name."""
 
+class DriverNotFoundError(CudaError):
+    """The CUDA driver library could not be opened: no NVIDIA driver is installed, or
+    TILE_LIBCUDA names a missing file. `name` and `function` are None; the message names the
+    library and the loader's reason. Raised by the first call that needs the driver (a launch,
+    a Library load), never by `import tile_py`."""
+
+@final
 class Param:
     """A declared kernel parameter; made by In, Out, InOut or Scalar."""
 
-def In(dtype: DTypeLike) -> Param:
+def In(dtype: _DTypeLike) -> Param:
     """A tensor the kernel reads."""
 
-def Out(dtype: DTypeLike) -> Param:
+def Out(dtype: _DTypeLike) -> Param:
     """A tensor the kernel writes; read-only or self-overlapping tensors are refused."""
 
-def InOut(dtype: DTypeLike) -> Param:
+def InOut(dtype: _DTypeLike) -> Param:
     """A tensor the kernel reads and writes."""
 
 def Scalar(ty: str, /) -> Param:
     """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
 
+@final
 class Kernel:
     @property
     def name(self) -> str: ...
     @property
     def params(self) -> list[Param]: ...
 
+@final
 class Library:
+    """Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC. Loading
+    raises CudaError when the driver refuses the image, and DriverNotFoundError when no CUDA
+    driver could be loaded."""
+
     @staticmethod
     def from_file(path: Union[str, "os.PathLike[str]"]) -> Library:
         """Load a cubin, fatbin or PTX file."""
@@ -54,6 +87,7 @@ class Library:
     def kernel(self, name: str, params: Sequence[Param]) -> Kernel:
         """Look up a kernel and declare its parameters."""
 
+@final
 class LaunchHandle:
     """Owns a launch's tensors until its work is done."""
 
@@ -70,14 +104,14 @@ class LaunchHandle:
     ) -> bool: ...
 
 def launch(
-    stream: StreamLike,
-    grid: Dims,
+    stream: _StreamLike,
+    grid: _Dims,
     kernel: Kernel,
     args: Sequence[Any],
     *,
-    block: Dims,
+    block: _Dims,
     shared_mem: Optional[int] = None,
-    cluster: Optional[Dims] = None,
+    cluster: Optional[_Dims] = None,
     cooperative: bool = False,
     programmatic_dependent_launch: bool = False,
     sync: bool = True,
@@ -106,7 +140,8 @@ def launch(
 
     Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
     overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
-    (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call).
+    (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call), and its subclass
+    `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
     """
 
 def synchronize() -> None:
@@ -140,12 +175,12 @@ def _check_args(
     params: Sequence[Param],
     args: Sequence[Any],
     *,
-    stream: StreamLike = ...,
+    stream: _StreamLike = ...,
     device: int = 0,
     sync: bool = True,
     consume: bool = True,
-    grid: Optional[Dims] = None,
-    block: Optional[Dims] = None,
+    grid: Optional[_Dims] = None,
+    block: Optional[_Dims] = None,
 ) -> None: ...
 def _debug_counters() -> dict[str, int]: ...
 def _shutdown(timeout: float = 5.0) -> int: ...
