@@ -83,7 +83,7 @@ impl Context {
         let mut raw: CUcontext = std::ptr::null_mut();
         // Relaxed capture mode: retaining (and so perhaps creating) the primary context must not
         // invalidate a global-mode capture another thread has in progress.
-        crate::capture::relaxed(d, || {
+        crate::capture_state::relaxed(d, || {
             // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
             unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
                 .check("cuDevicePrimaryCtxRetain")
@@ -228,7 +228,7 @@ impl Drop for Context {
         if let Ok(d) = driver() {
             // Relaxed capture mode: the last release may tear the context down, which must not
             // invalidate another thread's global-mode capture.
-            let r = crate::capture::relaxed(d, || {
+            let r = crate::capture_state::relaxed(d, || {
                 // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
                 unsafe { (d.cuDevicePrimaryCtxRelease)(self.device) }
                     .check("cuDevicePrimaryCtxRelease")

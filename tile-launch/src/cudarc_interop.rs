@@ -41,8 +41,8 @@ use tile_dlpack::dlpark::ffi::{DLDevice, DLManagedTensorVersioned};
 use tile_dlpack::dlpark::metadata::Dynamic;
 use tile_dlpack::dlpark::{DlpackElement, OpaqueContext};
 
+use crate::args::TensorArg;
 use crate::error::{Error, Result};
-use crate::launch::TensorArg;
 use crate::{Context, Stream};
 
 /// A refused export of a moved-in `CudaSlice`: the error, and the slice, untouched (not freed,

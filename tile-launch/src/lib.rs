@@ -75,9 +75,14 @@
 //! written against the [`release::Timeline`] trait so that it is tested on the CPU with a
 //! manual-completion fake (feature `testing`: `release::fake`).
 
+mod args;
 pub mod capture;
+mod capture_state;
+mod config;
 mod context;
 mod error;
+mod guard;
+mod handle;
 mod launch;
 mod module;
 pub mod release;
@@ -87,12 +92,13 @@ mod sync;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
+pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
+pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};
 pub use error::{Error, Result};
-pub use launch::{
-    Arg, Dim3, Guard, LaunchConfig, LaunchHandle, Scalar, TensorArg, TensorSource, check_args,
-};
+pub use guard::Guard;
+pub use handle::LaunchHandle;
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
 pub use release::{ReleaseConfig, Retired, Stats};
 pub use stream::{CudaTimeline, Event, Stream};

@@ -9,9 +9,9 @@ use cuda_sys::{
 };
 use tile_dlpack::DType;
 
+use crate::config::LaunchConfig;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::launch::LaunchConfig;
 
 /// How a kernel uses a tensor parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -200,7 +200,7 @@ impl Drop for LibraryInner {
     fn drop(&mut self) {
         let (d, raw) = (self.d, self.raw);
         // Relaxed: unloading must not disturb another thread's global-mode capture.
-        let r = crate::capture::relaxed(d, || {
+        let r = crate::capture_state::relaxed(d, || {
             // SAFETY: every kernel of this library holds an `Arc` to it, so none is alive.
             unsafe { (d.cuLibraryUnload)(raw) }.check("cuLibraryUnload")
         });
@@ -279,7 +279,7 @@ impl Library {
             owned.push(0);
             &owned
         };
-        let (raw, home) = crate::capture::relaxed(d, || {
+        let (raw, home) = crate::capture_state::relaxed(d, || {
             let home = current_ordinal(d)?;
             let mut raw: CUlibrary = std::ptr::null_mut();
             // SAFETY: `bytes` outlives the call and is NUL-terminated; no JIT or library
@@ -370,7 +370,7 @@ impl Library {
         let d = self.inner.d;
         let cname = CString::new(name)
             .map_err(|_| Error::Module(format!("kernel name {name:?} contains a NUL byte")))?;
-        let raw = crate::capture::relaxed_with(d, || -> Result<CUkernel> {
+        let raw = crate::capture_state::relaxed_with(d, || -> Result<CUkernel> {
             let mut raw: CUkernel = std::ptr::null_mut();
             // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
             unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
@@ -526,7 +526,7 @@ impl Kernel {
         ctx: &Context,
         config: &LaunchConfig,
     ) -> Result<()> {
-        crate::capture::relaxed_with(d, || self.prepare_relaxed(d, ctx, config))
+        crate::capture_state::relaxed_with(d, || self.prepare_relaxed(d, ctx, config))
     }
 
     /// The kernel's static shared memory on `ctx`'s device, read once per device.

@@ -11,7 +11,7 @@ use cuda_sys::{
 
 use crate::context::Context;
 use crate::error::Result;
-use crate::launch::Guard;
+use crate::guard::Guard;
 use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
 
 /// A CUDA event used as a completion marker (`CU_EVENT_DISABLE_TIMING`).
@@ -97,7 +97,7 @@ impl CudaTimeline {
         let mut ev: CUevent = std::ptr::null_mut();
         // Creating an event is harmless to a capture, but relaxed mode keeps it from failing, or
         // invalidating another thread's global-mode capture, on drivers that think otherwise.
-        crate::capture::relaxed(d, || {
+        crate::capture_state::relaxed(d, || {
             // SAFETY: out-pointer to a local; the stream's context is current.
             unsafe { (d.cuEventCreate)(&mut ev, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
                 .check("cuEventCreate")
@@ -138,7 +138,7 @@ impl CudaTimeline {
     /// The stream's context must be current (a default-stream handle names that context's
     /// stream).
     fn refuse_if_capturing(&self, function: &'static str) -> Result<(), CudaError> {
-        if crate::capture::is_capturing(self.d, self.raw)? {
+        if crate::capture_state::is_capturing(self.d, self.raw)? {
             return Err(CudaError::new(
                 CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                 function,
@@ -198,7 +198,7 @@ impl Timeline for CudaTimeline {
         let _bound = self.ctx.bind_with(d)?;
         // Our events are recorded outside capture only; relaxed mode keeps the query from
         // failing, or invalidating another thread's global-mode capture.
-        crate::capture::relaxed(d, || {
+        crate::capture_state::relaxed(d, || {
             // SAFETY: `marker` is a live event.
             let r = unsafe { (d.cuEventQuery)(marker.0) };
             if r == CUresult::CUDA_ERROR_NOT_READY {
@@ -211,7 +211,7 @@ impl Timeline for CudaTimeline {
     fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
         let d = self.d;
         let _bound = self.ctx.bind_with(d)?;
-        crate::capture::relaxed(d, || {
+        crate::capture_state::relaxed(d, || {
             // SAFETY: `marker` is a live event.
             unsafe { (d.cuEventSynchronize)(marker.0) }.check("cuEventSynchronize")
         })
@@ -222,7 +222,7 @@ impl Timeline for CudaTimeline {
         self.refuse_if_unreachable("cuStreamSynchronize")?;
         let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuStreamSynchronize")?;
-        crate::capture::relaxed(d, || {
+        crate::capture_state::relaxed(d, || {
             // SAFETY: `self.raw` is a live stream.
             unsafe { (d.cuStreamSynchronize)(self.raw) }.check("cuStreamSynchronize")
         })
@@ -266,7 +266,7 @@ impl Timeline for CudaTimeline {
             }
         }
         let mut ran = false;
-        let relaxed = crate::capture::relaxed(self.d, || {
+        let relaxed = crate::capture_state::relaxed(self.d, || {
             ran = true;
             release();
             Ok(())
@@ -312,7 +312,7 @@ impl Drop for CudaTimeline {
         let mut events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
         events.append(self.waits.get_mut().unwrap_or_else(|p| p.into_inner()));
         for ev in events {
-            let destroyed = crate::capture::relaxed(d, || {
+            let destroyed = crate::capture_state::relaxed(d, || {
                 // SAFETY: the event is ours and no longer used.
                 unsafe { (d.cuEventDestroy)(ev.0) }.check("cuEventDestroy")
             });
@@ -323,7 +323,7 @@ impl Drop for CudaTimeline {
         if self.owned {
             // Relaxed capture mode: destroying a stream must not invalidate another thread's
             // global-mode capture.
-            let destroyed = crate::capture::relaxed(d, || {
+            let destroyed = crate::capture_state::relaxed(d, || {
                 // SAFETY: we created this stream and nothing refers to it any more (every
                 // tracker handle that could record on it is gone).
                 unsafe { (d.cuStreamDestroy)(self.raw) }.check("cuStreamDestroy")
@@ -422,7 +422,7 @@ impl Stream {
         let mut raw: CUstream = std::ptr::null_mut();
         // Relaxed capture mode: creating a stream is a "potentially unsafe" call that would
         // invalidate another thread's global-mode capture.
-        crate::capture::relaxed(d, || {
+        crate::capture_state::relaxed(d, || {
             // SAFETY: out-pointer to a local; the context is current.
             unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
                 .check("cuStreamCreate")

@@ -1,0 +1,259 @@
+//! Kernel arguments (tensors and scalars) and the checks of a launch's arguments against the
+//! kernel's signature, made before anything is consumed.
+
+use std::fmt;
+
+use cuda_sys::CUstream;
+use smallvec::SmallVec;
+use tile_dlpack::{Unused, Used};
+
+use crate::error::{Error, Result};
+use crate::module::{Param, ScalarType, Signature};
+
+/// A scalar kernel argument, passed by value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Scalar {
+    /// `bool`.
+    Bool(bool),
+    /// Any integer, converted to the parameter's integer type if it fits.
+    Int(i128),
+    /// Any float, converted to the parameter's float type (`f64` → `f32` rounds; a finite value
+    /// beyond f32's range is refused).
+    Float(f64),
+}
+
+macro_rules! scalar_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for Scalar {
+            fn from(x: $t) -> Scalar { Scalar::$v(x.into()) }
+        }
+        impl From<$t> for Arg<'_> {
+            fn from(x: $t) -> Self { Arg::Scalar(Scalar::$v(x.into())) }
+        }
+    )*};
+}
+scalar_from!(bool => Bool, i8 => Int, i16 => Int, i32 => Int, i64 => Int, u8 => Int, u16 => Int,
+    u32 => Int, u64 => Int, f32 => Float, f64 => Float);
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Bool(b) => write!(f, "bool {b}"),
+            Scalar::Int(i) => write!(f, "integer {i}"),
+            Scalar::Float(x) => write!(f, "float {x}"),
+        }
+    }
+}
+
+impl Scalar {
+    /// The value's bytes as the kernel receives it (little-endian, in the low bytes of a `u64`).
+    fn encode(&self, ty: ScalarType) -> Option<u64> {
+        use ScalarType as T;
+        Some(match (*self, ty) {
+            (Scalar::Bool(b), T::Bool) => u64::from(b),
+            (Scalar::Int(i), T::I8) => i8::try_from(i).ok()? as u8 as u64,
+            (Scalar::Int(i), T::I16) => i16::try_from(i).ok()? as u16 as u64,
+            (Scalar::Int(i), T::I32) => i32::try_from(i).ok()? as u32 as u64,
+            (Scalar::Int(i), T::I64) => i64::try_from(i).ok()? as u64,
+            (Scalar::Int(i), T::U8) => u8::try_from(i).ok()?.into(),
+            (Scalar::Int(i), T::U16) => u16::try_from(i).ok()?.into(),
+            (Scalar::Int(i), T::U32) => u32::try_from(i).ok()?.into(),
+            (Scalar::Int(i), T::U64) => u64::try_from(i).ok()?,
+            // Rounds to the nearest f32; a finite value beyond f32's range is refused rather
+            // than turned into an infinity. NaN and the infinities pass through.
+            (Scalar::Float(x), T::F32) if x.is_finite() && x.abs() > f64::from(f32::MAX) => {
+                return None;
+            }
+            (Scalar::Float(x), T::F32) => u64::from((x as f32).to_bits()),
+            (Scalar::Float(x), T::F64) => x.to_bits(),
+            _ => return None,
+        })
+    }
+}
+
+/// Where a tensor argument comes from.
+#[derive(Debug)]
+pub enum TensorSource<'a> {
+    /// A producer's tensor that is not consumed yet; it is consumed only once every argument of
+    /// the launch has been checked.
+    Unused(Unused<'a>),
+    /// A tensor already owned by the caller (e.g. exported from `cudarc`).
+    Used(Used),
+}
+
+/// A tensor argument, with the stream on which its data becomes ready (if any).
+#[derive(Debug)]
+pub struct TensorArg<'a> {
+    pub(crate) source: TensorSource<'a>,
+    pub(crate) ready_on: Option<CUstream>,
+}
+
+impl<'a> TensorArg<'a> {
+    /// Declares that the tensor's data is written by work enqueued on `producer`: the launch
+    /// stream then waits for that work on the device (`cuStreamWaitEvent`) before the kernel
+    /// runs. Nothing is inserted when `producer` is the launch stream.
+    ///
+    /// # Safety
+    ///
+    /// `producer` must be a valid stream of the launch stream's context (null means the legacy
+    /// default stream) until the launch returns.
+    pub unsafe fn ready_on(mut self, producer: CUstream) -> Self {
+        self.ready_on = Some(producer);
+        self
+    }
+
+    /// The tensor, without its readiness stream (e.g. to consume it outside a launch).
+    pub fn into_source(self) -> TensorSource<'a> {
+        self.source
+    }
+}
+
+/// One kernel argument: a tensor or a scalar.
+#[derive(Debug)]
+pub enum Arg<'a> {
+    /// A tensor, passed as a pointer to its first element.
+    Tensor(TensorArg<'a>),
+    /// A scalar, passed by value.
+    Scalar(Scalar),
+}
+
+impl<'a> From<Unused<'a>> for TensorArg<'a> {
+    fn from(t: Unused<'a>) -> Self {
+        TensorArg {
+            source: TensorSource::Unused(t),
+            ready_on: None,
+        }
+    }
+}
+impl From<Used> for TensorArg<'_> {
+    fn from(t: Used) -> Self {
+        TensorArg {
+            source: TensorSource::Used(t),
+            ready_on: None,
+        }
+    }
+}
+impl<'a> From<TensorArg<'a>> for Arg<'a> {
+    fn from(t: TensorArg<'a>) -> Self {
+        Arg::Tensor(t)
+    }
+}
+impl<'a> From<Unused<'a>> for Arg<'a> {
+    fn from(t: Unused<'a>) -> Self {
+        Arg::Tensor(t.into())
+    }
+}
+impl From<Used> for Arg<'_> {
+    fn from(t: Used) -> Self {
+        Arg::Tensor(t.into())
+    }
+}
+impl From<Scalar> for Arg<'_> {
+    fn from(s: Scalar) -> Self {
+        Arg::Scalar(s)
+    }
+}
+
+/// Arguments held inline (no allocation) by a launch; more spill to the heap. Each argument is
+/// about 100 bytes, so the inline buffer is kept small enough to stay cheap to build.
+pub(crate) const INLINE_ARGS: usize = 8;
+
+/// The 8-byte parameter slots of a launch, one per argument, in order.
+pub(crate) type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
+
+/// Checks `args` against `signature` exactly as [`Stream::launch`] does before consuming
+/// anything (count, kind, dtype, device `device_ordinal`, writability of outputs, scalar range),
+/// without a stream or a driver. Nothing is consumed; `Unused` tensors are only peeked at.
+///
+/// # Errors
+///
+/// [`Error::ArgumentCount`], [`Error::ArgumentKind`], [`Error::DtypeMismatch`],
+/// [`Error::DeviceMismatch`], [`Error::Descriptor`], each naming the argument index.
+pub fn check_args(
+    kernel_name: &str,
+    signature: &Signature,
+    args: &[Arg<'_>],
+    device_ordinal: i32,
+) -> Result<()> {
+    check_all(kernel_name, signature, args, device_ordinal).map(drop)
+}
+
+pub(crate) fn check_all(
+    kernel_name: &str,
+    signature: &Signature,
+    args: &[Arg<'_>],
+    ordinal: i32,
+) -> Result<ParamValues> {
+    let params = signature.params();
+    if args.len() != params.len() {
+        return Err(Error::ArgumentCount {
+            kernel: kernel_name.to_owned(),
+            expected: params.len(),
+            got: args.len(),
+        });
+    }
+    let mut values = ParamValues::with_capacity(args.len());
+    for (index, (arg, param)) in args.iter().zip(params).enumerate() {
+        values.push(check_arg(index, arg, param, ordinal)?);
+    }
+    Ok(values)
+}
+
+fn check_arg(index: usize, arg: &Arg<'_>, param: &Param, ordinal: i32) -> Result<u64> {
+    match (arg, param) {
+        (Arg::Tensor(t), Param::Tensor { dtype, intent }) => {
+            let view = match &t.source {
+                TensorSource::Unused(u) => u
+                    .peek()
+                    .map_err(|source| Error::Descriptor { index, source })?,
+                TensorSource::Used(u) => u.view(),
+            };
+            if view.dtype() != *dtype {
+                return Err(Error::DtypeMismatch {
+                    index,
+                    expected: *dtype,
+                    got: view.dtype(),
+                });
+            }
+            let dev = view.device();
+            let device_ok = if dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAHOST {
+                true
+            } else {
+                (dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA
+                    || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAMANAGED)
+                    && dev.device_id == ordinal
+            };
+            if !device_ok {
+                return Err(Error::DeviceMismatch {
+                    index,
+                    tensor: dev,
+                    stream_device: ordinal,
+                });
+            }
+            if intent.writes() {
+                view.check_writable()
+                    .map_err(|source| Error::Descriptor { index, source })?;
+            }
+            Ok(view.data_ptr())
+        }
+        (Arg::Scalar(s), Param::Scalar(ty)) => match s.encode(*ty) {
+            Some(value) => Ok(value),
+            None => Err(Error::ArgumentKind {
+                index,
+                expected: param.to_string(),
+                got: format!("{s} (wrong type or out of range)"),
+            }),
+        },
+        (Arg::Tensor(_), p) => Err(Error::ArgumentKind {
+            index,
+            expected: p.to_string(),
+            got: "a tensor".into(),
+        }),
+        (Arg::Scalar(s), p) => Err(Error::ArgumentKind {
+            index,
+            expected: p.to_string(),
+            got: s.to_string(),
+        }),
+    }
+}

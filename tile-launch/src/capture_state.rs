@@ -1,0 +1,106 @@
+//! A stream's capture status and the calling thread's capture mode: the driver queries and the
+//! mode switch that the launch path, the release queue, streams, contexts and kernels share
+//! (every one of tile's "potentially unsafe" driver calls runs through [`relaxed`], so that it
+//! never invalidates a global-mode capture another thread has in progress).
+
+use cuda_sys::{
+    CUgraph, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CuResultExt,
+    CudaError, Driver,
+};
+
+/// The graph `stream` is capturing into, or `None` when it is not capturing
+/// (`cuStreamGetCaptureInfo`, one call).
+///
+/// An invalidated capture is an error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`): a launch into
+/// it would fail anyway.
+pub(crate) fn capturing_graph(d: &Driver, stream: CUstream) -> Result<Option<CUgraph>, CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0u64;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: out-pointers to locals; the optional dependency outputs are null (not wanted).
+    unsafe {
+        (d.cuStreamGetCaptureInfo)(
+            stream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    .check("cuStreamGetCaptureInfo")?;
+    match status {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+        _ => Err(CudaError::new(
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+            "cuStreamGetCaptureInfo",
+        )),
+    }
+}
+
+/// Whether `stream` is capturing (active or invalidated), with `cuStreamIsCapturing`.
+pub(crate) fn is_capturing(d: &Driver, stream: CUstream) -> Result<bool, CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: out-pointer to a local.
+    unsafe { (d.cuStreamIsCapturing)(stream, &mut status) }.check("cuStreamIsCapturing")?;
+    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Runs `f` with the calling thread's stream-capture mode set to relaxed, then restores it
+/// (`cuThreadExchangeStreamCaptureMode`, twice). Potentially unsafe calls (event queries and
+/// waits) made by `f` then neither fail nor invalidate another thread's global-mode capture.
+pub(crate) fn relaxed<R>(
+    d: &Driver,
+    f: impl FnOnce() -> Result<R, CudaError>,
+) -> Result<R, CudaError> {
+    relaxed_with(d, f)
+}
+
+/// [`relaxed`] for a closure with any error type a [`CudaError`] converts into (tile's own
+/// first-use calls: loading a library, looking up a kernel, setting its attributes, occupancy).
+pub(crate) fn relaxed_with<R, E: From<CudaError>>(
+    d: &Driver,
+    f: impl FnOnce() -> Result<R, E>,
+) -> Result<R, E> {
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: in/out pointer to a local holding a valid mode.
+    unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) }
+        .check("cuThreadExchangeStreamCaptureMode")?;
+    // Restore even if `f` panics.
+    struct Restore<'a>(&'a Driver, CUstreamCaptureMode);
+    impl Drop for Restore<'_> {
+        fn drop(&mut self) {
+            // SAFETY: in/out pointer to our field, holding the mode we swapped out.
+            let r = unsafe { (self.0.cuThreadExchangeStreamCaptureMode)(&mut self.1) };
+            if let Err(e) = r.check("cuThreadExchangeStreamCaptureMode") {
+                log::error!("{e}");
+            }
+        }
+    }
+    let _restore = Restore(d, mode);
+    f()
+}
+
+/// The capture sequence `stream` belongs to: `Some(id)` while it captures (active or
+/// invalidated), `None` otherwise (`cuStreamGetCaptureInfo`).
+pub(crate) fn capture_id(d: &Driver, stream: CUstream) -> Result<Option<u64>, CudaError> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0u64;
+    // SAFETY: out-pointers to locals; the optional outputs are null (not wanted); `stream` is a
+    // stream of the bound context (the caller's contract for `ready_on`).
+    unsafe {
+        (d.cuStreamGetCaptureInfo)(
+            stream,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    .check("cuStreamGetCaptureInfo")?;
+    Ok((status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
+}
