@@ -3,41 +3,17 @@
 
 mod gpu_common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use gpu_common::{
-    Layout, gpu, random, ready_tensor, vector_add_args, vector_add_library, vector_add_signature,
-    view, view_with,
-};
-use tile_launch::{Context, Kernel, LaunchConfig, Param, ScalarType, Signature, Stream};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use gpu_common::{Layout, random, ready_tensor, vector_add_args, view, view_with};
+use tile_launch::{LaunchConfig, Stream};
 
-/// Everything a test needs: our context and streams, a cudarc producer stream, and kernels.
-struct Fixture {
-    ctx: Arc<Context>,
-    producer: Arc<CudaStream>,
-    add: Kernel,
-    spin: Kernel,
-}
+use gpu_common::Kernels as Fixture;
 
 fn fixture() -> Result<Fixture> {
-    let g = gpu(0)?;
-    let lib = vector_add_library(&g.ctx)?;
-    let (add, spin) = {
-        let _bound = g.ctx.bind()?;
-        (
-            lib.kernel("vector_add", vector_add_signature())?,
-            lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?,
-        )
-    };
-    Ok(Fixture {
-        ctx: g.ctx,
-        producer: g.producer,
-        add,
-        spin,
-    })
+    gpu_common::kernels(0)
 }
 
 /// a + b on a launch stream other than the producer's, for a layout given by element stride

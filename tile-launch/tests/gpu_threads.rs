@@ -11,47 +11,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use cuda_sys::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUstream, CuResultExt};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
-use gpu_common::{
-    Count, gpu, random, vector_add_args, vector_add_library, vector_add_signature, view,
-};
-use tile_launch::{Context, Kernel, LaunchConfig, Param, ScalarType, Signature, Stream};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use gpu_common::{Count, random, vector_add_args, view};
+use tile_launch::{Context, LaunchConfig, Stream};
 
 const N: usize = 1 << 20;
 /// How long the spin kernel holds the launch stream, in nanoseconds.
 const SPIN_NS: u64 = 800_000_000;
 
-struct Fixture {
-    ordinal: i32,
-    ctx: Arc<Context>,
-    cu: Arc<CudaContext>,
-    producer: Arc<CudaStream>,
-    add: Kernel,
-    spin: Kernel,
-}
+use gpu_common::Kernels as Fixture;
 
 fn fixture() -> Result<Fixture> {
     fixture_on(0)
 }
 
 fn fixture_on(ordinal: i32) -> Result<Fixture> {
-    let g = gpu(ordinal)?;
-    let lib = vector_add_library(&g.ctx)?;
-    let (add, spin) = {
-        let _bound = g.ctx.bind()?;
-        (
-            lib.kernel("vector_add", vector_add_signature())?,
-            lib.kernel("spin", Signature::new([Param::scalar(ScalarType::U64)]))?,
-        )
-    };
-    Ok(Fixture {
-        ordinal,
-        ctx: g.ctx,
-        cu: Arc::clone(g.producer.context()),
-        producer: g.producer,
-        add,
-        spin,
-    })
+    gpu_common::kernels(ordinal)
 }
 
 /// The calling thread's current context (`cuCtxGetCurrent`).

@@ -299,3 +299,38 @@ pub fn current_context_raw() -> Result<cuda_sys::CUcontext> {
     unsafe { (d.cuCtxGetCurrent)(&mut c) }.check("cuCtxGetCurrent")?;
     Ok(c)
 }
+
+/// One device with the `vector_add` and `spin` kernels loaded: what most GPU tests need.
+pub struct Kernels {
+    pub ordinal: i32,
+    pub ctx: Arc<Context>,
+    /// The `cudarc` context of the producer stream (its sticky error: `check_err`).
+    pub cu: Arc<CudaContext>,
+    pub producer: Arc<CudaStream>,
+    pub add: Kernel,
+    pub spin: Kernel,
+}
+
+/// [`Kernels`] on device `ordinal`.
+pub fn kernels(ordinal: i32) -> Result<Kernels> {
+    let g = gpu(ordinal)?;
+    let lib = vector_add_library(&g.ctx)?;
+    let (add, spin) = {
+        let _bound = g.ctx.bind()?;
+        (
+            lib.kernel("vector_add", vector_add_signature())?,
+            lib.kernel(
+                "spin",
+                tile_launch::Signature::new([Param::scalar(ScalarType::U64)]),
+            )?,
+        )
+    };
+    Ok(Kernels {
+        ordinal,
+        ctx: g.ctx,
+        cu: Arc::clone(g.producer.context()),
+        producer: g.producer,
+        add,
+        spin,
+    })
+}
