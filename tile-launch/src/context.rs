@@ -48,6 +48,34 @@ impl DeviceLimits {
     }
 }
 
+/// How the driver resolves a stream handle.
+///
+/// The default-stream handles are relative: the legacy default stream (null, or
+/// `CU_STREAM_LEGACY`) names the legacy stream of whichever context is current on the calling
+/// thread, and the per-thread default stream (`CU_STREAM_PER_THREAD`) names a different stream on
+/// every thread (and in every context). Any other handle names one stream wherever it is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HandleKind {
+    /// A stream created by `cuStreamCreate` (ours or another library's).
+    Explicit,
+    /// The legacy default stream of the stream's context.
+    Legacy,
+    /// The per-thread default stream of one thread, in the stream's context.
+    PerThread,
+}
+
+impl HandleKind {
+    pub(crate) fn of(raw: cuda_sys::CUstream) -> HandleKind {
+        if raw.is_null() || raw == cuda_sys::CU_STREAM_LEGACY {
+            HandleKind::Legacy
+        } else if raw == cuda_sys::CU_STREAM_PER_THREAD {
+            HandleKind::PerThread
+        } else {
+            HandleKind::Explicit
+        }
+    }
+}
+
 /// A device's primary context, retained for as long as this value (and every stream, library
 /// and launch that uses it) lives.
 ///
@@ -156,6 +184,65 @@ impl Context {
     pub(crate) fn several_devices() -> bool {
         static SEVERAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *SEVERAL.get_or_init(|| Self::device_count().is_ok_and(|n| n > 1))
+    }
+
+    /// The device of the context that owns `stream` (`cuStreamGetCtx`, then `cuCtxGetDevice`
+    /// with that context pushed and popped). For the default-stream handles (null,
+    /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which name a stream of whichever context is
+    /// current, the device of the calling thread's current context, or `None` when no context is
+    /// current. The calling thread's current context is the same afterwards.
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be a live stream handle or one of the default-stream handles.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) without a driver; [`Error::Cuda`](crate::Error::Cuda)
+    /// if a driver call fails (e.g. `CUDA_ERROR_INVALID_HANDLE` for a destroyed stream).
+    #[doc(alias = "cuStreamGetCtx")]
+    pub unsafe fn device_of_stream(stream: cuda_sys::CUstream) -> Result<Option<i32>> {
+        let d = driver()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        if HandleKind::of(stream) == HandleKind::Explicit {
+            // SAFETY: the caller vouches that `stream` is a live stream; out-pointer to a local.
+            unsafe { (d.cuStreamGetCtx)(stream, &mut ctx) }.check("cuStreamGetCtx")?;
+        } else {
+            // SAFETY: out-pointer to a local.
+            unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
+            if ctx.is_null() {
+                return Ok(None);
+            }
+        }
+        // SAFETY: `ctx` is a live context (it owns a live stream, or is current); popped below.
+        unsafe { (d.cuCtxPushCurrent)(ctx) }.check("cuCtxPushCurrent")?;
+        let mut device: CUdevice = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        let got = unsafe { (d.cuCtxGetDevice)(&mut device) }.check("cuCtxGetDevice");
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above, on this thread.
+        unsafe { (d.cuCtxPopCurrent)(&mut popped) }.check("cuCtxPopCurrent")?;
+        got?;
+        Ok(Some(device))
+    }
+
+    /// The device that the memory at `ptr` belongs to (`cuPointerGetAttribute` with
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`), or `None` when there is no driver or the driver
+    /// does not know the address (plain host memory, say).
+    #[doc(alias = "cuPointerGetAttribute")]
+    pub fn device_of_pointer(ptr: u64) -> Option<i32> {
+        let d = driver().ok()?;
+        let mut ordinal: c_int = -1;
+        // SAFETY: out-pointer to a local `int`, which this attribute writes; an address the
+        // driver does not know is an error return, not a fault.
+        let r = unsafe {
+            (d.cuPointerGetAttribute)(
+                (&mut ordinal as *mut c_int).cast(),
+                cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr as cuda_sys::CUdeviceptr,
+            )
+        };
+        (r == cuda_sys::CUresult::CUDA_SUCCESS && ordinal >= 0).then_some(ordinal)
     }
 
     /// The device ordinal this context belongs to.

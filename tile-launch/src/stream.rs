@@ -9,7 +9,7 @@ use cuda_sys::{
     driver,
 };
 
-use crate::context::Context;
+use crate::context::{Context, HandleKind};
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
@@ -23,34 +23,6 @@ unsafe impl Send for Event {}
 // SAFETY: every operation on the handle is a thread-safe driver call; `Event` has no interior
 // state of its own.
 unsafe impl Sync for Event {}
-
-/// How the driver resolves a stream handle.
-///
-/// The default-stream handles are relative: the legacy default stream (null, or
-/// `CU_STREAM_LEGACY`) names the legacy stream of whichever context is current on the calling
-/// thread, and the per-thread default stream (`CU_STREAM_PER_THREAD`) names a different stream on
-/// every thread (and in every context). Any other handle names one stream wherever it is used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum HandleKind {
-    /// A stream created by `cuStreamCreate` (ours or another library's).
-    Explicit,
-    /// The legacy default stream of the stream's context.
-    Legacy,
-    /// The per-thread default stream of one thread, in the stream's context.
-    PerThread,
-}
-
-impl HandleKind {
-    pub(crate) fn of(raw: CUstream) -> HandleKind {
-        if raw.is_null() || raw == cuda_sys::CU_STREAM_LEGACY {
-            HandleKind::Legacy
-        } else if raw == cuda_sys::CU_STREAM_PER_THREAD {
-            HandleKind::PerThread
-        } else {
-            HandleKind::Explicit
-        }
-    }
-}
 
 /// The CUDA side of a stream's release queue: records events on the stream, queries and waits
 /// on them, and keeps finished events in a pool for reuse.

@@ -730,24 +730,7 @@ fn stream_number_to_raw(n: usize) -> usize {
 }
 
 fn cai_device(ptr: u64, fallback: i32) -> i32 {
-    let Ok(d) = cuda_sys::driver() else {
-        return fallback;
-    };
-    let mut ordinal: i32 = -1;
-    // SAFETY: out-pointer to a local `int`, which the attribute writes; a pointer the driver
-    // does not know returns an error, not a crash.
-    let r = unsafe {
-        (d.cuPointerGetAttribute)(
-            (&mut ordinal as *mut i32).cast(),
-            cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr as cuda_sys::CUdeviceptr,
-        )
-    };
-    if r == cuda_sys::CUresult::CUDA_SUCCESS && ordinal >= 0 {
-        ordinal
-    } else {
-        fallback
-    }
+    tile_launch::Context::device_of_pointer(ptr).unwrap_or(fallback)
 }
 
 fn from_cai(

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cuda_sys::{CUcontext, CUstream, CuResultExt};
+use cuda_sys::CUstream;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
@@ -393,32 +393,12 @@ fn context(ordinal: i32) -> tile_launch::Result<Arc<Context>> {
     Ok(c)
 }
 
-/// The device a raw stream belongs to (`cuStreamGetCtx` + `cuCtxGetDevice`), or, for the
-/// default streams, the current context's device (0 if none is current).
+/// The device a raw stream belongs to, or, for the default streams, the current context's
+/// device (0 if none is current).
 fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {
-    let d = cuda_sys::driver()?;
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    if raw > 2 {
-        // SAFETY: the caller vouches that `raw` is a live stream handle (the launch contract);
-        // out-pointer to a local.
-        unsafe { (d.cuStreamGetCtx)(raw as CUstream, &mut ctx) }.check("cuStreamGetCtx")?;
-    } else {
-        // SAFETY: out-pointer to a local.
-        unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
-        if ctx.is_null() {
-            return Ok(0);
-        }
-    }
-    // SAFETY: `ctx` is a live context; pushed and popped on this thread around the query.
-    unsafe { (d.cuCtxPushCurrent)(ctx) }.check("cuCtxPushCurrent")?;
-    let mut dev: cuda_sys::CUdevice = 0;
-    // SAFETY: out-pointer to a local; a context is current.
-    let r = unsafe { (d.cuCtxGetDevice)(&mut dev) }.check("cuCtxGetDevice");
-    let mut popped: CUcontext = std::ptr::null_mut();
-    // SAFETY: pops the context pushed above.
-    unsafe { (d.cuCtxPopCurrent)(&mut popped) }.check("cuCtxPopCurrent")?;
-    r?;
-    Ok(dev)
+    // SAFETY: the caller vouches that `raw` is a live stream handle (the launch contract), or it
+    // is one of the default-stream handles.
+    Ok(unsafe { Context::device_of_stream(raw as CUstream) }?.unwrap_or(0))
 }
 
 /// The cached [`Stream`] for `spec`, created on first use.
