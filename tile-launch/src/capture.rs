@@ -166,7 +166,7 @@ impl<G: Send + 'static> GraphReleaser<G> {
     ///
     /// # Errors
     ///
-    /// [`Error::Module`] if the thread cannot be spawned.
+    /// [`Error::ReleaseThread`] if the thread cannot be spawned.
     #[doc(alias = "cuThreadExchangeStreamCaptureMode")]
     pub fn new(name: &str) -> Result<Self> {
         let (releaser, receiver) = Self::unstarted();
@@ -176,7 +176,7 @@ impl<G: Send + 'static> GraphReleaser<G> {
                 relax_this_thread();
                 while receiver.release_next() {}
             })
-            .map_err(|e| Error::Module(format!("cannot start the graph release thread: {e}")))?;
+            .map_err(Error::ReleaseThread)?;
         Ok(releaser)
     }
 
@@ -362,7 +362,7 @@ pub unsafe extern "C" fn release_parcel<G: Send + 'static>(p: *mut c_void) {
 ///
 /// # Errors
 ///
-/// [`Error::Module`] if the thread cannot be spawned.
+/// [`Error::ReleaseThread`] if the thread cannot be spawned.
 pub fn graph_releaser() -> Result<&'static GraphReleaser<Guard>> {
     static RELEASER: OnceLock<GraphReleaser<Guard>> = OnceLock::new();
     if let Some(r) = RELEASER.get() {

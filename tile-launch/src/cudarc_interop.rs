@@ -42,7 +42,7 @@ use tile_dlpack::dlpark::metadata::Dynamic;
 use tile_dlpack::dlpark::{DlpackElement, OpaqueContext};
 
 use crate::args::TensorArg;
-use crate::error::{Error, Result};
+use crate::error::{Error, LayoutError, Result};
 use crate::{Context, Stream};
 
 /// A refused export of a moved-in `CudaSlice`: the error, and the slice, untouched (not freed,
@@ -109,9 +109,12 @@ impl<T> From<ExportError<T>> for Error {
 /// # Errors
 ///
 /// Each with the slice handed back ([`ExportError`]), nothing freed:
-/// - [`Error::Module`] if `shape` and `strides` differ in length, the layout reaches outside
-///   the slice, the slice belongs to a non-primary `cudarc` context, or its stream is capturing
-///   while `cudarc` tracks it with events;
+/// - [`Error::Layout`] if `shape` and `strides` differ in length or the layout reaches outside
+///   the slice ([`LayoutError`](crate::LayoutError));
+/// - [`Error::NonPrimaryContext`] if the slice belongs to a non-primary `cudarc` context;
+/// - [`Error::CaptureInProgress`] if the slice's stream is capturing while `cudarc` tracks it
+///   with events;
+/// - [`Error::DeviceOrdinal`] if the slice's device ordinal does not fit in `i32`;
 /// - [`Error::Cuda`] if a driver call fails (`cuCtxGetCurrent`, `cuCtxSetCurrent`,
 ///   `cuStreamIsCapturing`), or if `cudarc` holds a sticky error or records one while waiting
 ///   for the slice's pending work (`cuStreamWaitEvent`, `cuEventRecord`); a sticky error found
@@ -132,9 +135,9 @@ pub fn export<T: DlpackElement>(
             Err(e) => return Err(ExportError::new(e, slice)),
         };
         if let Err(e) = check_layout(slice.len(), shape, strides) {
-            return Err(ExportError::new(e, slice));
+            return Err(ExportError::new(e.into(), slice));
         }
-        match write_access(&mut slice) {
+        match write_access(&mut slice, "cudarc_interop::export") {
             Ok(ptr) => ptr,
             Err(e) => return Err(ExportError::new(e, slice)),
         }
@@ -163,11 +166,12 @@ pub fn export<T: DlpackElement>(
 ///
 /// # Errors
 ///
-/// As [`export`]; [`Error::Module`] too if the length does not fit in `i64`.
+/// As [`export`]; [`Error::Layout`] ([`LayoutError::LengthOverflow`]) too if the length does
+/// not fit in `i64`.
 pub fn tensor<T: DlpackElement>(slice: CudaSlice<T>) -> Result<TensorArg<'static>, ExportError<T>> {
-    let Ok(n) = i64::try_from(slice.len()) else {
-        let e = Error::Module("CudaSlice length does not fit in i64".into());
-        return Err(ExportError::new(e, slice));
+    let n = match length(&slice) {
+        Ok(n) => n,
+        Err(e) => return Err(ExportError::new(e, slice)),
     };
     strided_tensor(slice, &[n], &[1])
 }
@@ -210,11 +214,10 @@ pub fn strided_tensor<T: DlpackElement>(
 /// As [`export`] (without the slice, which stays with the caller).
 #[doc(alias = "cuStreamIsCapturing")]
 pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<TensorArg<'static>> {
-    let n = i64::try_from(slice.len())
-        .map_err(|_| Error::Module("CudaSlice length does not fit in i64".into()))?;
+    let n = length(slice)?;
     let ptr = {
         let _restore = CurrentContext::save()?;
-        write_access(slice)?
+        write_access(slice, "cudarc_interop::borrowed")?
     };
     let used = describe(ptr, &[n], &[1], slice.ordinal(), T::DTYPE, Box::new(()))?;
     let raw = slice.stream().cu_stream() as CUstream;
@@ -231,10 +234,12 @@ pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<Ten
 ///
 /// # Errors
 ///
-/// [`Error::Module`] if the slice is not in `stream`'s context, if either stream is capturing a
-/// graph and `cudarc` tracks the slice with events (nothing is enqueued then), or if `stream` is
-/// the per-thread default stream and another thread has launched on it (this thread's handle
-/// names another stream);
+/// [`Error::NonPrimaryContext`] if the slice belongs to a non-primary `cudarc` context;
+/// [`Error::WrongContext`] if it is on another device than `stream`;
+/// [`Error::ThreadRelativeStream`] if `stream` is the per-thread default stream and another
+/// thread has launched on it (this thread's handle names another stream);
+/// [`Error::CaptureInProgress`] if either stream is capturing a graph and `cudarc` tracks the
+/// slice with events (nothing is enqueued then);
 /// [`Error::Cuda`] if a driver call fails (`cuCtxGetCurrent`, `cuCtxSetCurrent`,
 /// `cuStreamIsCapturing`, `cuEventCreate`, `cuEventRecord`, `cuStreamWaitEvent`), or for
 /// `cudarc`'s sticky error as in [`export`]; [`Error::Driver`] without a driver.
@@ -242,61 +247,62 @@ pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<Ten
 pub fn order_after<T>(slice: &mut CudaSlice<T>, stream: &Stream) -> Result<()> {
     let _restore = CurrentContext::save()?;
     let cu = Arc::clone(slice.context());
+    if !cu.is_primary() {
+        return Err(Error::NonPrimaryContext {
+            what: "CudaSlice",
+            device: cu.ordinal(),
+        });
+    }
     if raw_ctx(&cu) != stream.context().raw() {
-        return Err(Error::Module(format!(
-            "the CudaSlice is in another context (cuda:{}) than the stream (cuda:{})",
-            cu.ordinal(),
-            stream.context().ordinal()
-        )));
+        // Both are primary contexts: of different devices.
+        return Err(Error::WrongContext {
+            what: "CudaSlice",
+            device: cu.ordinal(),
+            context_device: stream.context().ordinal(),
+        });
     }
     if !stream.names_every_launch_here() {
-        return Err(Error::Module(
-            "cannot order a CudaSlice after the per-thread default stream from this thread: \
-             launches were made on it from another thread, whose per-thread stream this thread \
-             cannot name; retire the launch (or synchronise the stream) instead"
-                .into(),
-        ));
+        return Err(Error::ThreadRelativeStream);
     }
     raw::set_current(raw_ctx(&cu))?;
     let own = slice.stream().cu_stream() as CUstream;
     let tracked = cu.is_managing_stream_synchronization();
     if tracked && (raw::is_capturing(stream.raw())? || raw::is_capturing(own)?) {
-        return Err(Error::Module(
-            "cannot order a CudaSlice after a stream while either is capturing a CUDA graph: \
-             cudarc's event waits and records would invalidate the capture"
-                .into(),
-        ));
+        return Err(Error::CaptureInProgress {
+            call: ORDER_AFTER,
+            device: cu.ordinal(),
+        });
     }
     if own != stream.raw() {
         raw::stream_wait_stream(own, stream.raw())?;
     }
-    write_access(slice).map(drop)
+    write_access(slice, ORDER_AFTER).map(drop)
 }
 
 /// Asks `cudarc` for write access to `slice` on its own stream (that stream waits for the
 /// slice's pending reads and writes; the write marker is recorded there), refusing first what
 /// would break: a non-primary context, a capturing stream with event tracking, a sticky error.
-/// Binds the slice's context; the caller restores its own ([`CurrentContext`]).
-fn write_access<T>(slice: &mut CudaSlice<T>) -> Result<cudarc::driver::sys::CUdeviceptr> {
+/// Binds the slice's context; the caller restores its own ([`CurrentContext`]). `call` names
+/// the public function refused ([`Error::CaptureInProgress`]).
+fn write_access<T>(
+    slice: &mut CudaSlice<T>,
+    call: &'static str,
+) -> Result<cudarc::driver::sys::CUdeviceptr> {
     let cu = Arc::clone(slice.context());
     if !cu.is_primary() {
-        return Err(Error::Module(format!(
-            "the CudaSlice belongs to a non-primary cudarc context on cuda:{}; tile launches in \
-             the device's primary context",
-            cu.ordinal()
-        )));
+        return Err(Error::NonPrimaryContext {
+            what: "CudaSlice",
+            device: cu.ordinal(),
+        });
     }
     raw::set_current(raw_ctx(&cu))?;
     let stream = Arc::clone(slice.stream());
     if cu.is_managing_stream_synchronization() && raw::is_capturing(stream.cu_stream() as CUstream)?
     {
-        return Err(Error::Module(format!(
-            "the CudaSlice's stream on cuda:{} is capturing a CUDA graph and cudarc tracks the \
-             slice with events, which would be waited on and recorded inside the capture and \
-             invalidate it; export before the capture begins, or allocate the slices used in \
-             captures with cudarc's event tracking off",
-            cu.ordinal()
-        )));
+        return Err(Error::CaptureInProgress {
+            call,
+            device: cu.ordinal(),
+        });
     }
     if let Err(e) = cu.check_err() {
         // Not ours: leave it for the caller's next cudarc call as well.
@@ -313,16 +319,24 @@ fn write_access<T>(slice: &mut CudaSlice<T>) -> Result<cudarc::driver::sys::CUde
     Ok(ptr)
 }
 
+/// The name [`Error::CaptureInProgress`] gives [`order_after`].
+const ORDER_AFTER: &str = "cudarc_interop::order_after";
+
+/// The slice's length in elements as a DLPack dimension.
+fn length<T>(slice: &CudaSlice<T>) -> Result<i64> {
+    let len = slice.len();
+    i64::try_from(len).map_err(|_| LayoutError::LengthOverflow { len }.into())
+}
+
 /// Checks that `shape` and `strides` have the same rank and that the elements they reach lie
 /// inside a slice of `len` elements. Negative dimensions and the rank limit are left to the
 /// descriptor's validation.
-fn check_layout(len: usize, shape: &[i64], strides: &[i64]) -> Result<()> {
+fn check_layout(len: usize, shape: &[i64], strides: &[i64]) -> Result<(), LayoutError> {
     if shape.len() != strides.len() {
-        return Err(Error::Module(format!(
-            "shape has {} dimensions but strides has {}",
-            shape.len(),
-            strides.len()
-        )));
+        return Err(LayoutError::RankMismatch {
+            shape: shape.len(),
+            strides: strides.len(),
+        });
     }
     if shape.iter().any(|&d| d <= 0) {
         // Empty (no element is reached) or refused by validation (negative).
@@ -333,7 +347,10 @@ fn check_layout(len: usize, shape: &[i64], strides: &[i64]) -> Result<()> {
         // |(d - 1) * s| < 2^126, and at most `MAX_NDIM` of them are added before validation
         // could refuse the rank: checked anyway.
         let reach = i128::from(d - 1) * i128::from(s);
-        let overflow = || Error::Module("the layout's element range overflows".into());
+        let overflow = || LayoutError::Overflow {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+        };
         if reach < 0 {
             lo = lo.checked_add(reach).ok_or_else(overflow)?;
         } else {
@@ -341,10 +358,13 @@ fn check_layout(len: usize, shape: &[i64], strides: &[i64]) -> Result<()> {
         }
     }
     if lo < 0 || hi >= len as i128 {
-        return Err(Error::Module(format!(
-            "layout shape {shape:?} strides {strides:?} reaches elements {lo}..={hi}, outside \
-             the CudaSlice's {len} elements"
-        )));
+        return Err(LayoutError::OutOfBounds {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            lowest: lo,
+            highest: hi,
+            len,
+        });
     }
     Ok(())
 }
@@ -359,11 +379,10 @@ fn describe<C: OpaqueContext>(
     dtype: tile_dlpack::dlpark::ffi::DLDataType,
     owner: C,
 ) -> Result<Used> {
-    let device = i32::try_from(device)
-        .map_err(|_| Error::Module("device ordinal does not fit in i32".into()))?;
+    let device = i32::try_from(device).map_err(|_| Error::DeviceOrdinal { ordinal: device })?;
     let mut init = Dynamic::new(shape, strides)
         .prepare_as::<DLManagedTensorVersioned>()
-        .map_err(|e| Error::Module(format!("cannot describe CudaSlice as DLPack: {e}")))?
+        .map_err(LayoutError::Metadata)?
         .initialize(owner);
     init.set_data(ptr as usize as *mut std::ffi::c_void)
         .set_device(DLDevice::cuda(device))
@@ -524,28 +543,83 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::Driver`] without a driver; [`Error::Module`] if `ctx` is not the stream's
-    /// device, or the stream's `cudarc` context is not that device's primary context (`ctx`):
-    /// tile launches only in primary contexts.
+    /// [`Error::Driver`] without a driver; [`Error::WrongContext`] if `ctx` is not the stream's
+    /// device; [`Error::NonPrimaryContext`] if the stream's `cudarc` context is not that
+    /// device's primary context (`ctx`): tile launches only in primary contexts.
     pub fn from_cudarc(ctx: &Arc<Context>, stream: &Arc<CudaStream>) -> Result<Stream> {
         let cu = stream.context();
         if i32::try_from(cu.ordinal()).ok() != Some(ctx.ordinal()) {
-            return Err(Error::Module(format!(
-                "cudarc stream is on cuda:{}, context on cuda:{}",
-                cu.ordinal(),
-                ctx.ordinal()
-            )));
+            return Err(Error::WrongContext {
+                what: "cudarc stream",
+                device: cu.ordinal(),
+                context_device: ctx.ordinal(),
+            });
         }
         if raw_ctx(cu) != ctx.raw() {
-            return Err(Error::Module(format!(
-                "cudarc stream belongs to a non-primary context of cuda:{}; tile launches in the \
-                 device's primary context",
-                cu.ordinal()
-            )));
+            return Err(Error::NonPrimaryContext {
+                what: "cudarc stream",
+                device: cu.ordinal(),
+            });
         }
         let raw = stream.cu_stream() as CUstream;
         // SAFETY: `raw` belongs to `ctx`, the device's primary context (checked above); the
         // `Arc` kept by the stream keeps it valid.
         unsafe { Stream::from_raw_keeping(ctx, raw, Box::new(Arc::clone(stream))) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The layout check is a pure function: every refusal, on the CPU.
+
+    use super::check_layout;
+    use crate::LayoutError;
+
+    #[test]
+    fn layouts_inside_the_buffer_are_accepted() {
+        assert!(check_layout(6, &[2, 3], &[3, 1]).is_ok());
+        assert!(check_layout(6, &[3, 2], &[1, 3]).is_ok()); // column-major
+        assert!(check_layout(1, &[5], &[0]).is_ok()); // broadcast
+        assert!(check_layout(0, &[0], &[1]).is_ok()); // empty: reaches nothing
+        assert!(check_layout(1, &[], &[]).is_ok()); // a scalar
+        assert!(check_layout(0, &[-1], &[1]).is_ok()); // left to descriptor validation
+    }
+
+    #[test]
+    fn refused_layouts_say_why() {
+        match check_layout(8, &[4], &[1, 1]) {
+            Err(LayoutError::RankMismatch {
+                shape: 1,
+                strides: 2,
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        match check_layout(4, &[2, 3], &[3, 1]) {
+            Err(LayoutError::OutOfBounds {
+                lowest: 0,
+                highest: 5,
+                len: 4,
+                shape,
+                strides,
+            }) => assert_eq!((shape, strides), (vec![2, 3], vec![3, 1])),
+            other => panic!("{other:?}"),
+        }
+        match check_layout(4, &[4], &[-1]) {
+            Err(LayoutError::OutOfBounds {
+                lowest: -3,
+                highest: 0,
+                ..
+            }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            check_layout(0, &[1], &[1]),
+            Err(LayoutError::OutOfBounds { .. })
+        ));
+        let huge = vec![i64::MAX; 64];
+        assert!(matches!(
+            check_layout(usize::MAX, &huge, &huge),
+            Err(LayoutError::Overflow { .. })
+        ));
     }
 }

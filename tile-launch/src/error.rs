@@ -1,5 +1,7 @@
 //! The one error type of `tile-launch`.
 
+use std::path::PathBuf;
+
 use cuda_sys::{CudaError, LoadError};
 use tile_dlpack::{DType, DescriptorError, Device};
 
@@ -138,9 +140,189 @@ pub enum Error {
         reason: String,
     },
 
-    /// Loading code or compiling CUDA C++ failed before reaching the driver.
-    #[error("{0}")]
-    Module(String),
+    /// [`Library::from_file`](crate::Library::from_file) could not read the file.
+    #[error("cannot read {}: {source}", path.display())]
+    #[non_exhaustive]
+    ReadFile {
+        /// The file's path as given.
+        path: PathBuf,
+        /// Why reading failed.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// `Library::from_cuda_source` (feature `nvrtc`) could
+    /// not load NVRTC (`libnvrtc.so`): it is not installed or not on the loader's path.
+    #[error("NVRTC (libnvrtc.so) could not be loaded")]
+    #[non_exhaustive]
+    NvrtcUnavailable,
+
+    /// `Library::from_cuda_source` (feature `nvrtc`): NVRTC
+    /// refused the source or its options.
+    #[error("NVRTC compilation failed (options {options:?}):\n{log}")]
+    #[non_exhaustive]
+    Compile {
+        /// NVRTC's program log (the compiler's diagnostics); when NVRTC failed before it could
+        /// produce one (creating the program, reading the log or the PTX), NVRTC's error code.
+        log: String,
+        /// The options passed to NVRTC.
+        options: Vec<String>,
+    },
+
+    /// A kernel name contains a NUL byte, which the driver's C string cannot carry
+    /// ([`Library::kernel`](crate::Library::kernel)).
+    #[error("kernel name {name:?} contains a NUL byte")]
+    #[non_exhaustive]
+    KernelName {
+        /// The name as given.
+        name: String,
+    },
+
+    /// The thread that releases the tensors of launches captured into CUDA graphs could not be
+    /// started (`std::thread::Builder::spawn`): at the first launch into a capture.
+    #[error("cannot start the graph release thread: {0}")]
+    ReleaseThread(#[source] std::io::Error),
+
+    /// A `cudarc` buffer's shape and strides (in elements) do not describe a tensor inside it
+    /// (feature `cudarc`). The slice is handed back. (Boxed: it carries the layout, and keeps
+    /// every `Result` of this crate small.)
+    #[error("CudaSlice layout refused: {0}")]
+    Layout(#[source] Box<LayoutError>),
+
+    /// A `cudarc` object belongs to a non-primary context (feature `cudarc`): tile launches only
+    /// in a device's primary context.
+    #[error(
+        "the {what} belongs to a non-primary cudarc context on cuda:{device}; tile launches in \
+         the device's primary context"
+    )]
+    #[non_exhaustive]
+    NonPrimaryContext {
+        /// What was refused: `CudaSlice` or `cudarc stream`.
+        what: &'static str,
+        /// The `cudarc` context's device ordinal.
+        device: usize,
+    },
+
+    /// A `cudarc` object is on another device than the tile [`Context`](crate::Context) or
+    /// [`Stream`](crate::Stream) it is used with (feature `cudarc`).
+    #[error("the {what} is on cuda:{device}, but the tile context is on cuda:{context_device}")]
+    #[non_exhaustive]
+    WrongContext {
+        /// What was refused: `CudaSlice` or `cudarc stream`.
+        what: &'static str,
+        /// The device ordinal of the `cudarc` object's context.
+        device: usize,
+        /// The device ordinal of tile's context (the stream's, for
+        /// `cudarc_interop::order_after`).
+        context_device: i32,
+    },
+
+    /// A `cudarc` context's device ordinal does not fit DLPack's `device_id` (`i32`): the
+    /// context was made (`CudaContext::new`) with an ordinal past `i32::MAX` (feature
+    /// `cudarc`). The slice is handed back.
+    #[error("device ordinal {ordinal} does not fit in DLPack's device_id (i32)")]
+    #[non_exhaustive]
+    DeviceOrdinal {
+        /// The ordinal the `cudarc` context reports.
+        ordinal: usize,
+    },
+
+    /// A stream the call would wait on or record into is capturing a CUDA graph while `cudarc`
+    /// tracks the slice with events (feature `cudarc`): `cudarc`'s event waits and records would
+    /// go into the capture and invalidate it. Refused before anything is enqueued; the capture
+    /// is unchanged (and an exported slice handed back). Call it before the capture begins or
+    /// after it ends, or allocate the slices used in captures with `cudarc`'s event tracking
+    /// off.
+    #[error(
+        "{call} refused: a stream on cuda:{device} it would use is capturing a CUDA graph, and \
+         cudarc tracks the slice with events, whose waits and records would go into the capture \
+         and invalidate it; call it before the capture begins or after it ends, or allocate the \
+         slices used in captures with cudarc's event tracking off"
+    )]
+    #[non_exhaustive]
+    CaptureInProgress {
+        /// The refused function, e.g. `cudarc_interop::export`.
+        call: &'static str,
+        /// The device ordinal of the slice's context.
+        device: usize,
+    },
+
+    /// The stream is the per-thread default stream (`CU_STREAM_PER_THREAD`), and launches were
+    /// made on it from another thread, whose per-thread stream this thread cannot name, so it
+    /// cannot order work after them
+    /// (`cudarc_interop::order_after`). Retire the launch, or synchronise
+    /// the stream, instead.
+    #[error(
+        "cannot order work after the per-thread default stream from this thread: launches were \
+         made on it from another thread, whose per-thread stream this thread cannot name; \
+         retire the launch (or synchronise the stream) instead"
+    )]
+    #[non_exhaustive]
+    ThreadRelativeStream,
+}
+
+/// Why a shape and strides (in elements) do not describe a tensor inside a buffer
+/// ([`Error::Layout`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// `shape` and `strides` have different lengths.
+    #[error("shape has {shape} dimensions but strides has {strides}")]
+    #[non_exhaustive]
+    RankMismatch {
+        /// `shape.len()`.
+        shape: usize,
+        /// `strides.len()`.
+        strides: usize,
+    },
+
+    /// The elements the layout reaches lie (in part) outside the buffer.
+    #[error(
+        "shape {shape:?} strides {strides:?} reaches elements {lowest}..={highest}, outside the \
+         buffer's {len} elements"
+    )]
+    #[non_exhaustive]
+    OutOfBounds {
+        /// The shape, in elements.
+        shape: Vec<i64>,
+        /// The strides, in elements.
+        strides: Vec<i64>,
+        /// The lowest element offset reached, relative to the buffer's start.
+        lowest: i128,
+        /// The highest element offset reached.
+        highest: i128,
+        /// The buffer's length in elements.
+        len: usize,
+    },
+
+    /// The range of element offsets the layout reaches overflows.
+    #[error("the element range of shape {shape:?} strides {strides:?} overflows")]
+    #[non_exhaustive]
+    Overflow {
+        /// The shape, in elements.
+        shape: Vec<i64>,
+        /// The strides, in elements.
+        strides: Vec<i64>,
+    },
+
+    /// The buffer's length in elements does not fit in a DLPack dimension (`i64`).
+    #[error("the buffer's length, {len} elements, does not fit in i64")]
+    #[non_exhaustive]
+    LengthOverflow {
+        /// The buffer's length in elements.
+        len: usize,
+    },
+
+    /// `dlpark` could not build the descriptor's shape and strides (more than `i32::MAX`
+    /// dimensions, or its allocation failed).
+    #[error("cannot describe the buffer as DLPack: {0}")]
+    Metadata(#[source] tile_dlpack::dlpark::metadata::Error),
+}
+
+impl From<LayoutError> for Error {
+    fn from(e: LayoutError) -> Self {
+        Error::Layout(Box::new(e))
+    }
 }
 
 impl Error {
@@ -156,3 +338,160 @@ impl Error {
 
 /// Shorthand for `Result<T, tile_launch::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    //! The message of each variant that replaced the catch-all string variant: every variant's
+    //! fields are in its text. (Public-API paths that produce them without a GPU are in
+    //! `tests/errors.rs`.)
+
+    use std::io;
+
+    use super::{Error, LayoutError};
+
+    fn text(e: impl Into<Error>) -> String {
+        e.into().to_string()
+    }
+
+    #[test]
+    fn each_variant_says_what_happened_and_names_its_fields() {
+        let cases: Vec<(Error, &[&str])> = vec![
+            (
+                Error::ReadFile {
+                    path: "/no/such/kernel.cubin".into(),
+                    source: io::Error::from(io::ErrorKind::NotFound),
+                },
+                &["cannot read /no/such/kernel.cubin", "not found"],
+            ),
+            (
+                Error::NvrtcUnavailable,
+                &["NVRTC (libnvrtc.so) could not be loaded"],
+            ),
+            (
+                Error::Compile {
+                    log: "kernel.cu(3): error: identifier \"x\" is undefined".into(),
+                    options: vec!["-arch=compute_90".into()],
+                },
+                &[
+                    "NVRTC compilation failed",
+                    "-arch=compute_90",
+                    "\nkernel.cu(3): error: identifier \"x\" is undefined",
+                ],
+            ),
+            (
+                Error::KernelName {
+                    name: "add\0".into(),
+                },
+                &["kernel name \"add\\0\" contains a NUL byte"],
+            ),
+            (
+                Error::ReleaseThread(io::Error::from(io::ErrorKind::OutOfMemory)),
+                &["cannot start the graph release thread: out of memory"],
+            ),
+            (
+                Error::NonPrimaryContext {
+                    what: "CudaSlice",
+                    device: 1,
+                },
+                &["CudaSlice", "non-primary", "cuda:1", "primary context"],
+            ),
+            (
+                Error::WrongContext {
+                    what: "cudarc stream",
+                    device: 1,
+                    context_device: 0,
+                },
+                &["cudarc stream is on cuda:1", "tile context is on cuda:0"],
+            ),
+            (
+                Error::DeviceOrdinal { ordinal: 1 << 32 },
+                &["device ordinal 4294967296", "i32"],
+            ),
+            (
+                Error::CaptureInProgress {
+                    call: "cudarc_interop::export",
+                    device: 0,
+                },
+                &[
+                    "cudarc_interop::export refused",
+                    "cuda:0",
+                    "capturing a CUDA graph",
+                    "event tracking off",
+                ],
+            ),
+            (
+                Error::ThreadRelativeStream,
+                &["per-thread default stream", "another thread"],
+            ),
+        ];
+        for (e, wanted) in cases {
+            let t = e.to_string();
+            for w in wanted {
+                assert!(t.contains(w), "{t:?} lacks {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn layout_errors_name_the_layout_and_the_buffer() {
+        let t = text(LayoutError::OutOfBounds {
+            shape: vec![2, 3],
+            strides: vec![3, 1],
+            lowest: 0,
+            highest: 5,
+            len: 4,
+        });
+        assert_eq!(
+            t,
+            "CudaSlice layout refused: shape [2, 3] strides [3, 1] reaches elements 0..=5, \
+             outside the buffer's 4 elements"
+        );
+        let t = text(LayoutError::RankMismatch {
+            shape: 1,
+            strides: 2,
+        });
+        assert!(
+            t.contains("shape has 1 dimensions but strides has 2"),
+            "{t}"
+        );
+        let t = text(LayoutError::Overflow {
+            shape: vec![i64::MAX],
+            strides: vec![i64::MAX],
+        });
+        assert!(
+            t.contains("overflows") && t.contains(&i64::MAX.to_string()),
+            "{t}"
+        );
+        let t = text(LayoutError::LengthOverflow { len: usize::MAX });
+        assert!(
+            t.contains(&usize::MAX.to_string()) && t.contains("i64"),
+            "{t}"
+        );
+    }
+
+    /// Every `Result` of the crate carries an `Error`: the layout is boxed to keep it small.
+    #[test]
+    fn the_error_stays_small() {
+        assert!(
+            std::mem::size_of::<Error>() <= 64,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
+    }
+
+    #[test]
+    fn sources_are_kept() {
+        use std::error::Error as _;
+        let e = Error::ReleaseThread(io::Error::from(io::ErrorKind::OutOfMemory));
+        assert!(e.source().is_some());
+        let e = Error::ReadFile {
+            path: "x".into(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        };
+        let io = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(
+            io.map(io::Error::kind),
+            Some(io::ErrorKind::PermissionDenied)
+        );
+    }
+}

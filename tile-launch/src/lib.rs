@@ -96,7 +96,7 @@ pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};
-pub use error::{Error, Result};
+pub use error::{Error, LayoutError, Result};
 pub use guard::Guard;
 pub use handle::LaunchHandle;
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};

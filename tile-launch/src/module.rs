@@ -317,11 +317,13 @@ impl Library {
     ///
     /// # Errors
     ///
-    /// [`Error::Module`] if the file cannot be read; otherwise as [`Library::from_image`].
+    /// [`Error::ReadFile`] if the file cannot be read; otherwise as [`Library::from_image`].
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Library> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::Module(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|source| Error::ReadFile {
+            path: path.to_owned(),
+            source,
+        })?;
         Self::from_image(&bytes)
     }
 
@@ -331,19 +333,29 @@ impl Library {
     ///
     /// # Errors
     ///
-    /// [`Error::Module`] with NVRTC's log if compilation fails (or NVRTC cannot be loaded);
-    /// otherwise as [`Library::from_image`].
+    /// [`Error::NvrtcUnavailable`] if NVRTC cannot be loaded; [`Error::Compile`] with NVRTC's
+    /// log if compilation fails; otherwise as [`Library::from_image`].
     #[cfg(feature = "nvrtc")]
     pub fn from_cuda_source(source: &str, options: &[&str]) -> Result<Library> {
         // Probe the driver first: cudarc panics when CUDA libraries are absent.
         driver()?;
+        let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
         let opts = cudarc::nvrtc::CompileOptions {
-            options: options.iter().map(|s| s.to_string()).collect(),
+            options: options.clone(),
             ..Default::default()
         };
         let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts))
-            .map_err(|_| Error::Module("NVRTC (libnvrtc.so) could not be loaded".into()))?
-            .map_err(|e| Error::Module(format!("NVRTC compilation failed: {e:?}")))?;
+            .map_err(|_| Error::NvrtcUnavailable)?
+            .map_err(|e| {
+                let log = match e {
+                    cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                        log.to_string_lossy().into_owned()
+                    }
+                    // No log yet (creating the program) or none to read: NVRTC's error code.
+                    other => format!("{other:?}"),
+                };
+                Error::Compile { log, options }
+            })?;
         Self::from_ptx(&ptx.to_src())
     }
 
@@ -362,14 +374,14 @@ impl Library {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] with `CUDA_ERROR_NOT_FOUND` if there is no such kernel;
-    /// [`Error::Signature`] if the declared parameters do not match the compiled ones.
+    /// [`Error::KernelName`] if `name` contains a NUL byte; [`Error::Cuda`] with
+    /// `CUDA_ERROR_NOT_FOUND` if there is no such kernel; [`Error::Signature`] if the declared
+    /// parameters do not match the compiled ones.
     #[doc(alias = "cuLibraryGetKernel")]
     #[doc(alias = "cuKernelGetParamInfo")]
     pub fn kernel(&self, name: &str, signature: Signature) -> Result<Kernel> {
         let d = self.inner.d;
-        let cname = CString::new(name)
-            .map_err(|_| Error::Module(format!("kernel name {name:?} contains a NUL byte")))?;
+        let cname = CString::new(name).map_err(|_| Error::KernelName { name: name.into() })?;
         let raw = crate::capture_state::relaxed_with(d, || -> Result<CUkernel> {
             let mut raw: CUkernel = std::ptr::null_mut();
             // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.

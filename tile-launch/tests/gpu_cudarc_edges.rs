@@ -14,7 +14,8 @@ use gpu_common::{gpu, vector_add_library};
 use tile_dlpack::DType;
 use tile_launch::cudarc_interop::{self, ExportError};
 use tile_launch::{
-    Context, Error, Kernel, LaunchConfig, LaunchHandle, Param, ScalarType, Signature, Stream,
+    Context, Error, Kernel, LaunchConfig, LaunchHandle, LayoutError, Param, ScalarType, Signature,
+    Stream,
 };
 
 /// 4M elements: long enough copies and fills that a race shows.
@@ -252,20 +253,38 @@ fn export_while_the_slices_stream_captures_leaves_the_capture_intact() -> Result
     let a = match cudarc_interop::tensor(a) {
         Ok(_) => anyhow::bail!("export during capture was accepted"),
         Err(e) => {
-            ensure!(matches!(e.error(), Error::Module(_)), "{e}");
+            ensure!(
+                matches!(
+                    e.error(),
+                    Error::CaptureInProgress {
+                        call: "cudarc_interop::export",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
             e.into_slice()
         }
     };
     ensure!(a.len() == N, "the slice came back whole");
     let a = match cudarc_interop::strided_tensor(a, &[N as i64], &[1]) {
         Ok(_) => anyhow::bail!("strided export during capture was accepted"),
-        Err(e) => e.into_slice(),
+        Err(e) => {
+            ensure!(matches!(e.error(), Error::CaptureInProgress { .. }), "{e}");
+            e.into_slice()
+        }
     };
     // SAFETY: refused, so nothing is launched on `b`.
     let refused = unsafe { cudarc_interop::borrowed(&mut b) };
     ensure!(
-        refused.is_err(),
-        "borrowed export during capture was accepted"
+        matches!(
+            refused,
+            Err(Error::CaptureInProgress {
+                call: "cudarc_interop::borrowed",
+                ..
+            })
+        ),
+        "borrowed export during capture was not refused as a capture in progress"
     );
     let status = f.producer.capture_status()?;
     ensure!(
@@ -375,20 +394,25 @@ fn refused_layouts_hand_the_slice_back() -> Result<()> {
     let f = fixture()?;
     let mut s = f.slice(7.0)?;
     let n = N as i64;
-    let refused: [(&[i64], &[i64]); 5] = [
-        (&[n + 1], &[1]),               // one past the end
-        (&[4], &[1, 1]),                // rank mismatch
-        (&[4], &[-1]),                  // before the start
-        (&[2, n / 2 + 1], &[n / 2, 1]), // past the end in two dimensions
-        (&[-1], &[1]),                  // negative dimension (refused by descriptor validation)
+    let out_of_bounds =
+        |e: &Error| matches!(e, Error::Layout(l) if matches!(**l, LayoutError::OutOfBounds { .. }));
+    let rank_mismatch = |e: &Error| matches!(e, Error::Layout(l) if matches!(**l, LayoutError::RankMismatch { .. }));
+    let descriptor = |e: &Error| matches!(e, Error::Descriptor { .. });
+    type Check = fn(&Error) -> bool;
+    let refused: [(&[i64], &[i64], Check); 5] = [
+        (&[n + 1], &[1], out_of_bounds),               // one past the end
+        (&[4], &[1, 1], rank_mismatch),                // rank mismatch
+        (&[4], &[-1], out_of_bounds),                  // before the start
+        (&[2, n / 2 + 1], &[n / 2, 1], out_of_bounds), // past the end in two dimensions
+        (&[-1], &[1], descriptor), // negative dimension (refused by descriptor validation)
     ];
-    for (shape, strides) in refused {
+    for (shape, strides, expected) in refused {
         let (e, back) = handed_back(cudarc_interop::strided_tensor(s, shape, strides))?;
         ensure!(
             back.len() == N,
             "{shape:?}/{strides:?}: slice came back shortened"
         );
-        println!("{shape:?} {strides:?}: {e}");
+        ensure!(expected(&e), "{shape:?} {strides:?}: {e}");
         s = back;
     }
     let deep = vec![1i64; 65];
@@ -417,11 +441,30 @@ fn non_primary_cudarc_contexts_are_refused() -> Result<()> {
     let result = (|| -> Result<()> {
         let stream = other.new_stream()?;
         let e = Stream::from_cudarc(&f.ctx, &stream).expect_err("a non-primary stream");
-        ensure!(matches!(e, Error::Module(_)), "{e}");
+        ensure!(
+            matches!(
+                e,
+                Error::NonPrimaryContext {
+                    what: "cudarc stream",
+                    device: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let s = stream.clone_htod(&vec![5.0f32; 1024])?;
         stream.synchronize()?;
         let (e, s) = handed_back(cudarc_interop::tensor(s))?;
-        ensure!(matches!(e, Error::Module(_)), "{e}");
+        ensure!(
+            matches!(
+                e,
+                Error::NonPrimaryContext {
+                    what: "CudaSlice",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         ensure!(s.len() == 1024);
         drop(s);
         stream.synchronize()?;

@@ -2,17 +2,21 @@
 //!
 //! | tile error | Python exception |
 //! |---|---|
-//! | wrong kind, dtype, argument count, scalar type, capsule name, stream type | `TypeError` |
-//! | bad value: device, grid/block, read-only or overlapping output, null data, ndim, consumed capsule | `ValueError` |
+//! | wrong kind, dtype, argument count, scalar type, capsule name, stream type, kernel signature | `TypeError` |
+//! | bad value: device, grid/block, read-only or overlapping output, null data, ndim, consumed capsule, NUL in a kernel name; (`cudarc` only, not reachable from Python) layout, context | `ValueError` |
 //! | unsupported DLPack major version | `BufferError` |
 //! | size, address or scalar overflow | `OverflowError` |
+//! | a library file that cannot be read (`Library.from_file`) | `OSError`, as `open()` raises it (`FileNotFoundError`, `PermissionError`, ...; `.errno`, `.filename`) |
+//! | NVRTC missing or compilation failed, tensor memory on another device than its descriptor says, a captured launch asked about completion, a producer outside the capture, the graph release thread not started | `RuntimeError` |
 //! | a CUDA driver call failed, or the driver is too old or failed to initialise | `tile_py.CudaError` (`.name`: the driver's error name, `.function`: the call) |
 //! | no driver: `libcuda.so.1` (or `TILE_LIBCUDA`) could not be opened | `tile_py.DriverNotFoundError`, a `CudaError` with `.name` and `.function` None |
 //!
 //! Messages start with `argument {i}: ` when one argument is at fault and quote the offending
 //! value.
 
-use pyo3::exceptions::{PyBufferError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyBufferError, PyOSError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 use pyo3::{PyTypeInfo, create_exception};
@@ -99,12 +103,41 @@ pub(crate) fn launch_err(
         Error::ArgumentCount { .. } | Error::ArgumentKind { .. } | Error::DtypeMismatch { .. } => {
             PyTypeError::new_err(e.to_string())
         }
-        Error::DeviceMismatch { .. } | Error::InvalidConfig { .. } => {
-            PyValueError::new_err(e.to_string())
-        }
+        Error::DeviceMismatch { .. }
+        | Error::InvalidConfig { .. }
+        | Error::KernelName { .. }
+        | Error::Layout(_)
+        | Error::NonPrimaryContext { .. }
+        | Error::WrongContext { .. } => PyValueError::new_err(e.to_string()),
+        Error::DeviceOrdinal { .. } => PyOverflowError::new_err(e.to_string()),
         Error::Signature { .. } => PyTypeError::new_err(e.to_string()),
-        Error::Module(m) => PyRuntimeError::new_err(m),
+        Error::ReadFile { path, source, .. } => os_err(&path, &source),
+        Error::PointerDeviceMismatch { .. }
+        | Error::CapturedLaunch
+        | Error::ProducerOutsideCapture { .. }
+        | Error::NvrtcUnavailable { .. }
+        | Error::Compile { .. }
+        | Error::ReleaseThread(_)
+        | Error::CaptureInProgress { .. }
+        | Error::ThreadRelativeStream { .. } => PyRuntimeError::new_err(e.to_string()),
+        // `Error` is `#[non_exhaustive]`: a variant added to tile-launch later, until it is
+        // mapped above.
         other => PyRuntimeError::new_err(other.to_string()),
+    }
+}
+
+/// An `OSError` as Python's own file functions raise it: `OSError(errno, strerror, filename)`,
+/// which Python turns into the subclass for the errno (`FileNotFoundError`,
+/// `PermissionError`, ...), with `.errno`, `.strerror` and `.filename` set.
+fn os_err(path: &std::path::Path, source: &std::io::Error) -> PyErr {
+    match source.raw_os_error() {
+        Some(errno) => {
+            let text = source.to_string();
+            let suffix = format!(" (os error {errno})");
+            let strerror = text.strip_suffix(&suffix).unwrap_or(&text).to_owned();
+            PyOSError::new_err((errno, strerror, path.to_path_buf()))
+        }
+        None => PyOSError::new_err(format!("cannot read {}: {source}", path.display())),
     }
 }
 

@@ -199,7 +199,8 @@ fn loaded(py: Python<'_>, r: tile_launch::Result<tile_launch::Library>) -> PyRes
 
 #[pymethods]
 impl Library {
-    /// Loads a cubin, fatbin or PTX file.
+    /// Loads a cubin, fatbin or PTX file. Raises `OSError` (`FileNotFoundError`, ...) as
+    /// `open()` does when the file cannot be read.
     #[staticmethod]
     fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Library> {
         let r = py.detach(|| tile_launch::Library::from_file(&path));
@@ -220,7 +221,8 @@ impl Library {
         loaded(py, r)
     }
 
-    /// Compiles CUDA C++ with NVRTC and loads it. Declare kernels `extern "C"`.
+    /// Compiles CUDA C++ with NVRTC and loads it. Declare kernels `extern "C"`. Raises
+    /// `RuntimeError` with NVRTC's log when compilation fails, or when NVRTC cannot be loaded.
     #[staticmethod]
     #[pyo3(signature = (source, options = Vec::new()))]
     fn from_cuda_source(py: Python<'_>, source: String, options: Vec<String>) -> PyResult<Library> {

@@ -109,3 +109,24 @@ def test_missing_driver_raises_driver_not_found_error():
         """
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_unreadable_library_file_raises_os_error_like_open(tmp_path):
+    # The file is read before the driver is asked for: an OSError subclass as `open()` raises
+    # it, with errno and filename, on any machine.
+    missing = tmp_path / "no-such" / "kernel.cubin"
+    try:
+        tile_py.Library.from_file(missing)
+    except FileNotFoundError as e:
+        assert e.errno == 2, e.errno
+        assert os.fspath(e.filename) == str(missing), e.filename
+        assert str(missing) in str(e), str(e)
+        assert "os error" not in str(e), str(e)
+    else:
+        raise AssertionError("no FileNotFoundError")
+    try:
+        tile_py.Library.from_file(tmp_path)  # a directory
+    except OSError as e:
+        assert e.errno is not None and os.fspath(e.filename) == str(tmp_path), (e.errno, e.filename)
+    else:
+        raise AssertionError("no OSError for a directory")

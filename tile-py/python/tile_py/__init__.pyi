@@ -74,7 +74,8 @@ class Library:
 
     @staticmethod
     def from_file(path: Union[str, "os.PathLike[str]"]) -> Library:
-        """Load a cubin, fatbin or PTX file."""
+        """Load a cubin, fatbin or PTX file. Raises OSError (FileNotFoundError, ...) as open()
+        does when the file cannot be read."""
     @staticmethod
     def from_bytes(data: bytes) -> Library:
         """Load a cubin, fatbin or PTX image."""
@@ -83,7 +84,8 @@ class Library:
         """Load PTX text."""
     @staticmethod
     def from_cuda_source(source: str, options: Sequence[str] = ...) -> Library:
-        """Compile CUDA C++ with NVRTC (declare kernels extern "C") and load it."""
+        """Compile CUDA C++ with NVRTC (declare kernels extern "C") and load it. Raises
+        RuntimeError with NVRTC's log when compilation fails, or when NVRTC cannot be loaded."""
     def kernel(self, name: str, params: Sequence[Param]) -> Kernel:
         """Look up a kernel and declare its parameters."""
 
