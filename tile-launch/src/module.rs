@@ -368,7 +368,9 @@ impl Library {
     /// cannot answer so, it uses the primary context of the device whose context was current
     /// when the library was loaded, and only when there was none either, device 0's (retained
     /// for the check only). To keep device 0 out of it, call this with your device's context
-    /// current ([`Context::bind`](crate::Context::bind)). Every driver call runs with the
+    /// current ([`Context::bind`](crate::Context::bind)). With a context current, the kernel is
+    /// also loaded into it now (`cuKernelGetFunction`, best effort), so that its first launch
+    /// does not load it while other work runs. Every driver call runs with the
     /// calling thread's stream-capture mode relaxed (`cuThreadExchangeStreamCaptureMode`), so it
     /// cannot invalidate another thread's global-mode capture.
     ///
@@ -392,6 +394,7 @@ impl Library {
             unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
             if !current.is_null() {
                 check_param_info(d, raw, name, &signature)?;
+                load_into_current(d, raw, name);
                 return Ok(raw);
             }
             // No context current. A driver that answers without one settles it; trust only a
@@ -413,6 +416,20 @@ impl Library {
             per_device: Arc::new(Mutex::new(Vec::new())),
             _library: self.clone(),
         })
+    }
+}
+
+/// Loads the kernel into the current context now (`cuKernelGetFunction`), while the caller looks
+/// it up, rather than at its first launch: with CUDA's lazy loading, the first launch of a
+/// kernel while other work runs on the device can block until that work is done. Best effort:
+/// a failure is logged and the kernel is loaded at its first launch as before.
+fn load_into_current(d: &Driver, raw: CUkernel, name: &str) {
+    let mut func: cuda_sys::CUfunction = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; `raw` is a kernel of a loaded library; a context is
+    // current (the caller checked).
+    let r = unsafe { (d.cuKernelGetFunction)(&mut func, raw) }.check("cuKernelGetFunction");
+    if let Err(e) = r {
+        log::debug!("tile-launch: kernel `{name}` not loaded ahead of its first launch: {e}");
     }
 }
 
