@@ -162,7 +162,7 @@ pub(crate) const INLINE_ARGS: usize = 8;
 /// The 8-byte parameter slots of a launch, one per argument, in order.
 pub(crate) type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
 
-/// Checks `args` against `signature` exactly as [`Stream::launch`] does before consuming
+/// Checks `args` against `signature` exactly as [`Stream::launch`](crate::Stream::launch) does before consuming
 /// anything (count, kind, dtype, device `device_ordinal`, writability of outputs, scalar range),
 /// without a stream or a driver. Nothing is consumed; `Unused` tensors are only peeked at.
 ///

@@ -110,7 +110,7 @@ impl<T> From<ExportError<T>> for Error {
 ///
 /// Each with the slice handed back ([`ExportError`]), nothing freed:
 /// - [`Error::Layout`] if `shape` and `strides` differ in length or the layout reaches outside
-///   the slice ([`LayoutError`](crate::LayoutError));
+///   the slice ([`LayoutError`]);
 /// - [`Error::NonPrimaryContext`] if the slice belongs to a non-primary `cudarc` context;
 /// - [`Error::CaptureInProgress`] if the slice's stream is capturing while `cudarc` tracks it
 ///   with events;

@@ -12,7 +12,7 @@ use crate::stream::CudaTimeline;
 /// It must be retired: [`retire`](LaunchHandle::retire) waits and releases,
 /// [`try_retire`](LaunchHandle::try_retire) releases only if the work is done,
 /// [`defer`](LaunchHandle::defer) hands the tensors to the stream's release queue (released
-/// at later launches, [`Stream::poll`], [`Stream::synchronize`] or when the stream is dropped).
+/// at later launches, [`Stream::poll`](crate::Stream::poll), [`Stream::synchronize`](crate::Stream::synchronize) or when the stream is dropped).
 /// Dropping an unretired handle blocks until the work is done, then releases: never earlier.
 /// `mem::forget` leaks the tensors; it never frees them early.
 ///
@@ -76,7 +76,7 @@ impl LaunchHandle {
     /// # Errors
     ///
     /// [`Error::Cuda`] if the wait fails. The tensors are then leaked, never released, since
-    /// their work may still be running; the stream's [`stats`](Stream::stats) count them. While
+    /// their work may still be running; the stream's [`stats`](crate::Stream::stats) count them. While
     /// the stream captures a graph no event can be recorded on it, so waiting for a launch that
     /// no earlier event covers fails (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and leaks: defer
     /// handles during capture instead.

@@ -7,7 +7,6 @@ use std::mem::{self, ManuallyDrop};
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 
-use super::pending::Pending;
 use super::{CompletionError, ReleaseConfig, RetireError, Stats, Timeline};
 use crate::sync::{self, AtomicU64, Mutex, MutexGuard, Ordering};
 
@@ -234,7 +233,7 @@ impl<T: Timeline, G> State<T, G> {
     }
 }
 
-/// The release queue of one stream. Shared as `Arc<Tracker>`: every [`Pending`] handle holds a
+/// The release queue of one stream. Shared as `Arc<Tracker>`: every [`Pending`](super::Pending) handle holds a
 /// clone, so the tracker outlives its handles.
 ///
 /// `T` is the stream's [`Timeline`]; `G` the guard type (dropping a guard releases a tensor).
@@ -311,77 +310,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         sync::lock(&self.state)
     }
 
-    /// Launches: runs `enqueue` (the actual kernel launch) with the tracker's lock held, so that
-    /// launch order on the stream is sequence order, and returns the handle that owns `guards`
-    /// until the launched work has completed.
-    ///
-    /// - `guards`: what the launch keeps alive (one per consumed tensor, in argument order).
-    /// - `bytes`: the memory those guards keep alive, in bytes, counted against
-    ///   [`ReleaseConfig::max_pending_bytes`].
-    ///
-    /// Before `enqueue`, if the queue plus these guards would exceed a bound, waits for the
-    /// oldest queued work and releases it (a wait that fails leaks the entry it waited for, and
-    /// stores the error in the sticky slot). After a successful `enqueue`: the launch gets the
-    /// next sequence number; a marker is recorded if the queue holds launches no marker covers
-    /// and [`ReleaseConfig::marker_every`] launches happened since the last one; completed
-    /// markers are queried (never waited for) and the queued launches they cover released.
-    ///
-    /// `enqueue` must not call back into this tracker (it runs with the lock held). If it
-    /// panics, the guards are queued as if the launch had been enqueued (released once a later
-    /// marker completes) and the panic is resumed.
-    ///
-    /// # Errors
-    ///
-    /// `enqueue`'s error. Nothing was enqueued then, so `guards` are released before this
-    /// returns and no sequence number is used.
-    ///
-    /// # Panics
-    ///
-    /// Resumes `enqueue`'s panic, after queueing the guards (see above).
-    pub fn launch<E>(
-        self: &Arc<Self>,
-        guards: Vec<G>,
-        bytes: u64,
-        enqueue: impl FnOnce() -> Result<(), E>,
-    ) -> Result<Pending<T, G>, E> {
-        let (seq, guards) = self.launch_locked(guards, bytes, false, enqueue)?;
-        Ok(Pending::new(Arc::clone(self), seq, guards, bytes))
-    }
-
-    /// As [`launch`](Tracker::launch) followed by [`Pending::defer`], taking the lock once
-    /// instead of twice and making no handle: the guards go straight to the queue. Returns the
-    /// launch's sequence number.
-    ///
-    /// Guards that exceed a bound on their own are handled as `defer` handles them: waited for
-    /// and released before this returns.
-    ///
-    /// # Errors
-    ///
-    /// As [`launch`](Tracker::launch).
-    ///
-    /// # Panics
-    ///
-    /// As [`launch`](Tracker::launch).
-    pub fn launch_deferred<E>(
-        self: &Arc<Self>,
-        guards: Vec<G>,
-        bytes: u64,
-        enqueue: impl FnOnce() -> Result<(), E>,
-    ) -> Result<u64, E> {
-        if guards.len() > self.config.max_pending_guards || bytes > self.config.max_pending_bytes {
-            let pending = self.launch(guards, bytes, enqueue)?;
-            let seq = pending.seq();
-            pending.defer();
-            return Ok(seq);
-        }
-        self.launch_locked(guards, bytes, true, enqueue)
-            .map(|(seq, _)| seq)
-    }
-
     /// The body of [`launch`](Tracker::launch) and [`launch_deferred`](Tracker::launch_deferred):
     /// returns the sequence number and the guards, or, with `defer`, queues the guards and
     /// returns none.
-    fn launch_locked<E>(
+    pub(super) fn launch_locked<E>(
         &self,
         guards: Vec<G>,
         bytes: u64,
@@ -540,7 +472,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
 
     /// The sticky error slot: the first error that happened where nobody could receive it (in
     /// `Drop`, in a poll during `launch`/`defer`/`poll`, in `shutdown`, in
-    /// [`Pending::try_retire`]), kept until [`take_error`](Tracker::take_error).
+    /// [`Pending::try_retire`](super::Pending::try_retire)), kept until [`take_error`](Tracker::take_error).
     pub fn last_error(&self) -> Option<T::Error> {
         self.lock().error.clone()
     }
