@@ -327,6 +327,58 @@ impl Drop for Context {
     }
 }
 
+/// The calling thread's current context, saved and made current again when dropped, if
+/// something made another one current meanwhile (a deleter, or `cudarc`, which sets its own with
+/// `cuCtxSetCurrent`). Unlike [`ContextGuard`] it does not push: it replaces the top of the
+/// thread's context stack and puts the saved context back there.
+pub(crate) struct SavedContext {
+    d: &'static Driver,
+    saved: CUcontext,
+}
+
+impl SavedContext {
+    /// Saves the calling thread's current context (`cuCtxGetCurrent`; null if none).
+    pub(crate) fn save(d: &'static Driver) -> Result<Self, CudaError> {
+        let mut saved: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuCtxGetCurrent)(&mut saved) }.check("cuCtxGetCurrent")?;
+        Ok(Self { d, saved })
+    }
+
+    /// The context that was current when this was saved (null if none).
+    pub(crate) fn saved(&self) -> CUcontext {
+        self.saved
+    }
+
+    /// Makes `ctx` current until this value is dropped (`cuCtxSetCurrent`).
+    ///
+    /// # Safety
+    ///
+    /// `ctx` must be a live context, kept alive by the caller while it is current.
+    pub(crate) unsafe fn switch_to(&self, ctx: CUcontext) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract; the drop puts the saved context back.
+        unsafe { (self.d.cuCtxSetCurrent)(ctx) }.check("cuCtxSetCurrent")
+    }
+}
+
+impl Drop for SavedContext {
+    fn drop(&mut self) {
+        let mut now: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        let r = unsafe { (self.d.cuCtxGetCurrent)(&mut now) }.check("cuCtxGetCurrent");
+        let r = r.and_then(|()| {
+            if now == self.saved {
+                return Ok(());
+            }
+            // SAFETY: `saved` was current on this thread when it was saved (or null).
+            unsafe { (self.d.cuCtxSetCurrent)(self.saved) }.check("cuCtxSetCurrent")
+        });
+        if let Err(e) = r {
+            log::error!("restoring the caller's current context: {e}");
+        }
+    }
+}
+
 /// Keeps a context current on this thread; restores the previous one when dropped.
 #[must_use = "the context is current only while the guard lives"]
 pub struct ContextGuard<'a> {

@@ -34,7 +34,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cuda_sys::{CUcontext, CUresult, CUstream, CudaError};
+use cuda_sys::{CUcontext, CUresult, CUstream, CudaError, driver};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut, DriverError};
 use tile_dlpack::Used;
 use tile_dlpack::dlpark::ffi::{DLDevice, DLManagedTensorVersioned};
@@ -42,6 +42,7 @@ use tile_dlpack::dlpark::metadata::Dynamic;
 use tile_dlpack::dlpark::{DlpackElement, OpaqueContext};
 
 use crate::args::TensorArg;
+use crate::context::SavedContext;
 use crate::error::{Error, LayoutError, Result};
 use crate::{Context, Stream};
 
@@ -130,14 +131,14 @@ pub fn export<T: DlpackElement>(
 ) -> Result<(Used, Arc<CudaStream>), ExportError<T>> {
     let ready_on = Arc::clone(slice.stream());
     let ptr = {
-        let _restore = match CurrentContext::save() {
+        let restore = match save_context() {
             Ok(r) => r,
             Err(e) => return Err(ExportError::new(e, slice)),
         };
         if let Err(e) = check_layout(slice.len(), shape, strides) {
             return Err(ExportError::new(e.into(), slice));
         }
-        match write_access(&mut slice, "cudarc_interop::export") {
+        match write_access(&mut slice, "cudarc_interop::export", &restore) {
             Ok(ptr) => ptr,
             Err(e) => return Err(ExportError::new(e, slice)),
         }
@@ -216,8 +217,8 @@ pub fn strided_tensor<T: DlpackElement>(
 pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<TensorArg<'static>> {
     let n = length(slice)?;
     let ptr = {
-        let _restore = CurrentContext::save()?;
-        write_access(slice, "cudarc_interop::borrowed")?
+        let restore = save_context()?;
+        write_access(slice, "cudarc_interop::borrowed", &restore)?
     };
     let used = describe(ptr, &[n], &[1], slice.ordinal(), T::DTYPE, Box::new(()))?;
     let raw = slice.stream().cu_stream() as CUstream;
@@ -245,7 +246,7 @@ pub unsafe fn borrowed<T: DlpackElement>(slice: &mut CudaSlice<T>) -> Result<Ten
 /// `cudarc`'s sticky error as in [`export`]; [`Error::Driver`] without a driver.
 #[doc(alias = "cuStreamWaitEvent")]
 pub fn order_after<T>(slice: &mut CudaSlice<T>, stream: &Stream) -> Result<()> {
-    let _restore = CurrentContext::save()?;
+    let restore = save_context()?;
     let cu = Arc::clone(slice.context());
     if !cu.is_primary() {
         return Err(Error::NonPrimaryContext {
@@ -264,10 +265,11 @@ pub fn order_after<T>(slice: &mut CudaSlice<T>, stream: &Stream) -> Result<()> {
     if !stream.names_every_launch_here() {
         return Err(Error::ThreadRelativeStream);
     }
-    raw::set_current(raw_ctx(&cu))?;
+    // SAFETY: `cu` (held) keeps its context alive; `restore` puts the caller's back.
+    unsafe { restore.switch_to(raw_ctx(&cu)) }?;
     let own = slice.stream().cu_stream() as CUstream;
     let tracked = cu.is_managing_stream_synchronization();
-    if tracked && (raw::is_capturing(stream.raw())? || raw::is_capturing(own)?) {
+    if tracked && (is_capturing(stream.raw())? || is_capturing(own)?) {
         return Err(Error::CaptureInProgress {
             call: ORDER_AFTER,
             device: cu.ordinal(),
@@ -276,17 +278,18 @@ pub fn order_after<T>(slice: &mut CudaSlice<T>, stream: &Stream) -> Result<()> {
     if own != stream.raw() {
         raw::stream_wait_stream(own, stream.raw())?;
     }
-    write_access(slice, ORDER_AFTER).map(drop)
+    write_access(slice, ORDER_AFTER, &restore).map(drop)
 }
 
 /// Asks `cudarc` for write access to `slice` on its own stream (that stream waits for the
 /// slice's pending reads and writes; the write marker is recorded there), refusing first what
 /// would break: a non-primary context, a capturing stream with event tracking, a sticky error.
-/// Binds the slice's context; the caller restores its own ([`CurrentContext`]). `call` names
-/// the public function refused ([`Error::CaptureInProgress`]).
+/// Makes the slice's context current in place of the caller's, which `saved` puts back.
+/// `call` names the public function refused ([`Error::CaptureInProgress`]).
 fn write_access<T>(
     slice: &mut CudaSlice<T>,
     call: &'static str,
+    saved: &SavedContext,
 ) -> Result<cudarc::driver::sys::CUdeviceptr> {
     let cu = Arc::clone(slice.context());
     if !cu.is_primary() {
@@ -295,10 +298,10 @@ fn write_access<T>(
             device: cu.ordinal(),
         });
     }
-    raw::set_current(raw_ctx(&cu))?;
+    // SAFETY: `cu` (held) keeps its context alive; `saved` puts the caller's back.
+    unsafe { saved.switch_to(raw_ctx(&cu)) }?;
     let stream = Arc::clone(slice.stream());
-    if cu.is_managing_stream_synchronization() && raw::is_capturing(stream.cu_stream() as CUstream)?
-    {
+    if cu.is_managing_stream_synchronization() && is_capturing(stream.cu_stream() as CUstream)? {
         return Err(Error::CaptureInProgress {
             call,
             device: cu.ordinal(),
@@ -409,7 +412,7 @@ impl<T> Drop for SliceOwner<T> {
 /// (logged) when its stream is capturing and `cudarc` would wait on or record events, or free
 /// it, inside the capture. `cudarc` keeps its own errors (its sticky error slot).
 fn release<T>(slice: CudaSlice<T>) {
-    let restore = match CurrentContext::save() {
+    let restore = match save_context() {
         Ok(r) => r,
         Err(e) => {
             log::error!("releasing a CudaSlice: {e}; dropped without binding its context");
@@ -418,10 +421,11 @@ fn release<T>(slice: CudaSlice<T>) {
         }
     };
     let cu = Arc::clone(slice.context());
-    if let Err(e) = raw::set_current(raw_ctx(&cu)) {
+    // SAFETY: `cu` (held) keeps its context alive; `restore` puts the caller's back.
+    if let Err(e) = unsafe { restore.switch_to(raw_ctx(&cu)) } {
         log::error!("releasing a CudaSlice: {e}");
     }
-    match raw::is_capturing(slice.stream().cu_stream() as CUstream) {
+    match is_capturing(slice.stream().cu_stream() as CUstream) {
         Ok(false) => drop(slice),
         Ok(true) => {
             log::error!(
@@ -448,71 +452,21 @@ fn cudarc_error(e: DriverError, function: &'static str) -> Error {
     Error::Cuda(CudaError::new(CUresult(e.0 as u32), function))
 }
 
-/// The calling thread's current context, made current again when dropped
-/// (`cuCtxGetCurrent`, then `cuCtxSetCurrent` if another one is current by then).
-struct CurrentContext {
-    saved: CUcontext,
+/// The calling thread's current context, put back when the value is dropped.
+fn save_context() -> Result<SavedContext> {
+    Ok(SavedContext::save(driver()?)?)
 }
 
-impl CurrentContext {
-    fn save() -> Result<Self> {
-        Ok(Self {
-            saved: raw::current()?,
-        })
-    }
-}
-
-impl Drop for CurrentContext {
-    fn drop(&mut self) {
-        let restored = raw::current().and_then(|now| {
-            if now == self.saved {
-                Ok(())
-            } else {
-                raw::set_current(self.saved)
-            }
-        });
-        if let Err(e) = restored {
-            log::error!("restoring the caller's current context: {e}");
-        }
-    }
+/// Whether `stream` (of the current context) is capturing, actively or invalidated.
+fn is_capturing(stream: CUstream) -> Result<bool> {
+    Ok(crate::capture_state::is_capturing(driver()?, stream)?)
 }
 
 /// The driver calls of this module, one thin wrapper each.
 mod raw {
-    use cuda_sys::{
-        CUcontext, CUevent, CUevent_flags, CUstream, CUstreamCaptureStatus, CuResultExt, driver,
-    };
+    use cuda_sys::{CUevent, CUevent_flags, CUstream, CuResultExt, driver};
 
     use crate::error::Result;
-
-    /// The calling thread's current context, null if none (`cuCtxGetCurrent`).
-    pub(super) fn current() -> Result<CUcontext> {
-        let d = driver()?;
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
-        Ok(ctx)
-    }
-
-    /// Makes `ctx` current on the calling thread, replacing the top of its context stack; null
-    /// pops it (`cuCtxSetCurrent`).
-    pub(super) fn set_current(ctx: CUcontext) -> Result<()> {
-        let d = driver()?;
-        // SAFETY: `ctx` is null or a live context (a `cudarc` context held by the caller, or
-        // the context the thread had current when `CurrentContext::save` ran).
-        unsafe { (d.cuCtxSetCurrent)(ctx) }.check("cuCtxSetCurrent")?;
-        Ok(())
-    }
-
-    /// Whether `stream` is capturing, actively or invalidated (`cuStreamIsCapturing`). The
-    /// stream's context must be current.
-    pub(super) fn is_capturing(stream: CUstream) -> Result<bool> {
-        let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: out-pointer to a local; `stream` is a live stream of the current context.
-        unsafe { (d.cuStreamIsCapturing)(stream, &mut status) }.check("cuStreamIsCapturing")?;
-        Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
-    }
 
     /// Makes `waiter` wait on the device for the work enqueued on `producer` so far (an event
     /// recorded on `producer`, `cuStreamWaitEvent`, the event destroyed). Both streams must be

@@ -9,7 +9,7 @@ use cuda_sys::{
     driver,
 };
 
-use crate::context::{Context, HandleKind};
+use crate::context::{Context, HandleKind, SavedContext};
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
@@ -220,20 +220,17 @@ impl Timeline for CudaTimeline {
         // needs its context, and the releasing thread may never have used CUDA), and may change
         // the calling thread's current context themselves (`cudarc` binds its own): the caller's
         // is put back afterwards.
-        let d = self.d;
-        let mut saved: cuda_sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        let saved_ok = unsafe { (d.cuCtxGetCurrent)(&mut saved) }.check("cuCtxGetCurrent");
-        let _restore = RestoreContext {
-            d,
-            saved,
-            active: saved_ok.is_ok(),
+        let saved = match SavedContext::save(self.d) {
+            Ok(saved) => Some(saved),
+            Err(e) => {
+                log::warn!("releasing without saving the current context: {e}");
+                None
+            }
         };
-        if saved_ok.is_ok() && saved != self.ctx.raw() {
-            // SAFETY: the context is retained by `self.ctx`; `_restore` makes `saved` current
-            // again afterwards.
-            let set = unsafe { (d.cuCtxSetCurrent)(self.ctx.raw()) }.check("cuCtxSetCurrent");
-            if let Err(e) = set {
+        if let Some(saved) = saved.as_ref().filter(|s| s.saved() != self.ctx.raw()) {
+            // SAFETY: the context is retained by `self.ctx`; dropping `saved` makes the
+            // caller's context current again afterwards.
+            if let Err(e) = unsafe { saved.switch_to(self.ctx.raw()) } {
                 log::warn!("releasing without the stream's context current: {e}");
             }
         }
@@ -248,31 +245,6 @@ impl Timeline for CudaTimeline {
                 log::warn!("releasing without relaxing the stream-capture mode: {e}");
             }
             release();
-        }
-    }
-}
-
-/// Makes `saved` current again when dropped, if another context became current meanwhile.
-struct RestoreContext {
-    d: &'static Driver,
-    saved: cuda_sys::CUcontext,
-    active: bool,
-}
-
-impl Drop for RestoreContext {
-    fn drop(&mut self) {
-        if !self.active {
-            return;
-        }
-        let mut now: cuda_sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local.
-        let r = unsafe { (self.d.cuCtxGetCurrent)(&mut now) }.check("cuCtxGetCurrent");
-        if r.is_ok() && now != self.saved {
-            // SAFETY: `saved` was current on this thread before the deleters ran (or null).
-            let r = unsafe { (self.d.cuCtxSetCurrent)(self.saved) }.check("cuCtxSetCurrent");
-            if let Err(e) = r {
-                log::error!("restoring the current context after releasing: {e}");
-            }
         }
     }
 }
