@@ -8,12 +8,12 @@ use cuda_sys::{
     CudaError, Driver,
 };
 
-/// The graph `stream` is capturing into, or `None` when it is not capturing
+/// A stream's capture status, the id of its capture sequence and the graph being captured
 /// (`cuStreamGetCaptureInfo`, one call).
-///
-/// An invalidated capture is an error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`): a launch into
-/// it would fail anyway.
-pub(crate) fn capturing_graph(d: &Driver, stream: CUstream) -> Result<Option<CUgraph>, CudaError> {
+fn capture_info(
+    d: &Driver,
+    stream: CUstream,
+) -> Result<(CUstreamCaptureStatus, u64, CUgraph), CudaError> {
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id = 0u64;
     let mut graph: CUgraph = std::ptr::null_mut();
@@ -30,9 +30,23 @@ pub(crate) fn capturing_graph(d: &Driver, stream: CUstream) -> Result<Option<CUg
         )
     }
     .check("cuStreamGetCaptureInfo")?;
-    match status {
-        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Ok(None),
-        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(Some(graph)),
+    Ok((status, id, graph))
+}
+
+/// The graph `stream` is capturing into and the capture's id, or `None` when it is not
+/// capturing (`cuStreamGetCaptureInfo`, one call).
+///
+/// An invalidated capture is an error (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`): a launch into
+/// it would fail anyway.
+pub(crate) fn capturing_graph(
+    d: &Driver,
+    stream: CUstream,
+) -> Result<Option<(CUgraph, u64)>, CudaError> {
+    match capture_info(d, stream)? {
+        (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, ..) => Ok(None),
+        (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, id, graph) => {
+            Ok(Some((graph, id)))
+        }
         _ => Err(CudaError::new(
             CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
             "cuStreamGetCaptureInfo",
@@ -86,21 +100,6 @@ pub(crate) fn relaxed_with<R, E: From<CudaError>>(
 /// The capture sequence `stream` belongs to: `Some(id)` while it captures (active or
 /// invalidated), `None` otherwise (`cuStreamGetCaptureInfo`).
 pub(crate) fn capture_id(d: &Driver, stream: CUstream) -> Result<Option<u64>, CudaError> {
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id = 0u64;
-    // SAFETY: out-pointers to locals; the optional outputs are null (not wanted); `stream` is a
-    // stream of the bound context (the caller's contract for `ready_on`).
-    unsafe {
-        (d.cuStreamGetCaptureInfo)(
-            stream,
-            &mut status,
-            &mut id,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    }
-    .check("cuStreamGetCaptureInfo")?;
+    let (status, id, _) = capture_info(d, stream)?;
     Ok((status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(id))
 }

@@ -131,8 +131,8 @@ impl Stream {
             check_pointer_devices(d, &args, ctx.ordinal())?;
         }
         let capture = crate::capture_state::capturing_graph(d, self.raw())?;
-        if capture.is_some()
-            && let Err(e) = check_capture_joins(d, self.raw(), &args)
+        if let Some((_, ours)) = capture
+            && let Err(e) = check_capture_joins(d, self.raw(), ours, &args)
         {
             // Tensors handed over already consumed are released here (nothing uses them); their
             // deleters must not disturb the capture in progress on this thread.
@@ -239,7 +239,7 @@ impl Stream {
                 .check("cuLaunchKernelEx")
             }
         };
-        if let Some(graph) = capture {
+        if let Some((graph, _)) = capture {
             // The graph owns the guards before the kernel node exists. If the launch then fails,
             // they are released with the graph (a failed launch invalidates the capture, and
             // ending it destroys the graph).
@@ -265,10 +265,13 @@ impl Stream {
 /// graph). Waiting on work outside the capture fails (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`)
 /// and invalidates the capture; it would also order the graph's replays after nothing. Such a
 /// launch is refused here, before anything is consumed, and the capture is left as it was.
-fn check_capture_joins(d: &cuda_sys::Driver, stream: CUstream, args: &[Arg<'_>]) -> Result<()> {
-    let Some(ours) = crate::capture_state::capture_id(d, stream)? else {
-        return Ok(());
-    };
+/// `ours` is the id of the capture `stream` is in (from the launch's one capture query).
+fn check_capture_joins(
+    d: &cuda_sys::Driver,
+    stream: CUstream,
+    ours: u64,
+    args: &[Arg<'_>],
+) -> Result<()> {
     for (index, arg) in args.iter().enumerate() {
         let Arg::Tensor(t) = arg else { continue };
         let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
