@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::{CUfunction, CUlaunchConfig, CUstream, CuResultExt, CudaError};
+use cuda_sys::{CUfunction, CUlaunchConfig, CUstream, CuResultExt};
 use smallvec::SmallVec;
 use tile_dlpack::Used;
 
@@ -174,18 +174,14 @@ impl Stream {
             .iter_mut()
             .map(|v| (v as *mut u64).cast::<c_void>())
             .collect();
-        // 4. Order after the producers, then launch.
-        // The context is bound and `waits` holds only other streams: wait directly rather than
-        // through `wait_for_raw`, which would check and bind both again.
-        if !waits.is_empty() {
-            self.with_tracker(|t| {
-                for s in waits {
-                    // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this
-                    // context, which is bound.
-                    unsafe { t.timeline().wait_for(s) }?;
-                }
-                Ok::<(), CudaError>(())
-            })?;
+        // 4. Order after the producers, then launch, on the calling thread's release queue
+        //    (looked up once). The context is bound and `waits` holds only other streams: wait
+        //    directly rather than through `wait_for_raw`, which would check and bind both again.
+        let tracker = self.tracker_here();
+        for s in waits {
+            // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context,
+            // which is bound.
+            unsafe { tracker.timeline().wait_for(s) }?;
         }
         let mut attrs = launch_attributes(config);
         let cfg = CUlaunchConfig {
@@ -250,10 +246,10 @@ impl Stream {
             }));
         }
         if defer {
-            self.with_tracker(|t| t.launch_deferred(guards, bytes, enqueue))?;
+            tracker.launch_deferred(guards, bytes, enqueue)?;
             return Ok(None);
         }
-        let pending = self.with_tracker(|t| t.launch(guards, bytes, enqueue))?;
+        let pending = tracker.launch(guards, bytes, enqueue)?;
         Ok(Some(LaunchHandle {
             inner: HandleInner::Tracked(pending),
         }))

@@ -1,5 +1,6 @@
 //! Streams, the events that mark progress on them, and their release queues.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -56,6 +57,29 @@ unsafe impl Send for CudaTimeline {}
 unsafe impl Sync for CudaTimeline {}
 
 impl CudaTimeline {
+    /// The timeline of stream `raw` of `ctx`; for the per-thread default stream, the calling
+    /// thread's.
+    fn new(
+        d: &'static Driver,
+        ctx: &Arc<Context>,
+        raw: CUstream,
+        owned: bool,
+        keep: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> CudaTimeline {
+        let kind = HandleKind::of(raw);
+        CudaTimeline {
+            d,
+            raw,
+            kind,
+            thread: (kind == HandleKind::PerThread).then(|| std::thread::current().id()),
+            owned,
+            ctx: Arc::clone(ctx),
+            pool: Mutex::new(Vec::new()),
+            waits: Mutex::new(Vec::new()),
+            _keep: keep,
+        }
+    }
+
     fn event(&self) -> Result<Event, CudaError> {
         self.event_from(&self.pool)
     }
@@ -430,20 +454,10 @@ impl Stream {
         keep: Option<Box<dyn std::any::Any + Send + Sync>>,
         config: ReleaseConfig,
     ) -> Stream {
-        let kind = HandleKind::of(raw);
-        let timeline = CudaTimeline {
-            d,
-            raw,
-            kind,
-            thread: (kind == HandleKind::PerThread).then(|| std::thread::current().id()),
-            owned,
-            ctx: Arc::clone(ctx),
-            pool: Mutex::new(Vec::new()),
-            waits: Mutex::new(Vec::new()),
-            _keep: keep,
-        };
+        let timeline = CudaTimeline::new(d, ctx, raw, owned, keep);
+        let per_thread = timeline.thread.is_some();
         let tracker = Tracker::new(timeline, config);
-        let per_thread = (kind == HandleKind::PerThread)
+        let per_thread = per_thread
             .then(|| Mutex::new(vec![(std::thread::current().id(), Arc::clone(&tracker))]));
         Stream {
             inner: Arc::new(StreamInner {
@@ -457,52 +471,35 @@ impl Stream {
         }
     }
 
-    /// Runs `f` with the release queue that launches from the calling thread go to: the stream's
-    /// one queue, or, for the per-thread default stream, the calling thread's (made on first
-    /// use).
-    pub(crate) fn with_tracker<R>(&self, f: impl FnOnce(&Arc<StreamTracker>) -> R) -> R {
+    /// The release queue that launches from the calling thread go to: the stream's one queue,
+    /// or, for the per-thread default stream, the calling thread's (made on first use).
+    pub(crate) fn tracker_here(&self) -> Cow<'_, Arc<StreamTracker>> {
         let Some(map) = &self.inner.per_thread else {
-            return f(&self.inner.tracker);
+            return Cow::Borrowed(&self.inner.tracker);
         };
         let me = std::thread::current().id();
-        let tracker = {
-            let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-            match map.iter().find(|(t, _)| *t == me) {
-                Some((_, tracker)) => Arc::clone(tracker),
-                None => {
-                    // Threads come and go (a thread pool, say): drop the queues of other threads
-                    // that hold nothing and that nobody else refers to, keeping their totals.
-                    map.retain(|(t, tracker)| {
-                        let keep = *t == self.inner.creator || Arc::strong_count(tracker) > 1 || {
-                            let st = tracker.stats();
-                            st.pending_guards > 0 || st.held_guards > 0 || st.held_bytes > 0
-                        };
-                        if !keep {
-                            let mut gone =
-                                self.inner.gone.lock().unwrap_or_else(|p| p.into_inner());
-                            *gone = gone.plus(&tracker.stats());
-                        }
-                        keep
-                    });
-                    let first = self.inner.tracker.timeline();
-                    let timeline = CudaTimeline {
-                        d: first.d,
-                        raw: first.raw,
-                        kind: HandleKind::PerThread,
-                        thread: Some(me),
-                        owned: false,
-                        ctx: Arc::clone(&first.ctx),
-                        pool: Mutex::new(Vec::new()),
-                        waits: Mutex::new(Vec::new()),
-                        _keep: None,
-                    };
-                    let tracker = Tracker::new(timeline, self.inner.config);
-                    map.push((me, Arc::clone(&tracker)));
-                    tracker
-                }
+        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, tracker)) = map.iter().find(|(t, _)| *t == me) {
+            return Cow::Owned(Arc::clone(tracker));
+        }
+        // Threads come and go (a thread pool, say): drop the queues of other threads that
+        // nobody refers to any more (no handle holds them) and that queue nothing, keeping
+        // their totals.
+        map.retain(|(t, tracker)| {
+            let keep = *t == self.inner.creator
+                || Arc::strong_count(tracker) > 1
+                || tracker.stats().pending_guards > 0;
+            if !keep {
+                let mut gone = self.inner.gone.lock().unwrap_or_else(|p| p.into_inner());
+                *gone = gone.plus(&tracker.stats());
             }
-        };
-        f(&tracker)
+            keep
+        });
+        let first = self.inner.tracker.timeline();
+        let timeline = CudaTimeline::new(first.d, &first.ctx, first.raw, false, None);
+        let tracker = Tracker::new(timeline, self.inner.config);
+        map.push((me, Arc::clone(&tracker)));
+        Cow::Owned(tracker)
     }
 
     /// Whether the stream's handle, used on the calling thread, names the stream of every
@@ -550,7 +547,7 @@ impl Stream {
         let _bound = self.context().bind()?;
         // SAFETY: this function's contract; the context is bound above. A default-stream handle
         // names the calling thread's stream here, as it does for the launches made from it.
-        Ok(self.with_tracker(|t| unsafe { t.timeline().wait_for(producer) })?)
+        Ok(unsafe { self.tracker_here().timeline().wait_for(producer) }?)
     }
 
     /// Blocks until all work on the stream is done, then releases every deferred tensor
