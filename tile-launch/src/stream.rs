@@ -108,18 +108,13 @@ impl CudaTimeline {
             .is_none_or(|owner| owner == std::thread::current().id())
     }
 
-    /// Refuses, without calling `function`, on a thread where the handle names another stream.
-    fn refuse_if_unreachable(&self, function: &'static str) -> Result<(), CudaError> {
+    /// Refuses, without making the call `call` names, on a thread where the handle names
+    /// another stream.
+    fn refuse_if_unreachable(&self, call: &'static str) -> Result<(), CudaError> {
         if self.reachable() {
             return Ok(());
         }
-        Err(CudaError::new(
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            match function {
-                "cuEventRecord" => "cuEventRecord (another thread's per-thread default stream)",
-                _ => "cuStreamSynchronize (another thread's per-thread default stream)",
-            },
-        ))
+        Err(CudaError::new(CUresult::CUDA_ERROR_INVALID_HANDLE, call))
     }
 
     /// The raw stream handle.
@@ -175,7 +170,7 @@ impl Timeline for CudaTimeline {
 
     fn record(&self) -> Result<Event, Self::Error> {
         let d = self.d;
-        self.refuse_if_unreachable("cuEventRecord")?;
+        self.refuse_if_unreachable("cuEventRecord (another thread's per-thread default stream)")?;
         let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuEventRecord")?;
         let ev = self.event()?;
@@ -215,7 +210,9 @@ impl Timeline for CudaTimeline {
 
     fn synchronize(&self) -> Result<(), Self::Error> {
         let d = self.d;
-        self.refuse_if_unreachable("cuStreamSynchronize")?;
+        self.refuse_if_unreachable(
+            "cuStreamSynchronize (another thread's per-thread default stream)",
+        )?;
         let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuStreamSynchronize")?;
         crate::capture_state::relaxed(d, || {

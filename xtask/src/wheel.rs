@@ -31,8 +31,14 @@ fn venv_python(requirements: &[&str]) -> Result<PathBuf> {
     if !vpy.exists() {
         run_cmd(Command::new(python()).args(["-m", "venv"]).arg(&venv))?;
     }
+    pip_install(&vpy, requirements)?;
+    Ok(vpy)
+}
+
+/// `python -m pip install --quiet --disable-pip-version-check ARGS...` with `python`.
+fn pip_install<S: AsRef<std::ffi::OsStr>>(python: &Path, args: &[S]) -> Result<()> {
     run_cmd(
-        Command::new(&vpy)
+        Command::new(python)
             .args([
                 "-m",
                 "pip",
@@ -40,9 +46,8 @@ fn venv_python(requirements: &[&str]) -> Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(requirements),
-    )?;
-    Ok(vpy)
+            .args(args),
+    )
 }
 
 /// maturin, and zig (the `ziglang` wheel) to link the extension against glibc 2.17 whatever
@@ -120,17 +125,13 @@ fn find_wheel(dir: &Path) -> Result<PathBuf> {
 /// the reason.
 pub fn pytest(wheel: &Path) -> Result<()> {
     let vpy = venv_python(TEST_REQUIREMENTS)?;
-    run_cmd(
-        Command::new(&vpy)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--force-reinstall",
-                "--no-deps",
-            ])
-            .arg(wheel),
+    pip_install(
+        &vpy,
+        &[
+            "--force-reinstall".as_ref(),
+            "--no-deps".as_ref(),
+            wheel.as_os_str(),
+        ],
     )?;
     run_cmd(Command::new(&vpy).args([
         "-m",
