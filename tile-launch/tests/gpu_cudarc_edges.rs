@@ -10,7 +10,10 @@ use std::sync::Arc;
 use anyhow::{Result, ensure};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use gpu_common::{gpu, vector_add_library};
+use gpu_common::{
+    current_context_raw as current, gpu, non_primary_context as non_primary,
+    set_current_context as set_current, vector_add_library,
+};
 use tile_dlpack::DType;
 use tile_launch::cudarc_interop::{self, ExportError};
 use tile_launch::{
@@ -93,36 +96,6 @@ impl Fixture {
 
 fn wrong(got: &[f32], want: f32) -> usize {
     got.iter().filter(|&&x| x != want).count()
-}
-
-/// A new non-primary context of device `ordinal` (`cuCtxCreate`), current on this thread;
-/// destroyed when the last `Arc` goes.
-fn non_primary(ordinal: i32) -> Result<Arc<CudaContext>> {
-    use cudarc::driver::sys;
-    let device = cudarc::driver::result::device::get(ordinal)?;
-    let mut raw: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local; null creation parameters ask for the defaults.
-    let r = unsafe { sys::cuCtxCreate_v4(&mut raw, std::ptr::null_mut(), 0, device) };
-    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuCtxCreate: {r:?}");
-    // SAFETY: `raw` was just created for `device`, and is handed over (destroyed on drop).
-    Ok(unsafe { CudaContext::from_raw_context(ordinal as usize, device, raw) }?)
-}
-
-fn current() -> Result<cuda_sys::CUcontext> {
-    use cuda_sys::CuResultExt;
-    let d = cuda_sys::driver()?;
-    let mut c: cuda_sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local.
-    unsafe { (d.cuCtxGetCurrent)(&mut c) }.check("cuCtxGetCurrent")?;
-    Ok(c)
-}
-
-fn set_current(c: cuda_sys::CUcontext) -> Result<()> {
-    use cuda_sys::CuResultExt;
-    let d = cuda_sys::driver()?;
-    // SAFETY: `c` is null or a context this test keeps alive.
-    unsafe { (d.cuCtxSetCurrent)(c) }.check("cuCtxSetCurrent")?;
-    Ok(())
 }
 
 /// Issue 16's class 2 input: `src` (all 1) is read by a device-to-device copy into a fresh

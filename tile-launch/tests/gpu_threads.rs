@@ -10,9 +10,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use cuda_sys::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUstream, CuResultExt};
+use cuda_sys::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUcontext, CUstream};
 use cudarc::driver::{CudaSlice, DevicePtr};
-use gpu_common::{Count, random, vector_add_args, view};
+use gpu_common::{Count, current_context_raw as current, random, vector_add_args, view};
 use tile_launch::{Context, LaunchConfig, Stream};
 
 const N: usize = 1 << 20;
@@ -27,15 +27,6 @@ fn fixture() -> Result<Fixture> {
 
 fn fixture_on(ordinal: i32) -> Result<Fixture> {
     gpu_common::kernels(ordinal)
-}
-
-/// The calling thread's current context (`cuCtxGetCurrent`).
-fn current() -> Result<CUcontext> {
-    let d = cuda_sys::driver()?;
-    let mut c: CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local.
-    unsafe { (d.cuCtxGetCurrent)(&mut c) }.check("cuCtxGetCurrent")?;
-    Ok(c)
 }
 
 /// Inputs whose deleters free their memory (stream-ordered on the producer stream), an output
@@ -346,64 +337,38 @@ fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
 #[ignore = "needs a CUDA device"]
 fn caller_context_is_left_current() -> Result<()> {
     let f = fixture()?;
-    let d = cuda_sys::driver()?;
-    let mut dev: cuda_sys::CUdevice = 0;
-    // SAFETY: out-pointer to a local.
-    unsafe { (d.cuDeviceGet)(&mut dev, 0) }.check("cuDeviceGet")?;
-    let mut own_cu: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local; default creation parameters. The new context is pushed.
-    // (cuda-sys loads only what tile calls; cudarc's bindings have cuCtxCreate.)
-    let created =
-        unsafe { cudarc::driver::sys::cuCtxCreate_v4(&mut own_cu, std::ptr::null_mut(), 0, dev) };
+    // Destroyed when dropped, at the end of the test.
+    let mine = gpu_common::non_primary_context(0)?;
+    let own = mine.cu_ctx() as CUcontext;
     ensure!(
-        created == cudarc::driver::sys::CUresult::CUDA_SUCCESS,
-        "cuCtxCreate: {created:?}"
+        current()? == own,
+        "cuCtxCreate makes the new context current"
     );
-    let own = own_cu as CUcontext;
-    let result = (|| -> Result<()> {
-        ensure!(
-            current()? == own,
-            "cuCtxCreate makes the new context current"
-        );
-        let stream = Stream::new(&f.ctx)?;
-        ensure!(current()? == own, "Stream::new changed the current context");
-        let (c, args) = case(&f, 51)?;
-        // cudarc calls in `case` bind cudarc's context: put ours back.
-        // SAFETY: `own` is a live context.
-        unsafe { (d.cuCtxSetCurrent)(own) }.check("cuCtxSetCurrent")?;
-        let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
-        ensure!(current()? == own, "launch changed the current context");
-        h.retire()?;
-        ensure!(current()? == own, "retire changed the current context");
-        stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [1_000_000u64.into()])?;
-        stream.synchronize()?;
-        ensure!(current()? == own, "synchronize changed the current context");
-        ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
-        let wrong = c.wrong(&f)?;
-        ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
-        Ok(())
-    })();
-    // SAFETY: `own` was created above and nothing uses it after this.
-    let destroyed = unsafe { cudarc::driver::sys::cuCtxDestroy_v2(own_cu) };
-    ensure!(
-        destroyed == cudarc::driver::sys::CUresult::CUDA_SUCCESS,
-        "cuCtxDestroy: {destroyed:?}"
-    );
-    result?;
+    let stream = Stream::new(&f.ctx)?;
+    ensure!(current()? == own, "Stream::new changed the current context");
+    let (c, args) = case(&f, 51)?;
+    // cudarc calls in `case` bind cudarc's context: put ours back.
+    gpu_common::set_current_context(own)?;
+    let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+    ensure!(current()? == own, "launch changed the current context");
+    h.retire()?;
+    ensure!(current()? == own, "retire changed the current context");
+    stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [1_000_000u64.into()])?;
+    stream.synchronize()?;
+    ensure!(current()? == own, "synchronize changed the current context");
+    ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+    let wrong = c.wrong(&f)?;
+    ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
     println!(
         "caller's non-primary context left current by Stream::new, launch, retire, synchronize"
     );
     Ok(())
 }
 
-/// The capture status of `stream` (`cuStreamIsCapturing`).
+/// The capture status of `stream` (`cuStreamIsCapturing` with its context bound).
 fn capture_status(stream: &Stream) -> Result<cuda_sys::CUstreamCaptureStatus> {
-    let d = cuda_sys::driver()?;
     let _bound = stream.context().bind()?;
-    let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: out-pointer to a local; the stream is live.
-    unsafe { (d.cuStreamIsCapturing)(stream.raw(), &mut status) }.check("cuStreamIsCapturing")?;
-    Ok(status)
+    gpu_common::capture_status(stream.raw())
 }
 
 /// 3(a): a tensor whose data is ready on a stream outside the capture, launched into a

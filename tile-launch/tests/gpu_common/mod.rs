@@ -300,6 +300,28 @@ pub fn current_context_raw() -> Result<cuda_sys::CUcontext> {
     Ok(c)
 }
 
+/// Makes `c` current on the calling thread (`cuCtxSetCurrent`; null pops).
+pub fn set_current_context(c: cuda_sys::CUcontext) -> Result<()> {
+    use cuda_sys::CuResultExt;
+    let d = cuda_sys::driver()?;
+    // SAFETY: `c` is null or a context the test keeps alive.
+    unsafe { (d.cuCtxSetCurrent)(c) }.check("cuCtxSetCurrent")?;
+    Ok(())
+}
+
+/// A new non-primary context of device `ordinal` (`cuCtxCreate`), current on this thread;
+/// destroyed when the last `Arc` goes.
+pub fn non_primary_context(ordinal: i32) -> Result<Arc<CudaContext>> {
+    use cudarc::driver::sys;
+    let device = cudarc::driver::result::device::get(ordinal)?;
+    let mut raw: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; null creation parameters ask for the defaults.
+    let r = unsafe { sys::cuCtxCreate_v4(&mut raw, std::ptr::null_mut(), 0, device) };
+    ensure!(r == sys::CUresult::CUDA_SUCCESS, "cuCtxCreate: {r:?}");
+    // SAFETY: `raw` was just created for `device`, and is handed over (destroyed on drop).
+    Ok(unsafe { CudaContext::from_raw_context(ordinal as usize, device, raw) }?)
+}
+
 /// One device with the `vector_add` and `spin` kernels loaded: what most GPU tests need.
 pub struct Kernels {
     pub ordinal: i32,
