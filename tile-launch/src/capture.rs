@@ -315,11 +315,9 @@ impl<G: Send + 'static> ReleaseReceiver<G> {
 /// leaves the mode as it is.
 fn relax_this_thread() {
     let Ok(d) = cuda_sys::driver() else { return };
-    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: in/out pointer to a local holding a valid mode; the previous mode is discarded on
-    // purpose (this thread stays relaxed).
-    let r = unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) };
-    if let Err(e) = r.check("cuThreadExchangeStreamCaptureMode") {
+    // The previous mode is discarded on purpose: this thread stays relaxed.
+    let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    if let Err(e) = crate::capture_state::exchange_mode(d, relaxed) {
         log::warn!("tile-launch graph release thread stays in its default capture mode: {e}");
     }
 }

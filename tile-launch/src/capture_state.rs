@@ -78,23 +78,32 @@ pub(crate) fn relaxed_with<R, E: From<CudaError>>(
     d: &Driver,
     f: impl FnOnce() -> Result<R, E>,
 ) -> Result<R, E> {
-    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: in/out pointer to a local holding a valid mode.
-    unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) }
-        .check("cuThreadExchangeStreamCaptureMode")?;
+    let previous = exchange_mode(d, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
     // Restore even if `f` panics.
     struct Restore<'a>(&'a Driver, CUstreamCaptureMode);
     impl Drop for Restore<'_> {
         fn drop(&mut self) {
-            // SAFETY: in/out pointer to our field, holding the mode we swapped out.
-            let r = unsafe { (self.0.cuThreadExchangeStreamCaptureMode)(&mut self.1) };
-            if let Err(e) = r.check("cuThreadExchangeStreamCaptureMode") {
+            if let Err(e) = exchange_mode(self.0, self.1) {
                 log::error!("{e}");
             }
         }
     }
-    let _restore = Restore(d, mode);
+    let _restore = Restore(d, previous);
     f()
+}
+
+/// Sets the calling thread's stream-capture mode to `mode` and returns the one it replaces
+/// (`cuThreadExchangeStreamCaptureMode`). [`relaxed`] for a scope; the graph release thread
+/// calls it once, to stay relaxed for its whole life.
+pub(crate) fn exchange_mode(
+    d: &Driver,
+    mode: CUstreamCaptureMode,
+) -> Result<CUstreamCaptureMode, CudaError> {
+    let mut mode = mode;
+    // SAFETY: in/out pointer to a local holding a valid mode.
+    unsafe { (d.cuThreadExchangeStreamCaptureMode)(&mut mode) }
+        .check("cuThreadExchangeStreamCaptureMode")?;
+    Ok(mode)
 }
 
 /// The capture sequence `stream` belongs to: `Some(id)` while it captures (active or
