@@ -539,8 +539,9 @@ impl Kernel {
     ///   the current context (`cuKernelGetFunction`) is asked for its
     ///   `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (`cuFuncGetAttribute`), and if that is
     ///   below the request, the kernel opts in to the full opt-in limit (`cuKernelSetAttribute`).
-    ///   Asking the context each time notices a primary context that was reset since (the
-    ///   opt-in is gone with it). Launches with no dynamic shared memory skip all of this.
+    ///   That is done once per context, remembered by the context's unique id (`cuCtxGetId`, one
+    ///   call per such launch): a primary context reset since (the opt-in gone with it) has a
+    ///   new id and is asked again. Launches with no dynamic shared memory skip all of this.
     /// - Cooperative launches: the grid must fit co-resident on the device, i.e. at most
     ///   `cuOccupancyMaxActiveBlocksPerMultiprocessor` (for this block size and shared memory)
     ///   times the number of SMs.
@@ -555,7 +556,13 @@ impl Kernel {
         ctx: &Context,
         config: &LaunchConfig,
     ) -> Result<()> {
-        crate::capture_state::relaxed_with(d, || self.prepare_relaxed(d, ctx, config))
+        if config.shared_mem_bytes > 0 {
+            self.prepare_shared_memory(d, ctx, config.shared_mem_bytes)?;
+        }
+        if config.cooperative {
+            self.check_cooperative(d, ctx, config)?;
+        }
+        Ok(())
     }
 
     /// The kernel's static shared memory on `ctx`'s device, read once per device.
@@ -565,17 +572,19 @@ impl Kernel {
             return Ok(k.static_shared);
         }
         let mut v: std::ffi::c_int = 0;
-        // SAFETY: out-pointer to a local; `self.raw` is a kernel of a loaded library and
-        // `ctx.device()` a valid device.
-        unsafe {
-            (d.cuKernelGetAttribute)(
-                &mut v,
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                self.raw,
-                ctx.device(),
-            )
-        }
-        .check("cuKernelGetAttribute")?;
+        crate::capture_state::relaxed(d, || {
+            // SAFETY: out-pointer to a local; `self.raw` is a kernel of a loaded library and
+            // `ctx.device()` a valid device.
+            unsafe {
+                (d.cuKernelGetAttribute)(
+                    &mut v,
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                    self.raw,
+                    ctx.device(),
+                )
+            }
+            .check("cuKernelGetAttribute")
+        })?;
         let static_shared = u32::try_from(v).unwrap_or(0);
         st.push(OnDevice {
             ordinal: ctx.ordinal(),
@@ -593,61 +602,66 @@ impl Kernel {
         Ok(func)
     }
 
-    fn prepare_relaxed(&self, d: &Driver, ctx: &Context, config: &LaunchConfig) -> Result<()> {
+    /// The dynamic shared memory part of [`prepare_launch`](Kernel::prepare_launch). Driver
+    /// calls that could disturb another thread's capture (attribute reads and sets) run in
+    /// relaxed capture mode; a launch whose opt-in is already known (one `cuCtxGetId` and the
+    /// cache) makes none.
+    fn prepare_shared_memory(&self, d: &Driver, ctx: &Context, dynamic: u32) -> Result<()> {
         let limits = ctx.limits();
-        let dynamic = config.shared_mem_bytes;
-        if dynamic > 0 {
-            let static_shared = self.static_shared(d, ctx)?;
-            let limit = limits
-                .max_shared_mem_per_block_optin
-                .saturating_sub(static_shared);
-            if dynamic > limit {
-                return Err(Error::InvalidConfig {
-                    what: "shared_mem_bytes (the device's opt-in limit per block minus the \
-                           kernel's static shared memory)",
-                    value: dynamic.into(),
-                    limit: limit.into(),
-                });
+        let static_shared = self.static_shared(d, ctx)?;
+        let limit = limits
+            .max_shared_mem_per_block_optin
+            .saturating_sub(static_shared);
+        if dynamic > limit {
+            return Err(Error::InvalidConfig {
+                what: "shared_mem_bytes (the device's opt-in limit per block minus the \
+                       kernel's static shared memory)",
+                value: dynamic.into(),
+                limit: limit.into(),
+            });
+        }
+        let default = limits
+            .max_shared_mem_per_block
+            .saturating_sub(static_shared);
+        if dynamic <= default {
+            return Ok(());
+        }
+        let mut id = 0u64;
+        // SAFETY: out-pointer to a local; `ctx.raw()` is a retained context.
+        unsafe { (d.cuCtxGetId)(ctx.raw(), &mut id) }.check("cuCtxGetId")?;
+        if self.opted_in(ctx.ordinal(), id) {
+            return Ok(());
+        }
+        crate::capture_state::relaxed_with(d, || -> Result<()> {
+            let func = self.function(d)?;
+            let mut now: std::ffi::c_int = 0;
+            // SAFETY: out-pointer to a local; `func` is the kernel's function in the current
+            // context.
+            unsafe {
+                (d.cuFuncGetAttribute)(
+                    &mut now,
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    func,
+                )
             }
-            let default = limits
-                .max_shared_mem_per_block
-                .saturating_sub(static_shared);
-            if dynamic > default {
-                let mut id = 0u64;
-                // SAFETY: out-pointer to a local; `ctx.raw()` is a retained context.
-                unsafe { (d.cuCtxGetId)(ctx.raw(), &mut id) }.check("cuCtxGetId")?;
-                if self.opted_in(ctx.ordinal(), id) {
-                    return self.check_cooperative(d, ctx, config);
-                }
-                let func = self.function(d)?;
-                let mut now: std::ffi::c_int = 0;
-                // SAFETY: out-pointer to a local; `func` is the kernel's function in the
-                // current context.
+            .check("cuFuncGetAttribute")?;
+            if u32::try_from(now).unwrap_or(0) < dynamic {
+                // SAFETY: a valid attribute and value (at most the opt-in limit minus the
+                // static part) for a kernel of a loaded library on a valid device.
                 unsafe {
-                    (d.cuFuncGetAttribute)(
-                        &mut now,
+                    (d.cuKernelSetAttribute)(
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        func,
+                        std::ffi::c_int::try_from(limit).unwrap_or(std::ffi::c_int::MAX),
+                        self.raw,
+                        ctx.device(),
                     )
                 }
-                .check("cuFuncGetAttribute")?;
-                if u32::try_from(now).unwrap_or(0) < dynamic {
-                    // SAFETY: a valid attribute and value (at most the opt-in limit minus the
-                    // static part) for a kernel of a loaded library on a valid device.
-                    unsafe {
-                        (d.cuKernelSetAttribute)(
-                            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            std::ffi::c_int::try_from(limit).unwrap_or(std::ffi::c_int::MAX),
-                            self.raw,
-                            ctx.device(),
-                        )
-                    }
-                    .check("cuKernelSetAttribute")?;
-                }
-                self.note_opted_in(ctx.ordinal(), id);
+                .check("cuKernelSetAttribute")?;
             }
-        }
-        self.check_cooperative(d, ctx, config)
+            Ok(())
+        })?;
+        self.note_opted_in(ctx.ordinal(), id);
+        Ok(())
     }
 
     /// Whether the dynamic shared memory limit is known raised in context `id` of `ordinal`.
@@ -668,12 +682,10 @@ impl Kernel {
 
     /// A cooperative launch's grid against the kernel's occupancy on this device.
     fn check_cooperative(&self, d: &Driver, ctx: &Context, config: &LaunchConfig) -> Result<()> {
-        let limits = ctx.limits();
-        let dynamic = config.shared_mem_bytes;
-        if config.cooperative {
+        let block = std::ffi::c_int::try_from(config.block.volume()).unwrap_or(0);
+        let mut per_sm: std::ffi::c_int = 0;
+        crate::capture_state::relaxed_with(d, || -> Result<()> {
             let func = self.function(d)?;
-            let mut per_sm: std::ffi::c_int = 0;
-            let block = std::ffi::c_int::try_from(config.block.volume()).unwrap_or(0);
             // SAFETY: out-pointer to a local; `func` is the kernel's function in the current
             // context; block size and shared memory were validated against the device's limits.
             unsafe {
@@ -681,19 +693,21 @@ impl Kernel {
                     &mut per_sm,
                     func,
                     block,
-                    dynamic as usize,
+                    config.shared_mem_bytes as usize,
                 )
             }
             .check("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
-            let limit = u64::try_from(per_sm).unwrap_or(0) * u64::from(limits.multiprocessor_count);
-            if config.grid.volume() > limit {
-                return Err(Error::InvalidConfig {
-                    what: "grid size (x*y*z) of a cooperative launch (co-resident blocks: blocks \
-                           per SM for this block size and shared memory, times the SM count)",
-                    value: config.grid.volume(),
-                    limit,
-                });
-            }
+            Ok(())
+        })?;
+        let limit =
+            u64::try_from(per_sm).unwrap_or(0) * u64::from(ctx.limits().multiprocessor_count);
+        if config.grid.volume() > limit {
+            return Err(Error::InvalidConfig {
+                what: "grid size (x*y*z) of a cooperative launch (co-resident blocks: blocks per \
+                       SM for this block size and shared memory, times the SM count)",
+                value: config.grid.volume(),
+                limit,
+            });
         }
         Ok(())
     }
