@@ -101,7 +101,7 @@ pub use guard::Guard;
 pub use handle::LaunchHandle;
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
 pub use release::{ReleaseConfig, Retired, Stats};
-pub use stream::{CudaTimeline, Event, Stream};
+pub use stream::{CudaTimeline, Event, Stream, WeakStream};
 
 pub use cuda_sys;
 pub use tile_dlpack;

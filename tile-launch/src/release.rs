@@ -217,7 +217,7 @@ impl Stats {
     /// The sum of two snapshots (e.g. the release queues of the per-thread default stream of
     /// several threads).
     #[must_use]
-    pub(crate) fn plus(self, other: &Stats) -> Stats {
+    pub fn plus(self, other: &Stats) -> Stats {
         Stats {
             pending_guards: self.pending_guards + other.pending_guards,
             pending_bytes: self.pending_bytes.saturating_add(other.pending_bytes),

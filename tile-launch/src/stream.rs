@@ -354,6 +354,20 @@ impl Drop for StreamInner {
     }
 }
 
+/// A non-owning reference to a [`Stream`] (from [`Stream::downgrade`]): it does not keep the
+/// stream's state, nor what keeps a borrowed stream alive, from being dropped.
+#[derive(Clone, Debug)]
+pub struct WeakStream {
+    inner: std::sync::Weak<StreamInner>,
+}
+
+impl WeakStream {
+    /// The stream, if a [`Stream`] value of it still exists.
+    pub fn upgrade(&self) -> Option<Stream> {
+        self.inner.upgrade().map(|inner| Stream { inner })
+    }
+}
+
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stream")
@@ -398,6 +412,16 @@ impl Stream {
     /// Wraps a stream created by another library (PyTorch, CuPy, `cudarc`, ...). The stream is
     /// not destroyed by us; the caller keeps it alive for as long as this value and any launch on
     /// it lives. A null handle means the legacy default stream.
+    ///
+    /// `CU_STREAM_PER_THREAD` (`0x2`) names the calling thread's per-thread default stream at each
+    /// launch: each launching thread gets its own release queue, and launches from a thread are
+    /// known complete from markers recorded on that thread at launch time, so they may be waited
+    /// for, polled and released from any thread, after the launching thread has exited too.
+    /// Known driver behaviour (driver 580, CUDA 13.0): a thread whose per-thread default stream
+    /// holds a `cuStreamWaitEvent` (a tensor ordered after another stream) behind work still
+    /// running never finishes exiting (the driver's thread-exit handler spins); it happens with
+    /// plain driver calls too. Wait for such launches on the launching thread before it exits,
+    /// or use an explicit stream.
     ///
     /// # Safety
     ///
@@ -592,6 +616,26 @@ impl Stream {
         self.inner
             .check_pointer_devices
             .store(on, Ordering::Relaxed);
+    }
+
+    /// A [`WeakStream`] of this stream, for caches that must not keep it alive.
+    pub fn downgrade(&self) -> WeakStream {
+        WeakStream {
+            inner: Arc::downgrade(&self.inner),
+        }
+    }
+
+    /// Whether dropping this value would drop the stream's state with nothing lost: no guard is
+    /// queued or held by a handle on any of its release queues, no launch is deferred, and this
+    /// is the only [`Stream`] value of it (clones included; [`WeakStream`]s do not count).
+    /// Makes no driver call. A cache of streams uses it to forget streams whose work has been
+    /// released, so that it neither keeps their owners alive nor touches their handles later
+    /// (a handle may be destroyed and reused for a new stream).
+    pub fn is_forgettable(&self) -> bool {
+        if Arc::strong_count(&self.inner) != 1 {
+            return false;
+        }
+        self.inner.trackers().iter().all(|t| t.is_quiescent())
     }
 
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.

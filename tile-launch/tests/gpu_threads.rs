@@ -43,6 +43,12 @@ type Args = [tile_launch::Arg<'static>; 7];
 
 /// A case and its launch arguments (which stay on the thread that made them: not `Send`).
 fn case(f: &Fixture, seed: u64) -> Result<(Case, Args)> {
+    case_with(f, seed, true)
+}
+
+/// [`case`]; with `ordered` false, the producer stream is synchronised instead of the tensors
+/// being made ready on it.
+fn case_with(f: &Fixture, seed: u64, ordered: bool) -> Result<(Case, Args)> {
     let ha = random(N, seed);
     let hb = random(N, seed + 1);
     let a = f.producer.clone_htod(&ha)?;
@@ -58,14 +64,20 @@ fn case(f: &Fixture, seed: u64) -> Result<(Case, Args)> {
     let (ta, ca) = gpu_common::owned_tensor(a, f.ordinal)?;
     let (tb, cb) = gpu_common::owned_tensor(b, f.ordinal)?;
     let (tc, cc) = view(c_ptr, N, f.ordinal)?;
-    // SAFETY: the producer stream is kept alive by the fixture for the whole test; the inputs'
-    // uploads and `c`'s poisoning are pending there, and the launch is ordered after them.
-    let (ta, tb, tc) = unsafe {
-        (
-            ta.ready_on(producer),
-            tb.ready_on(producer),
-            tc.ready_on(producer),
-        )
+    let (ta, tb, tc) = if ordered {
+        // SAFETY: the producer stream is kept alive by the fixture for the whole test; the
+        // inputs' uploads and `c`'s poisoning are pending there, and the launch is ordered
+        // after them.
+        unsafe {
+            (
+                ta.ready_on(producer),
+                tb.ready_on(producer),
+                tc.ready_on(producer),
+            )
+        }
+    } else {
+        f.producer.synchronize()?;
+        (ta, tb, tc)
     };
     Ok((
         Case {
@@ -527,5 +539,106 @@ fn per_thread_stream_many_short_lived_threads() -> Result<()> {
         "{stats:?}"
     );
     println!("per-thread stream, {threads} short-lived threads: {stats:?}");
+    Ok(())
+}
+
+/// Joins `worker` within `limit`, or says it did not end (the thread is then left running).
+fn join_within<T: Send + 'static>(
+    worker: std::thread::JoinHandle<T>,
+    limit: Duration,
+) -> Option<std::thread::Result<T>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(worker.join());
+    });
+    rx.recv_timeout(limit).ok()
+}
+
+/// A worker launches on its per-thread default stream, behind an 800 ms kernel, and returns
+/// before the work completes; the main thread then retires the launch. The worker's exit must
+/// return without waiting for the GPU, nothing may be released before the kernel finished, and
+/// the outputs must be right.
+///
+/// The tensors are not ordered after another stream here: with driver 580 (CUDA 13.0), a thread
+/// whose per-thread default stream holds a `cuStreamWaitEvent` behind running work never
+/// finishes exiting (the driver's exit handler spins), with plain driver calls and no tile code
+/// (spin kernel, `cuEventRecord` on another stream, `cuStreamWaitEvent` on the per-thread
+/// stream, return). See the per-thread default stream notes on `Stream::from_raw`.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn per_thread_stream_worker_exits_before_retire() -> Result<()> {
+    let f = Arc::new(fixture()?);
+    // SAFETY: the per-thread default stream is always valid in its context.
+    let stream = unsafe { Stream::from_raw(&f.ctx, CU_STREAM_PER_THREAD) }?;
+    let worker = {
+        let (f, stream) = (Arc::clone(&f), stream.clone());
+        std::thread::spawn(move || -> Result<_> {
+            let (c, args) = case_with(&f, 61, false)?;
+            stream
+                .launch(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
+                .defer();
+            let start = Instant::now();
+            let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+            Ok((c, h, start.elapsed(), Instant::now()))
+        })
+    };
+    let joining = Instant::now();
+    let Some(joined) = join_within(worker, Duration::from_secs(10)) else {
+        // Do not wait for the stream's work in its drop: it may never finish.
+        std::mem::forget(stream);
+        std::mem::forget(f);
+        anyhow::bail!("the worker's exit did not return within 10 s");
+    };
+    let (c, h, launch_took, launched) = joined.expect("worker panicked")?;
+    let join_took = joining.elapsed();
+    let reused = Case::reuse_freed_memory(&f)?;
+    ensure!(c.counts() == (0, 0, 0), "released early: {:?}", c.counts());
+    h.retire()?;
+    let after = launched.elapsed();
+    ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+    ensure!(
+        after >= Duration::from_millis(600),
+        "retired only {after:?} after the launch behind an 800 ms kernel"
+    );
+    // The add's launch is asynchronous: it returns long before the 800 ms kernel ahead of it.
+    ensure!(
+        launch_took < Duration::from_millis(100),
+        "the launch behind the 800 ms kernel took {launch_took:?}"
+    );
+    let wrong = c.wrong(&f)?;
+    ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
+    drop(reused);
+    println!(
+        "per-thread stream of an exited worker: launch {launch_took:?}, join {join_took:?}, \
+         retired {after:?} after launch, {wrong} wrong"
+    );
+    Ok(())
+}
+
+/// The first launch of a kernel, onto a stream held busy by an 800 ms kernel, returns without
+/// waiting for it: the kernel was loaded into the context when it was looked up, so the launch
+/// does not load a module (which waits for the context's running work).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn first_launch_does_not_wait_for_the_busy_stream() -> Result<()> {
+    let f = fixture()?;
+    let stream = Stream::new(&f.ctx)?;
+    stream
+        .launch(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?
+        .defer();
+    let (c, args) = case(&f, 71)?;
+    let start = Instant::now();
+    let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+    let took = start.elapsed();
+    ensure!(c.counts() == (0, 0, 0), "released early: {:?}", c.counts());
+    h.retire()?;
+    let total = start.elapsed();
+    ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());
+    ensure!(c.wrong(&f)? == 0, "outputs wrong");
+    ensure!(
+        took * 8 < total,
+        "the first launch took {took:?} of the {total:?} until its work finished"
+    );
+    println!("first launch onto a busy stream: returned after {took:?}, work done after {total:?}");
     Ok(())
 }

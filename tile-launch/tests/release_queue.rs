@@ -852,6 +852,29 @@ fn shutdown_releases_the_queue_after_synchronizing() {
     assert_eq!(h.tracker.last_error(), None);
 }
 
+/// A queue with nothing deferred makes no call on its stream at shutdown (the stream may have
+/// been destroyed once its work was released), even after launches that were all retired.
+#[test]
+fn shutdown_of_an_empty_queue_touches_nothing() {
+    let h = Harness::new(config(1000));
+    let handle = h.launch(2);
+    h.fake.complete_all();
+    handle.retire().unwrap();
+    let before = h.fake.calls();
+    h.fake.fail_always(FakeOp::Record);
+    h.fake.fail_always(FakeOp::Wait);
+    h.fake.fail_always(FakeOp::Synchronize);
+    h.tracker.shutdown();
+    let after = h.fake.calls();
+    assert_eq!(
+        (after.record, after.wait, after.synchronize, after.query),
+        (before.record, before.wait, before.synchronize, before.query)
+    );
+    assert_eq!(h.tracker.last_error(), None);
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+}
+
 #[test]
 fn shutdown_leaks_the_queue_when_synchronize_fails() {
     let h = Harness::new(config(1000));

@@ -95,14 +95,19 @@ fn expected(params: &[Param]) -> impl Fn(usize) -> Option<String> + '_ {
 /// The result of `tile_py.launch`: owns the launch's tensors until its work is done.
 #[pyclass(module = "tile_py")]
 struct LaunchHandle {
-    inner: Mutex<Option<tile_launch::LaunchHandle>>,
-    /// The launch stream: asked, when the handle is dropped, whether deferring may block.
-    stream: Stream,
+    /// The launch, and its stream (asked, when the handle is dropped, whether deferring may
+    /// block); both gone once the launch is retired, so that a retired handle keeps nothing of
+    /// the stream alive.
+    inner: Mutex<Option<(tile_launch::LaunchHandle, Stream)>>,
 }
 
 impl LaunchHandle {
-    fn take(&self) -> Option<tile_launch::LaunchHandle> {
+    fn take(&self) -> Option<(tile_launch::LaunchHandle, Stream)> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn put_back(&self, h: tile_launch::LaunchHandle, s: Stream) {
+        *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some((h, s));
     }
 }
 
@@ -111,13 +116,15 @@ impl LaunchHandle {
     /// Blocks until the launched work is done (the GIL is released meanwhile), then runs the
     /// deleters of its tensors. Idempotent.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some(h) = self.take() {
+        if let Some((h, s)) = self.take() {
             let h = SameThread(h);
             let r = py.detach(move || {
                 let h = h;
                 h.0.retire().map(drop)
             });
             drain(py);
+            drop(s);
+            streams::forget_idle_streams();
             r.map_err(|e| launch_err(py, e, |_| None))?;
         }
         Ok(())
@@ -125,23 +132,27 @@ impl LaunchHandle {
 
     /// Whether the launched work is done (non-blocking). When it is, the tensors are released.
     fn done(&self, py: Python<'_>) -> PyResult<bool> {
-        let Some(h) = self.take() else {
+        let Some((h, s)) = self.take() else {
             return Ok(true);
         };
         let r = match h.is_complete() {
             Ok(true) => match h.try_retire() {
-                Ok(_) => Ok(true),
+                Ok(_) => {
+                    drop(s);
+                    streams::forget_idle_streams();
+                    Ok(true)
+                }
                 Err(h) => {
-                    *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                    self.put_back(h, s);
                     Ok(false)
                 }
             },
             Ok(false) => {
-                *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                self.put_back(h, s);
                 Ok(false)
             }
             Err(e) => {
-                *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+                self.put_back(h, s);
                 Err(launch_err(py, e, |_| None))
             }
         };
@@ -176,7 +187,7 @@ impl LaunchHandle {
 
 impl Drop for LaunchHandle {
     fn drop(&mut self) {
-        let Some(h) = self
+        let Some((h, stream)) = self
             .inner
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
@@ -187,7 +198,8 @@ impl Drop for LaunchHandle {
         // Hand the tensors to the stream's release queue: non-blocking, so done attached,
         // unless the queue is near its bound, when `defer` may wait for the oldest queued work
         // (then detached).
-        let blocking = may_block(&self.stream);
+        let blocking = may_block(&stream);
+        drop(stream);
         let h = SameThread(h);
         let deferred = Python::try_attach(|py| {
             if blocking {
@@ -208,7 +220,8 @@ impl Drop for LaunchHandle {
 
 /// Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
 ///
-/// - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, or an int
+/// - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
+///   `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or an int
 ///   handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
 /// - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
 /// - `args`: one per declared parameter: DLPack producers, capsules,
@@ -333,8 +346,7 @@ fn launch(
             drop(owners);
             drop(claims);
             Ok(LaunchHandle {
-                inner: Mutex::new(Some(h)),
-                stream: s,
+                inner: Mutex::new(Some((h, s))),
             })
         }
         Err(e) => {
@@ -472,8 +484,9 @@ fn _check_args(
     r
 }
 
-/// Waits for all work on every stream tile_py has launched on (the GIL is released
-/// meanwhile), then releases every deferred tensor.
+/// Waits for the work of every stream that holds tensors not yet released (the GIL is
+/// released meanwhile), then releases every deferred tensor. Streams with nothing pending are
+/// not touched: their handles may have been destroyed since.
 #[pyfunction]
 fn synchronize(py: Python<'_>) -> PyResult<()> {
     let streams = SameThread(streams::all());
@@ -487,20 +500,18 @@ fn synchronize(py: Python<'_>) -> PyResult<()> {
 
 fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    let (mut pg, mut pb, mut hg, mut hb, mut rel, mut leak, mut launches, mut errs) =
-        (0usize, 0u64, 0usize, 0u64, 0u64, 0u64, 0u64, 0u64);
     let streams = streams::all();
-    for s in &streams {
-        let st = s.stats();
-        pg += st.pending_guards;
-        pb += st.pending_bytes;
-        hg += st.held_guards;
-        hb += st.held_bytes;
-        rel += st.released;
-        leak += st.leaked;
-        launches += st.launches;
-        errs += st.errors;
-    }
+    // Streams already forgotten (their work released) keep their totals.
+    let st = streams
+        .iter()
+        .fold(streams::forgotten_stats(), |sum, s| sum.plus(&s.stats()));
+    let (pg, pb, hg, hb) = (
+        st.pending_guards,
+        st.pending_bytes,
+        st.held_guards,
+        st.held_bytes,
+    );
+    let (rel, leak, launches, errs) = (st.released, st.leaked, st.launches, st.errors);
     d.set_item("streams", streams.len())?;
     d.set_item("pending_guards", pg)?;
     d.set_item("pending_bytes", pb)?;
@@ -521,7 +532,9 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// Counters of tile_py's streams and release queues, as a dict of ints. Polls the streams first
 /// (non-blocking) and runs the queued releases, so tensors whose work has finished are released.
 ///
-/// - `streams`: streams tile_py holds, one per device and stream handle it launched on.
+/// - `streams`: streams tile_py holds: one per device and stream handle with launches whose tensors are
+///   not all released yet. Once its work is released a stream is forgotten: its stream object is
+///   no longer kept alive and its handle is never touched again (it may be destroyed and reused).
 /// - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
 ///   `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
 ///   on the streams' release queues until an event shows their work finished.

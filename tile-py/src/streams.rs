@@ -9,7 +9,7 @@ use cuda_sys::CUstream;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
-use tile_launch::{Context, Stream};
+use tile_launch::{Context, Stats, Stream, WeakStream};
 
 use crate::errors::{Kind, err, launch_err, show};
 
@@ -37,6 +37,14 @@ const HOW: &str = "pass the stream to launch on, e.g. torch.cuda.current_stream(
                    legacy default stream)";
 
 fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> PyResult<usize> {
+    // `True` is an int to Python, but never a stream handle (it would read as 1, the legacy
+    // default stream).
+    if v.cast::<PyBool>().is_ok() {
+        return Err(err(
+            Kind::Type,
+            format!("{what} must be an int stream handle, got {}", show(v)),
+        ));
+    }
     let n: i128 = crate::convert::int_value(v).map_err(|_| {
         err(
             Kind::Type,
@@ -61,16 +69,19 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
     Ok(if n == 1 { 0 } else { n as usize })
 }
 
-/// The stream object this thread launched on last, what it resolved to, and (once `launch`
-/// looked it up) its cached [`Stream`]. The entry holds a strong reference to the object, so
-/// while it is cached its address cannot be reused by another object: a hit (same address)
-/// is the same object. A stream object is taken to name one stream for its whole life (its
-/// `__cuda_stream__` handle and device do not change), as torch, CuPy and cuda.core streams do.
+/// The stream object this thread launched on last, what it resolved to, and its cached
+/// [`Stream`], held weakly. Only an object that is the cached `Stream`'s owner is remembered:
+/// the `Stream` keeps its owner alive, so while the weak reference upgrades the object lives
+/// and its address cannot belong to another object, and a hit (same address) is the same
+/// object. Once the `Stream` is forgotten (its work released, see [`forget_idle`]) the entry
+/// misses, and nothing here keeps the object alive. A stream object is taken to name one
+/// stream for its whole life (its `__cuda_stream__` handle and device do not change), as torch,
+/// CuPy and cuda.core streams do.
 struct LastStream {
-    obj: Py<PyAny>,
+    obj: usize,
     raw: usize,
     device: Option<i32>,
-    stream: Option<Stream>,
+    stream: WeakStream,
 }
 
 thread_local! {
@@ -99,11 +110,12 @@ thread_local! {
     /// The last stream type this thread looked up in [`STREAM_TYPES`], and its answer.
     static LAST_TYPE: Cell<(usize, Fast)> = const { Cell::new((0, Fast::No)) };
     /// The last `(device, raw handle)` this thread resolved through the [`Fast`] path and its
-    /// cached [`Stream`] (the same `Stream` [`STREAMS`] holds for that key, which is never
-    /// removed): a second-level cache for stream objects that are new each call, as
+    /// cached [`Stream`], held weakly (the `Stream` [`STREAMS`] holds for that key until it is
+    /// forgotten): a second-level cache for stream objects that are new each call, as
     /// `torch.cuda.current_stream()` returns. The key is read from the object each time, so a
-    /// handle that was freed and reused by a stream of another device misses.
-    static LAST_RESOLVED: RefCell<Option<((i32, usize), Stream)>> = const { RefCell::new(None) };
+    /// handle that was freed and reused by a stream of another device misses, and a forgotten
+    /// `Stream` misses, so a reused handle gets fresh state.
+    static LAST_RESOLVED: RefCell<Option<((i32, usize), WeakStream)>> = const { RefCell::new(None) };
 }
 
 /// Whether `ty` is known, and if so whether it is [`Fast`].
@@ -186,20 +198,6 @@ fn learn_type(obj: &Bound<'_, PyAny>, spec: &StreamSpec) {
         .or_insert((ty.unbind(), fast));
 }
 
-/// Makes `obj` the stream object this thread used last (the identity cache).
-fn remember(obj: &Bound<'_, PyAny>, raw: usize, device: Option<i32>, stream: Option<Stream>) {
-    let entry = LastStream {
-        obj: obj.clone().unbind(),
-        raw,
-        device,
-        stream,
-    };
-    // The old entry (and its reference) is dropped after the borrow ends: its `Drop` may
-    // run Python code (a `__del__`) that launches again.
-    let old = LAST.with(|l| l.borrow_mut().replace(entry));
-    drop(old);
-}
-
 /// [`parse_stream`], answered from the per-thread caches: when `obj` is the stream object this
 /// thread used last (no Python call, no attribute lookup), or, for a [`Fast`] stream type, from
 /// two attribute reads, with the cached [`Stream`] when they name the `(device, handle)` this
@@ -210,18 +208,17 @@ pub(crate) fn parse_stream_cached(
 ) -> PyResult<(StreamSpec, Option<Stream>)> {
     let hit = LAST.with(|l| {
         let l = l.borrow();
-        l.as_ref()
-            .filter(|e| e.obj.as_ptr() == obj.as_ptr())
-            .map(|e| (e.raw, e.device, e.stream.clone()))
+        let e = l.as_ref().filter(|e| e.obj == obj.as_ptr() as usize)?;
+        Some((e.raw, e.device, e.stream.upgrade()?))
     });
     if let Some((raw, device, stream)) = hit {
         let spec = StreamSpec {
             raw,
             device,
-            // Needed only to make the `Stream`; a hit that knows it skips the reference.
-            owner: stream.is_none().then(|| obj.clone().unbind()),
+            // Needed only to make the `Stream`, which the hit knows.
+            owner: None,
         };
-        return Ok((spec, stream));
+        return Ok((spec, Some(stream)));
     }
     let known = if obj.cast::<PyInt>().is_ok() {
         Some(Fast::No)
@@ -235,9 +232,8 @@ pub(crate) fn parse_stream_cached(
             r.borrow()
                 .as_ref()
                 .filter(|(key, _)| *key == (device, raw))
-                .map(|(_, s)| s.clone())
+                .and_then(|(_, s)| s.upgrade())
         });
-        remember(obj, raw, Some(device), stream.clone());
         let spec = StreamSpec {
             raw,
             device: Some(device),
@@ -246,11 +242,8 @@ pub(crate) fn parse_stream_cached(
         return Ok((spec, stream));
     }
     let spec = parse_stream(obj)?;
-    if spec.owner.is_some() {
-        if known.is_none() {
-            learn_type(obj, &spec);
-        }
-        remember(obj, spec.raw, spec.device, None);
+    if spec.owner.is_some() && known.is_none() {
+        learn_type(obj, &spec);
     }
     Ok((spec, None))
 }
@@ -263,21 +256,22 @@ pub(crate) fn get_and_cache(
     spec: StreamSpec,
 ) -> PyResult<Stream> {
     let cacheable = spec.owner.is_some();
-    let key = spec.device.map(|d| (d, spec.raw));
-    let s = get(py, spec)?;
+    let (raw, device) = (spec.raw, spec.device);
+    let (s, owner) = get_with_owner(py, spec)?;
     if cacheable {
-        LAST.with(|l| {
-            if let Some(e) = l.borrow_mut().as_mut()
-                && e.obj.as_ptr() == obj.as_ptr()
-            {
-                e.stream = Some(s.clone());
-            }
-        });
-        if let Some(key) = key
+        if owner == obj.as_ptr() as usize {
+            let entry = LastStream {
+                obj: owner,
+                raw,
+                device,
+                stream: s.downgrade(),
+            };
+            LAST.with(|l| *l.borrow_mut() = Some(entry));
+        }
+        if let Some(d) = device
             && fast_kind(&obj.get_type()) == Some(Fast::Torch)
         {
-            let old = LAST_RESOLVED.with(|r| r.borrow_mut().replace((key, s.clone())));
-            drop(old);
+            LAST_RESOLVED.with(|r| *r.borrow_mut() = Some(((d, raw), s.downgrade())));
         }
     }
     Ok(s)
@@ -345,6 +339,10 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
         handle_from_int(&ptr, "stream.ptr", true)?
     } else if let Ok(h) = obj.getattr(intern!(py, "cuda_stream")) {
         handle_from_int(&h, "stream.cuda_stream", true)?
+    } else if let Some(cuda) = torch_generic_to_cuda(obj)? {
+        // A device-generic `torch.Stream` of a CUDA device: parsed as the `torch.cuda.Stream`
+        // that names the same stream, which is also what the cached stream keeps alive.
+        return parse_stream(&cuda);
     } else {
         return Err(err(
             Kind::Type,
@@ -357,6 +355,58 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
         device,
         owner: Some(obj.clone().unbind()),
     })
+}
+
+/// For a device-generic `torch.Stream` (what `torch.accelerator.current_stream()` returns, and
+/// `torch.cuda.current_stream()` inside `torch.compile`), the `torch.cuda.Stream` naming the
+/// same stream (`torch.cuda.Stream(stream_id=, device_index=, device_type=)`); `None` for other
+/// objects. A `torch.Stream` of another device type is refused.
+fn torch_generic_to_cuda<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let py = obj.py();
+    let ty = obj.get_type();
+    let is_torch_stream = ty.mro().iter().any(|c| {
+        c.getattr(intern!(py, "__module__"))
+            .is_ok_and(|m| m.extract::<String>().is_ok_and(|m| m == "torch"))
+            && c.getattr(intern!(py, "__name__"))
+                .is_ok_and(|n| n.extract::<String>().is_ok_and(|n| n == "Stream"))
+    });
+    if !is_torch_stream {
+        return Ok(None);
+    }
+    let device_type = obj
+        .getattr(intern!(py, "device"))
+        .and_then(|d| d.getattr(intern!(py, "type")))
+        .and_then(|t| t.extract::<String>())
+        .unwrap_or_default();
+    if device_type != "cuda" {
+        return Err(err(
+            Kind::Value,
+            format!(
+                "stream {} is a torch.Stream of device type {device_type:?}; tile_py launches on CUDA streams only",
+                show(obj)
+            ),
+        ));
+    }
+    let kwargs = pyo3::types::PyDict::new(py);
+    for name in ["stream_id", "device_index", "device_type"] {
+        kwargs.set_item(name, obj.getattr(name)?)?;
+    }
+    let torch_cuda = py.import(intern!(py, "torch.cuda"))?;
+    let cuda = torch_cuda
+        .getattr(intern!(py, "Stream"))?
+        .call((), Some(&kwargs))
+        .map_err(|e| {
+            let r = err(
+                Kind::Type,
+                format!(
+                    "could not turn torch.Stream {} into a torch.cuda.Stream",
+                    show(obj)
+                ),
+            );
+            r.set_cause(py, Some(e));
+            r
+        })?;
+    Ok(Some(cuda))
 }
 
 fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
@@ -380,7 +430,56 @@ fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
 }
 
 static CONTEXTS: Mutex<Option<HashMap<i32, Arc<Context>>>> = Mutex::new(None);
-static STREAMS: Mutex<Option<HashMap<(i32, usize), Stream>>> = Mutex::new(None);
+/// A cached stream and the address of the Python object it keeps alive (0 for an int handle).
+struct Entry {
+    stream: Stream,
+    owner: usize,
+}
+
+static STREAMS: Mutex<Option<HashMap<(i32, usize), Entry>>> = Mutex::new(None);
+/// The counters of the streams [`forget_idle`] dropped, so that totals stay totals.
+static GONE: Mutex<Option<Stats>> = Mutex::new(None);
+
+/// Drops the cached streams whose work has been released and that nothing else refers to
+/// ([`Stream::is_forgettable`]: no queued or held guard, no other `Stream` value): their
+/// stream objects are no longer kept alive, their handles (which may be destroyed and reused)
+/// are never touched again, and a later launch on the same handle starts with fresh state.
+/// No driver call. Their counters are kept in [`GONE`].
+fn forget_idle(map: &mut HashMap<(i32, usize), Entry>) -> Vec<Stream> {
+    let mut dropped = Vec::new();
+    map.retain(|_, e| {
+        let forget = e.stream.is_forgettable();
+        if forget {
+            dropped.push(e.stream.clone());
+        }
+        !forget
+    });
+    if !dropped.is_empty() {
+        let mut gone = GONE.lock().unwrap_or_else(|p| p.into_inner());
+        let sum = dropped
+            .iter()
+            .fold(gone.unwrap_or_default(), |sum, s| sum.plus(&s.stats()));
+        *gone = Some(sum);
+    }
+    dropped
+}
+
+/// [`forget_idle`] on the cache. The forgotten streams (and the stream objects they keep
+/// alive) are dropped after the lock is released: a `__del__` may call into tile_py.
+pub(crate) fn forget_idle_streams() {
+    let dropped = {
+        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_mut().map(forget_idle).unwrap_or_default()
+    };
+    drop(dropped);
+}
+
+/// The counters of the streams already forgotten.
+pub(crate) fn forgotten_stats() -> Stats {
+    GONE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .unwrap_or_default()
+}
 
 fn context(ordinal: i32) -> tile_launch::Result<Arc<Context>> {
     let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
@@ -401,22 +500,28 @@ fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {
     Ok(unsafe { Context::device_of_stream(raw as CUstream) }?.unwrap_or(0))
 }
 
-/// The cached [`Stream`] for `spec`, created on first use.
-pub(crate) fn get(py: Python<'_>, spec: StreamSpec) -> PyResult<Stream> {
+/// The cached [`Stream`] for `spec`, created on first use, and the address of the object it
+/// keeps alive (0 for none).
+fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stream, usize)> {
     let to_py = |e| launch_err(py, e, |_| None);
     let device = match spec.device {
         Some(d) => d,
         None => device_of_raw(spec.raw).map_err(to_py)?,
     };
     let key = (device, spec.raw);
-    if let Some(s) = STREAMS
+    if let Some(hit) = STREAMS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .and_then(|m| m.get(&key))
+        .map(|e| (e.stream.clone(), e.owner))
     {
-        return Ok(s.clone());
+        return Ok(hit);
     }
+    // A new key: a good time to forget streams whose work is done (stream objects made and
+    // dropped in a loop must not pile up).
+    forget_idle_streams();
+    let owner = spec.owner.as_ref().map_or(0, |o| o.as_ptr() as usize);
     let ctx = context(device).map_err(to_py)?;
     let raw = spec.raw as CUstream;
     let stream = match spec.owner {
@@ -430,19 +535,28 @@ pub(crate) fn get(py: Python<'_>, spec: StreamSpec) -> PyResult<Stream> {
     }
     .map_err(to_py)?;
     let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    let s = g
+    let e = g
         .get_or_insert_with(HashMap::new)
         .entry(key)
-        .or_insert(stream);
-    Ok(s.clone())
+        .or_insert(Entry { stream, owner });
+    Ok((e.stream.clone(), e.owner))
 }
 
-/// Every cached stream.
+/// Every cached stream with work tile_py still holds, after forgetting the others
+/// ([`forget_idle`]): callers (`synchronize`, `stats`, exit) never touch a stream with nothing
+/// pending.
 pub(crate) fn all() -> Vec<Stream> {
-    STREAMS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .map(|m| m.values().cloned().collect())
-        .unwrap_or_default()
+    let (busy, dropped) = {
+        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(map) = g.as_mut() else {
+            return Vec::new();
+        };
+        let dropped = forget_idle(map);
+        (
+            map.values().map(|e| e.stream.clone()).collect::<Vec<_>>(),
+            dropped,
+        )
+    };
+    drop(dropped);
+    busy
 }

@@ -145,3 +145,47 @@ def test_legacy_stream_synchronized_on_a_fresh_thread(torch, kernels):
     end = counters()
     assert end["released"] - start["released"] == end["consumed"] - start["consumed"] == 2
     del junk
+
+
+FIRST_LAUNCH_CHILD = r"""
+import time, sys, torch, tile_py
+from tile_py import In, Out, Scalar
+source = sys.argv[1]
+torch.zeros(1, device="cuda")
+lib = tile_py.Library.from_cuda_source(source)
+copy = lib.kernel("copy_f32", [In("float32"), Out("float32"), Scalar("u64")])
+n = 1 << 20
+x = torch.randn(n, device="cuda")
+y = torch.full((n,), -1.0, device="cuda")
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    start = time.perf_counter()
+    torch.cuda._sleep(2_000_000_000)  # holds the stream busy for about a second
+    # The process's first tile_py launch, onto the busy stream.
+    t0 = time.perf_counter()
+    h = tile_py.launch(s, (n + 255) // 256, copy, (x, y, n), block=256)
+    took = time.perf_counter() - t0
+h.wait()
+total = time.perf_counter() - start
+torch.cuda.synchronize()
+assert torch.equal(x, y)
+print(f"{took:.6f} {total:.6f}")
+"""
+
+
+def test_first_launch_of_a_process_does_not_wait_for_a_busy_stream(torch):
+    """The first launch of a process returns without waiting for work already on its stream."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", FIRST_LAUNCH_CHILD, SOURCE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    took, total = (float(v) for v in r.stdout.split()[-2:])
+    print(f"first launch onto a busy stream: returned after {took * 1e3:.2f} ms, done after {total * 1e3:.0f} ms")
+    assert total > 0.3, f"the busy kernel ran only {total:.3f} s"
+    assert took * 10 < total, f"the first launch took {took:.3f} s of {total:.3f} s"

@@ -428,9 +428,16 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// and if that fails, leaks every queued guard (never releases it: its work may still be
     /// running), counts it in [`Stats::leaked`], stores the error in the sticky slot and logs it.
     ///
+    /// With nothing queued it makes no call on the stream at all (the stream may have been
+    /// destroyed by its owner once its work was released).
+    ///
     /// Meant for quiescence: launches deferred by other threads while it runs may stay queued.
     /// The tracker stays usable afterwards.
     pub fn shutdown(&self) {
+        if self.lock().deferred.first().is_none() {
+            // Nothing queued: the stream is not touched (it may be gone already).
+            return;
+        }
         let Err(error) = self.synchronize() else {
             return;
         };
@@ -451,6 +458,12 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         for (_, entry) in queue {
             self.leak(entry.guards);
         }
+    }
+
+    /// Whether nothing is queued (no deferred launch) and no handle holds a guard.
+    pub fn is_quiescent(&self) -> bool {
+        let st = self.lock();
+        st.deferred.first().is_none() && st.held_guards == 0
     }
 
     /// A snapshot of the counters.

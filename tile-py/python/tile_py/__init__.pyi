@@ -120,7 +120,8 @@ def launch(
 ) -> LaunchHandle:
     """Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
 
-    - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, or an int
+    - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
+      `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or an int
       handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
     - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
     - `args`: one per declared parameter: DLPack producers, capsules,
@@ -147,13 +148,16 @@ def launch(
     """
 
 def synchronize() -> None:
-    """Wait for all launched work, then release every deferred tensor."""
+    """Wait for the work of every stream that holds tensors not yet released (streams with
+    nothing pending are not touched), then release every deferred tensor."""
 
 def stats() -> dict[str, int]:
     """Counters of tile_py's streams and release queues. Polls the streams first (non-blocking)
     and runs the queued releases, so tensors whose work has finished are released.
 
-    - `streams`: streams tile_py holds, one per device and stream handle it launched on.
+    - `streams`: streams tile_py holds: one per device and stream handle with launches whose tensors are
+      not all released yet. Once its work is released a stream is forgotten: its stream object is
+      no longer kept alive and its handle is never touched again (it may be destroyed and reused).
     - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
       `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
       on the streams' release queues until an event shows their work finished.
