@@ -37,6 +37,22 @@ impl PyParam {
     fn __str__(&self) -> String {
         self.inner.to_string()
     }
+    /// Whether the parameter is a tensor (`In`, `Out`, `InOut`) rather than a scalar.
+    #[getter]
+    fn is_tensor(&self) -> bool {
+        matches!(self.inner, Param::Tensor { .. })
+    }
+    /// Whether the kernel writes the parameter's tensor (`Out`, `InOut`).
+    #[getter]
+    fn writes(&self) -> bool {
+        matches!(
+            self.inner,
+            Param::Tensor {
+                intent: tile_launch::Intent::Write | tile_launch::Intent::ReadWrite,
+                ..
+            }
+        )
+    }
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
         other
             .cast::<PyParam>()

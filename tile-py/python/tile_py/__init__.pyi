@@ -47,6 +47,13 @@ class DriverNotFoundError(CudaError):
 class Param:
     """A declared kernel parameter; made by In, Out, InOut or Scalar."""
 
+    @property
+    def is_tensor(self) -> bool:
+        """Whether the parameter is a tensor (In, Out, InOut) rather than a scalar."""
+    @property
+    def writes(self) -> bool:
+        """Whether the kernel writes the parameter's tensor (Out, InOut)."""
+
 def In(dtype: _DTypeLike) -> Param:
     """A tensor the kernel reads."""
 

@@ -1,0 +1,216 @@
+"""PyTorch custom operators from tile kernels: ``torch.compile`` (``fullgraph=True`` included),
+``torch.library.opcheck`` and CUDA graphs (``mode="reduce-overhead"``) see a tile launch as an
+operator with a schema, declared mutations and a fake implementation, instead of an opaque call.
+
+    import torch
+    import tile_py
+    import tile_py.torch
+
+    scale_kernel = lib.kernel("scale", [tile_py.In("float32"), tile_py.Out("float32"),
+                                        tile_py.Scalar("f32"), tile_py.Scalar("u64")])
+
+    @tile_py.torch.custom_op(
+        "mylib::scale",
+        scale_kernel,
+        args=("x", "out", "alpha", lambda x, **_: x.numel()),
+        outputs={"out": lambda x, **_: torch.empty_like(x)},
+        grid=lambda x, **_: (x.numel() + 255) // 256,
+        block=256,
+    )
+    def scale(x: torch.Tensor, alpha: float) -> torch.Tensor: ...
+
+    y = scale(x, 2.0)                       # eager
+    y = torch.compile(f, fullgraph=True)(x)  # traced as mylib::scale
+
+The decorated function is a stub: its signature and type annotations give the operator's schema
+(as ``torch.library.custom_op`` infers it), its body is never run. The launch runs on PyTorch's
+current stream of the first tensor input's device, through ``tile_py.launch``: every argument is
+checked before anything is consumed, and the tensors are released only after the kernel has
+finished (after the CUDA graph is freed, for a captured launch).
+
+Importing this module does not import ``torch``; defining an operator does.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Mapping, Sequence, Union
+
+from ._tile_py import Kernel, launch
+
+__all__ = ["custom_op"]
+
+#: What an entry of ``args`` may be: the name of an operator input or output, a function of the
+#: operator's inputs (called with them as keywords), or a constant scalar.
+ArgSpec = Union[str, Callable[..., Any], int, float, bool]
+#: A launch dimension: an int or a 1-3 tuple, or a function of the operator's inputs giving one.
+DimSpec = Union[int, Sequence[int], Callable[..., Any]]
+
+
+def custom_op(
+    name: str,
+    kernel: Kernel,
+    *,
+    args: Sequence[ArgSpec],
+    grid: DimSpec,
+    block: DimSpec = 1,
+    outputs: Mapping[str, Callable[..., Any]] | None = None,
+    mutates_args: Sequence[str] | None = None,
+    shared_mem: int | Callable[..., int] = 0,
+) -> Callable[[Callable[..., Any]], Any]:
+    """Decorator: the PyTorch custom operator ``name`` (``"namespace::op"``) that launches
+    ``kernel``; the decorated stub gives the operator's signature.
+
+    - ``args``: one entry per kernel parameter, in order. A tensor parameter (``In``, ``Out``,
+      ``InOut``) must name an operator input or an entry of ``outputs``; a scalar parameter takes
+      an input's name, a function of the inputs (called with them as keywords, e.g.
+      ``lambda x, **_: x.numel()``) or a constant.
+    - ``grid``, ``block``: blocks per grid and threads per block (int or 1-3 tuple), or functions
+      of the inputs giving them. ``shared_mem``: dynamic shared memory in bytes, or a function.
+    - ``outputs``: tensors the operator allocates and returns, by name, in return order: each a
+      function of the inputs that allocates it (``lambda x, **_: torch.empty_like(x)``). Called
+      with fake tensors too, so it doubles as the fake (meta) implementation.
+    - ``mutates_args``: the inputs the operator writes. Derived from the kernel's ``Out`` and
+      ``InOut`` parameters when omitted; when given, it must include every input bound to one
+      (``ValueError`` otherwise: a mutation is declared, never hidden).
+
+    Raises ``ValueError`` or ``TypeError`` at definition for a spec that does not match the
+    kernel's parameters or the stub's signature; ``ImportError`` without PyTorch.
+    """
+    outputs = dict(outputs or {})
+    arg_specs = tuple(args)
+
+    def define(stub: Callable[..., Any]) -> Any:
+        sig = inspect.signature(stub)
+        mutated = _check_spec(name, kernel, sig, arg_specs, outputs, mutates_args)
+        return _register(name, kernel, stub, sig, arg_specs, outputs, mutated, grid, block, shared_mem)
+
+    return define
+
+
+def _check_spec(
+    name: str,
+    kernel: Any,
+    sig: inspect.Signature,
+    arg_specs: tuple[ArgSpec, ...],
+    outputs: dict[str, Callable[..., Any]],
+    mutates_args: Sequence[str] | None,
+) -> tuple[str, ...]:
+    """Checks the spec against the kernel's parameters and the stub's signature; returns the
+    mutated inputs. Runs before PyTorch is imported."""
+    if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
+        raise ValueError(f"operator name must be 'namespace::name', got {name!r}")
+    params = list(kernel.params)
+    if len(arg_specs) != len(params):
+        raise ValueError(
+            f"{name}: kernel {kernel.name!r} takes {len(params)} arguments, args has {len(arg_specs)}"
+        )
+    inputs = list(sig.parameters)
+    for p in sig.parameters.values():
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise TypeError(f"{name}: the stub may not take *args or **kwargs ({p})")
+    for out, alloc in outputs.items():
+        if out in inputs:
+            raise ValueError(f"{name}: output {out!r} has the name of an input")
+        if not callable(alloc):
+            raise TypeError(f"{name}: outputs[{out!r}] must be a function of the inputs allocating the tensor")
+    written: list[str] = []
+    for i, (param, spec) in enumerate(zip(params, arg_specs)):
+        if param.is_tensor:
+            if not isinstance(spec, str):
+                raise TypeError(
+                    f"{name}: kernel argument {i} ({param}) is a tensor: args[{i}] must name an "
+                    f"input or an output, got {spec!r}"
+                )
+            if spec not in inputs and spec not in outputs:
+                raise ValueError(f"{name}: args[{i}] names {spec!r}, which is neither an input nor an output")
+            if param.writes and spec in inputs and spec not in written:
+                written.append(spec)
+        elif isinstance(spec, str):
+            if spec not in inputs:
+                raise ValueError(f"{name}: args[{i}] names {spec!r}, which is not an input")
+        elif not callable(spec) and not isinstance(spec, (int, float, bool)):
+            raise TypeError(
+                f"{name}: args[{i}] for scalar parameter {param} must be an input name, a function "
+                f"of the inputs or a constant, got {spec!r}"
+            )
+    for out in outputs:
+        if out not in arg_specs:
+            raise ValueError(f"{name}: output {out!r} is not passed to the kernel")
+    if mutates_args is None:
+        return tuple(written)
+    declared = tuple(mutates_args)
+    for m in declared:
+        if m not in inputs:
+            raise ValueError(f"{name}: mutates_args names {m!r}, which is not an input")
+    hidden = [w for w in written if w not in declared]
+    if hidden:
+        raise ValueError(
+            f"{name}: the kernel writes input(s) {hidden} (bound to Out/InOut parameters) that "
+            f"mutates_args does not declare; declare them, or write into an output instead"
+        )
+    return declared
+
+
+def _dim(spec: Any, inputs: dict[str, Any]) -> Any:
+    return spec(**inputs) if callable(spec) else spec
+
+
+def _register(
+    name: str,
+    kernel: Kernel,
+    stub: Callable[..., Any],
+    sig: inspect.Signature,
+    arg_specs: tuple[ArgSpec, ...],
+    outputs: dict[str, Callable[..., Any]],
+    mutated: tuple[str, ...],
+    grid: DimSpec,
+    block: DimSpec,
+    shared_mem: int | Callable[..., int],
+) -> Any:
+    import torch
+
+    def bind(a: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
+        bound = sig.bind(*a, **kw)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def results(made: list[Any]) -> Any:
+        if not made:
+            return None
+        return made[0] if len(made) == 1 else tuple(made)
+
+    @functools.wraps(stub)
+    def impl(*a: Any, **kw: Any) -> Any:
+        inputs = bind(a, kw)
+        made = {out: alloc(**inputs) for out, alloc in outputs.items()}
+        env = {**inputs, **made}
+        kernel_args = tuple(
+            env[s] if isinstance(s, str) else (s(**inputs) if callable(s) else s) for s in arg_specs
+        )
+        device = next(
+            (v.device for v in env.values() if isinstance(v, torch.Tensor) and v.is_cuda),
+            None,
+        )
+        if device is None:
+            raise ValueError(f"{name}: no CUDA tensor among the arguments to take the device from")
+        # The handle is dropped: tile's release queue keeps the tensors until the kernel is done.
+        launch(
+            torch.cuda.current_stream(device),
+            _dim(grid, inputs),
+            kernel,
+            kernel_args,
+            block=_dim(block, inputs),
+            shared_mem=_dim(shared_mem, inputs),
+        )
+        return results(list(made.values()))
+
+    def fake(*a: Any, **kw: Any) -> Any:
+        inputs = bind(a, kw)
+        return results([alloc(**inputs) for alloc in outputs.values()])
+
+    schema = torch.library.infer_schema(stub, mutates_args=mutated)
+    op = torch.library.custom_op(name, mutates_args=mutated, device_types="cuda", schema=schema)(impl)
+    op.register_fake(fake)
+    return op
