@@ -99,7 +99,8 @@ def ops(torch):
 
 def test_mutation_is_derived_from_the_kernel(torch, ops):
     scale, add_, double_2d = ops
-    assert "Tensor(a!) x" in str(add_._opoverload._schema)
+    schema = str(add_._opoverload._schema)
+    assert "!) x" in schema and "!) y" not in schema, schema
     assert "!" not in str(scale._opoverload._schema)
 
 
@@ -168,7 +169,9 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
     gc.collect()
     torch.cuda.synchronize()
     tile_py.synchronize()
-    before = tile_py._debug_counters()
+    import tile_py.torch as tt
+
+    views_before = tt._CaptureView.alive
     g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
     n = 1 << 16
     static_x = torch.randn(n, device="cuda")
@@ -183,10 +186,9 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
         assert torch.equal(out, 3.0 * fresh_x + fresh_y), f"replay {i}: wrong results"
         out = out.clone()  # the graph's output memory is overwritten by the next replay
     tile_py.synchronize()
-    mid = tile_py._debug_counters()
-    held = (mid["consumed"] - before["consumed"]) - (mid["released"] - before["released"])
-    # The captured launches' tensors stay with the graph while it lives.
-    assert held > 0, (before, mid)
+    held = tt._CaptureView.alive - views_before
+    # The captured launches' tensors (views of the graph's memory) stay with the graph.
+    assert held > 0, held
     del g
     torch._dynamo.reset()
     trees = getattr(getattr(torch, "_inductor", None), "cudagraph_trees", None)
@@ -195,6 +197,5 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
     gc.collect()
     torch.cuda.synchronize()
     tile_py.synchronize()
-    after = tile_py._debug_counters()
-    assert after["consumed"] - before["consumed"] == after["released"] - before["released"], (before, after)
-    print(f"reduce-overhead: {held} tensor(s) held by the captured graph, all released after it was freed")
+    assert tt._CaptureView.alive == views_before, (views_before, tt._CaptureView.alive)
+    print(f"reduce-overhead: 20 replays right; {held} captured tensor view(s) held by the graph, all released after it was freed")

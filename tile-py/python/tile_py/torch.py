@@ -26,7 +26,12 @@ The decorated function is a stub: its signature and type annotations give the op
 (as ``torch.library.custom_op`` infers it), its body is never run. The launch runs on PyTorch's
 current stream of the first tensor input's device, through ``tile_py.launch``: every argument is
 checked before anything is consumed, and the tensors are released only after the kernel has
-finished (after the CUDA graph is freed, for a captured launch).
+finished. Captured into a PyTorch CUDA graph (``mode="reduce-overhead"``, ``torch.cuda.graph``),
+the launch hands tile views of the tensors' memory instead (``__cuda_array_interface__``, no
+reference to the tensors), which tile keeps until the graph is freed: the memory belongs to the
+graph's pool or to static inputs the graph's owner keeps, as for every operator in a PyTorch CUDA
+graph, and PyTorch's CUDA graph trees refuse to record while other references to pool memory
+live. bfloat16 has no ``__cuda_array_interface__`` type: such tensors are passed as tensors.
 
 Importing this module does not import ``torch``; defining an operator does.
 """
@@ -37,7 +42,7 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from ._tile_py import Kernel, launch
+from ._tile_py import Kernel, launch, stats
 
 __all__ = ["custom_op"]
 
@@ -153,6 +158,57 @@ def _check_spec(
     return declared
 
 
+# `__cuda_array_interface__` type strings of the dtypes a capture view can describe.
+_TYPESTR = {
+    "torch.float16": "<f2",
+    "torch.float32": "<f4",
+    "torch.float64": "<f8",
+    "torch.int8": "|i1",
+    "torch.int16": "<i2",
+    "torch.int32": "<i4",
+    "torch.int64": "<i8",
+    "torch.uint8": "|u1",
+    "torch.bool": "|b1",
+    "torch.complex64": "<c8",
+    "torch.complex128": "<c16",
+}
+
+
+class _CaptureView:
+    """A tensor's memory described by ``__cuda_array_interface__`` (v3, no stream to order
+    after), without a reference to the tensor: what a launch captured into a PyTorch CUDA graph
+    hands to tile. tile keeps the view until the graph is freed; the memory itself belongs to
+    the graph's memory pool (or is a static input the graph's owner keeps), as for every
+    operator in a PyTorch CUDA graph. Holding the tensors instead would keep pool memory alive
+    that PyTorch's CUDA graph trees require to be freed (they refuse to record)."""
+
+    alive = 0
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, t: Any, typestr: str) -> None:
+        item = t.element_size()
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": typestr,
+            "data": (t.data_ptr(), False),
+            "strides": tuple(st * item for st in t.stride()),
+            "version": 3,
+            "stream": None,
+        }
+        _CaptureView.alive += 1
+
+    def __del__(self) -> None:
+        _CaptureView.alive -= 1
+
+
+def _capture_arg(torch: Any, a: Any) -> Any:
+    if isinstance(a, torch.Tensor) and a.is_cuda:
+        typestr = _TYPESTR.get(str(a.dtype))
+        if typestr is not None:
+            return _CaptureView(a, typestr)
+    return a
+
+
 def _dim(spec: Any, inputs: dict[str, Any]) -> Any:
     return spec(**inputs) if callable(spec) else spec
 
@@ -195,6 +251,11 @@ def _register(
         )
         if device is None:
             raise ValueError(f"{name}: no CUDA tensor among the arguments to take the device from")
+        if torch.cuda.is_current_stream_capturing():
+            # Captured into a PyTorch CUDA graph: tile holds views, the graph's pool the memory
+            # (see _CaptureView); launches of the warm-up runs are released first where done.
+            stats()
+            kernel_args = tuple(_capture_arg(torch, v) for v in kernel_args)
         # The handle is dropped: tile's release queue keeps the tensors until the kernel is done.
         launch(
             torch.cuda.current_stream(device),
