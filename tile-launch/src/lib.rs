@@ -76,6 +76,7 @@
 //! manual-completion fake (feature `testing`: `release::fake`).
 
 mod args;
+mod bound;
 pub mod capture;
 mod capture_state;
 mod config;
@@ -92,6 +93,7 @@ mod sync;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
+pub use bound::BoundLaunch;
 pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
@@ -100,7 +102,7 @@ pub use error::{Error, LayoutError, Result};
 pub use guard::Guard;
 pub use handle::LaunchHandle;
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
-pub use release::{ReleaseConfig, Retired, Stats};
+pub use release::{PendingBytes, ReleaseConfig, Retired, Stats};
 pub use stream::{CudaTimeline, Event, Stream};
 
 pub use cuda_sys;

@@ -236,6 +236,10 @@ impl Timeline for CudaTimeline {
         self.reachable()
     }
 
+    fn device_memory(&self) -> Option<u64> {
+        Some(self.ctx.limits().total_memory).filter(|&m| m > 0)
+    }
+
     fn releasing(&self, release: &mut dyn FnMut()) {
         // Deleters run with the stream's context current (a `cudarc` buffer's free, for one,
         // needs its context, and the releasing thread may never have used CUDA), and may change
@@ -592,6 +596,13 @@ impl Stream {
         self.inner
             .check_pointer_devices
             .store(on, Ordering::Relaxed);
+    }
+
+    /// The release queue's bound on the bytes it alone keeps alive, in bytes
+    /// ([`ReleaseConfig::max_pending_bytes`](crate::ReleaseConfig::max_pending_bytes) resolved
+    /// against the device's memory when the stream was made).
+    pub fn max_pending_bytes(&self) -> u64 {
+        self.inner.tracker.max_pending_bytes()
     }
 
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.

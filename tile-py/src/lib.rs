@@ -367,7 +367,7 @@ fn may_block(s: &tile_launch::Stream) -> bool {
     let bounds = tile_launch::ReleaseConfig::default();
     let st = s.stats();
     st.pending_guards.saturating_mul(2) >= bounds.max_pending_guards
-        || st.pending_bytes.saturating_mul(2) >= bounds.max_pending_bytes
+        || st.pending_bytes.saturating_mul(2) >= s.max_pending_bytes()
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the
