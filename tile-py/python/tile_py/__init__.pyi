@@ -5,6 +5,7 @@ from types import TracebackType
 from typing import Any, Optional, Sequence, Tuple, Type, Union, final
 
 __all__ = [
+    "BoundLaunch",
     "CudaError",
     "DriverNotFoundError",
     "In",
@@ -65,6 +66,56 @@ class Kernel:
     def name(self) -> str: ...
     @property
     def params(self) -> list[Param]: ...
+    def bind(
+        self,
+        stream: _StreamLike,
+        grid: _Dims,
+        *,
+        block: _Dims,
+        shared_mem: Optional[int] = None,
+        cluster: Optional[_Dims] = None,
+        cooperative: bool = False,
+        programmatic_dependent_launch: bool = False,
+    ) -> BoundLaunch:
+        """Binds this kernel to `stream` and a launch configuration for repeated launches, and
+        returns a `BoundLaunch`: `bound(*args)` then launches as `launch(stream, grid, kernel,
+        args, block=..., ...)` does. The arguments are as for `launch`. The configuration is
+        checked against the device once, here (and the kernel opted in to more than 48 KiB of
+        dynamic shared memory, `cuKernelSetAttribute`); each call checks only its arguments.
+
+        Raises `TypeError` or `ValueError` for a bad stream, grid, block, shared memory or
+        kernel (as `launch` does, before anything is bound), `tile_py.CudaError` (a failed
+        driver call) and `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
+        """
+
+@final
+class BoundLaunch:
+    """A kernel bound to a stream and a launch configuration (`Kernel.bind`); calling it
+    launches. `BoundLaunch(stream, grid, kernel, block=..., ...)` is `kernel.bind(stream, grid,
+    block=..., ...)`."""
+
+    def __init__(
+        self,
+        stream: _StreamLike,
+        grid: _Dims,
+        kernel: Kernel,
+        *,
+        block: _Dims,
+        shared_mem: Optional[int] = None,
+        cluster: Optional[_Dims] = None,
+        cooperative: bool = False,
+        programmatic_dependent_launch: bool = False,
+    ) -> None: ...
+    def __call__(self, *args: Any, sync: bool = True) -> LaunchHandle:
+        """Launches the bound kernel with `args` (one per declared parameter) and returns the
+        `LaunchHandle` that owns the consumed tensors, as `launch` does: every argument is
+        checked (count, kinds, dtypes, devices, writability, overlap, scalar ranges) before any
+        tensor is consumed, producers are ordered before the bound stream, and tensors are
+        released only after the work is done. `sync` is as for `launch`. Raises as `launch`
+        does, less the configuration's errors (checked at bind time)."""
+    @property
+    def kernel(self) -> Kernel:
+        """The bound kernel."""
 
 @final
 class Library:
