@@ -692,9 +692,7 @@ fn run() -> Result<()> {
     for (p, m) in bursts.iter().zip(&burst_med) {
         println!("{:<58} {:>9.3} {:>9.3}", p.name, m, m / burst_med[0]);
     }
-    println!(
-        "burst.rust_vs_raw (deferred / raw):        {rust_vs_raw:.3}  (target <= 1.15)"
-    );
+    println!("burst.rust_vs_raw (deferred / raw):        {rust_vs_raw:.3}  (target <= 1.15)");
     println!();
     println!(
         "saturated: per launch, 4096-element f32 vector add, 3 tensors, median of {} interleaved reps x {} launches",

@@ -65,7 +65,8 @@
 //!   CUDA callback thread ([`capture`]). [`Stream::begin_capture`] is a minimal capture API.
 //! - Launch configuration (grid, block, cluster, cooperative, programmatic dependent launch,
 //!   dynamic shared memory up to the opt-in limit) is checked against the device's and the
-//!   kernel's limits before anything is consumed ([`LaunchConfig::validate`]).
+//!   kernel's limits before anything is consumed ([`LaunchConfig::validate`]); a
+//!   [`BoundLaunch`] ([`Stream::bind`]) checks it once for many launches.
 //!
 //! # Layering
 //!
@@ -93,8 +94,8 @@ mod sync;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
-pub use bound::BoundLaunch;
 pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
+pub use bound::BoundLaunch;
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};

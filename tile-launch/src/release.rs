@@ -66,8 +66,6 @@ pub mod fake;
 pub use pending::{Pending, Retired};
 pub use tracker::Tracker;
 
-
-
 /// One CUDA stream's ordering, seen abstractly: markers recorded on the stream complete in the
 /// order they were recorded, each after all work enqueued before it.
 ///

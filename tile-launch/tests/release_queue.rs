@@ -552,11 +552,21 @@ fn byte_bound_share_of_device_resolves_once_against_the_timeline() {
         if let Some(b) = bytes {
             f.set_device_memory(b);
         }
-        Harness::with_fake(f, share(percent)).tracker.max_pending_bytes()
+        Harness::with_fake(f, share(percent))
+            .tracker
+            .max_pending_bytes()
     };
     assert_eq!(with_memory(Some(80 << 30), 10), (80u64 << 30) / 100 * 10);
-    assert_eq!(with_memory(Some(1_000_000), 0), 10_000, "0 % is taken as 1 %");
-    assert_eq!(with_memory(Some(1_000_000), 250), 1_000_000, "capped at 100 %");
+    assert_eq!(
+        with_memory(Some(1_000_000), 0),
+        10_000,
+        "0 % is taken as 1 %"
+    );
+    assert_eq!(
+        with_memory(Some(1_000_000), 250),
+        1_000_000,
+        "capped at 100 %"
+    );
     // A timeline that does not know its device's memory: the fallback.
     assert_eq!(with_memory(None, 25), PendingBytes::FALLBACK);
     assert_eq!(PendingBytes::FALLBACK, 4 << 30);

@@ -9,7 +9,9 @@ use crate::errors::launch_err;
 use crate::kernel::Kernel;
 use crate::{LaunchHandle, Target, arg_list, as_kernel, check_count, check_usable, streams};
 
-/// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it launches.
+/// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
+/// `bound(*args, sync=True)`, launches as `tile_py.launch` does and returns a `LaunchHandle`;
+/// the configuration was checked against the device once, at bind time.
 #[pyclass(frozen, module = "tile_py")]
 pub(crate) struct BoundLaunch {
     kernel: Py<Kernel>,

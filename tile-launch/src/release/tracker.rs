@@ -275,9 +275,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// A [`PendingBytes::ShareOfDevice`](super::PendingBytes::ShareOfDevice) bound is resolved
     /// here, once, against [`Timeline::device_memory`].
     pub fn new(timeline: T, config: ReleaseConfig) -> Arc<Self> {
-        let max_pending_bytes = config
-            .max_pending_bytes
-            .resolve(timeline.device_memory());
+        let max_pending_bytes = config.max_pending_bytes.resolve(timeline.device_memory());
         Arc::new(Self {
             timeline,
             config,

@@ -94,8 +94,8 @@ class BoundLaunch:
     launches. `BoundLaunch(stream, grid, kernel, block=..., ...)` is `kernel.bind(stream, grid,
     block=..., ...)`."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         stream: _StreamLike,
         grid: _Dims,
         kernel: Kernel,
@@ -105,7 +105,7 @@ class BoundLaunch:
         cluster: Optional[_Dims] = None,
         cooperative: bool = False,
         programmatic_dependent_launch: bool = False,
-    ) -> None: ...
+    ) -> BoundLaunch: ...
     def __call__(self, *args: Any, sync: bool = True) -> LaunchHandle:
         """Launches the bound kernel with `args` (one per declared parameter) and returns the
         `LaunchHandle` that owns the consumed tensors, as `launch` does: every argument is
