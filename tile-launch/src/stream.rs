@@ -605,6 +605,22 @@ impl Stream {
         self.inner.tracker.max_pending_bytes()
     }
 
+    /// Whether a release queue of this stream holds at least half of one of its bounds, so that
+    /// a launch or a `defer` on it may wait for queued work first (e.g. to decide whether to
+    /// release an interpreter lock around the call). One lock of the queue (for the per-thread
+    /// default stream, of each thread's queue, without making one); racy by nature (another
+    /// thread may fill or drain a queue meanwhile).
+    pub fn near_release_bound(&self) -> bool {
+        match &self.inner.per_thread {
+            None => self.inner.tracker.near_bound(),
+            Some(map) => map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|(_, t)| t.near_bound()),
+        }
+    }
+
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.
     pub fn stats(&self) -> Stats {
         let gone = *self.inner.gone.lock().unwrap_or_else(|p| p.into_inner());

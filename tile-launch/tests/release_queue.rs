@@ -534,6 +534,35 @@ fn a_launch_whose_bytes_exceed_the_bound_is_queued_not_waited_for() {
 }
 
 #[test]
+fn near_bound_says_when_half_of_a_bound_is_queued() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 8,
+        max_pending_bytes: 1000.into(),
+        ..config(1000)
+    });
+    assert!(!h.tracker.near_bound());
+    h.launch_bytes(3, 0).defer();
+    assert!(!h.tracker.near_bound(), "3 of 8 guards");
+    let held = h.launch_bytes(5, 0);
+    assert!(
+        !h.tracker.near_bound(),
+        "a live handle's guards are not queued"
+    );
+    held.defer();
+    assert!(h.tracker.near_bound(), "8 of 8 guards");
+    h.tracker.synchronize().unwrap();
+    assert!(!h.tracker.near_bound());
+    h.launch_bytes(1, 499).defer();
+    assert!(!h.tracker.near_bound(), "499 of 1000 bytes");
+    h.launch_bytes(1, 1).defer();
+    assert!(h.tracker.near_bound(), "500 of 1000 bytes");
+    h.tracker.synchronize().unwrap();
+    assert!(!h.tracker.near_bound());
+    assert_eq!(h.fake.calls().wait, 2, "asking never waits");
+    h.assert_sound();
+}
+
+#[test]
 fn byte_bound_share_of_device_resolves_once_against_the_timeline() {
     let fake = FakeTimeline::new();
     fake.set_device_memory(141_000_000_000);

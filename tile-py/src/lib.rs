@@ -405,14 +405,12 @@ fn _after_fork_in_child() {
     release::after_fork_in_child();
 }
 
-/// Whether a launch or a `defer` on `s` may wait for queued work (the release queue is at least
-/// half full, against the default bounds tile-py's streams are made with). Racy by design: it
-/// only decides whether to detach from the interpreter around the call.
+/// Whether a launch or a `defer` on `s` may wait for queued work (the calling thread's release
+/// queue of `s` is at least half full against its bounds). Racy by design: it only decides
+/// whether to detach from the interpreter around the call. Asked twice per launch (launch and
+/// handle drop), so it takes one lock of that queue and copies no counters.
 fn may_block(s: &tile_launch::Stream) -> bool {
-    let bounds = tile_launch::ReleaseConfig::default();
-    let st = s.stats();
-    st.pending_guards.saturating_mul(2) >= bounds.max_pending_guards
-        || st.pending_bytes.saturating_mul(2) >= s.max_pending_bytes()
+    s.near_release_bound()
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the

@@ -319,6 +319,16 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         self.max_pending_bytes
     }
 
+    /// Whether the queue holds at least half of a bound (guards, or bytes once it holds any):
+    /// a later launch or `defer` may soon have to wait for queued work. One lock, no counters
+    /// copied: cheap enough to ask before every launch.
+    pub fn near_bound(&self) -> bool {
+        let st = self.lock();
+        st.deferred_guards.saturating_mul(2) >= self.config.max_pending_guards
+            || (st.deferred_bytes > 0
+                && st.deferred_bytes.saturating_mul(2) >= self.max_pending_bytes)
+    }
+
     /// Whether one launch of `guards` guards exceeds the guard bound on its own (it is then
     /// waited for when deferred). Bytes never make a launch wait for its own work.
     pub(super) fn too_many_guards(&self, guards: usize) -> bool {
