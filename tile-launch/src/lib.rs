@@ -100,7 +100,7 @@ pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};
 pub use error::{Error, LayoutError, Result};
-pub use guard::Guard;
+pub use guard::{Guard, HandOff};
 pub use handle::LaunchHandle;
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
 pub use release::{PendingBytes, ReleaseConfig, Retired, Stats};

@@ -345,7 +345,8 @@ fn launch_on(
     let go = |consumed: &mut [bool]| {
         let guard = |index: usize, used| {
             consumed[index] = true;
-            Guard::Owner(Box::new(PyGuard::tensor(used)))
+            // No allocation per tensor: the release queue hands it to `release_tensor`.
+            Guard::HandedOff(tile_launch::HandOff::new(used, release::release_tensor))
         };
         match t.bound {
             Some(b) => b.launch_with(args, guard, owner_guards),
