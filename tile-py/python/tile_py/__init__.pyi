@@ -206,9 +206,13 @@ def stats() -> dict[str, int]:
 
     - `streams`: streams tile_py holds, one per device and stream handle it launched on.
     - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
-      `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
-      on the streams' release queues until an event shows their work finished.
-    - `held_guards`, `held_bytes`: guards and bytes owned by live `LaunchHandle`s.
+      `__cuda_array_interface__` object kept alive) of dropped handles, queued on the streams'
+      release queues until an event shows their work finished, and the bytes among them that
+      only the queue keeps alive (exports the producer copied for the launch, DLPack
+      `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
+      of the device's memory: past it, a launch that adds such bytes first waits for older work.
+    - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by live
+      `LaunchHandle`s.
     - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
       release queues, CUDA graphs, and exports dropped by a failed check.
     - `guards_released`: guards the streams' release queues dropped, once the work was done (or
