@@ -1,6 +1,28 @@
 """Launch-overhead benchmark, Python side: one process, one stream, one kernel.
 
-Per launch of a 4096-element float32 vector add with three tensor arguments, host time from the
+Two timings, both reported.
+
+Burst mode (host cost; BENCHMARKS.md): bursts of --burst launches (default 64) timed with no sync
+inside, the launch stream synchronised, untimed, between bursts, so the launch queue never fills;
+per path the median over --rounds interleaved rounds (the path order rotates every round) of
+--bursts bursts each. Rows:
+
+  cuda.core launch, raw pointers                     the floor users would pick
+  CuPy RawKernel, CuPy arrays
+  ct.launch (cuTile), 3 torch tensors                only when cuda.tile imports and compiles;
+                                                     else skipped with the reason printed
+  tile_py.launch, 3 torch tensors                    launch stream == torch's current stream
+  tile_py.launch, 3 torch tensors, cross stream      torch's current stream is another one: tile
+                                                     orders the launch after it
+  tile_py.launch, 3 CuPy arrays / 3 plain __dlpack__ objects / 4 u64 scalars
+  tile_py prepared (Kernel.bind), 3 torch tensors    same stream and cross stream
+
+and the ratios burst.py_torch_vs_cutile, burst.py_torch_cross_stream_vs_cutile,
+burst.py_torch_vs_cuda_core, burst.py_prepared_vs_cuda_core (and burst.rust_vs_raw, read from the
+Rust benchmark's JSON given with --rust); a ratio whose row is missing is null, with the reason.
+The per torch tensor cost is (3 torch tensors - 4 u64 scalars) / 3, same stream.
+
+Saturated loop: per launch of a 4096-element float32 vector add with three tensor arguments, host time from the
 first enqueue to a stream synchronisation, over LAUNCHES launches after WARMUP launches, median of
 REPS repetitions (each path's repetitions are interleaved with the other paths'). Paths:
 
@@ -18,7 +40,8 @@ REPS repetitions (each path's repetitions are interleaved with the other paths')
 then a scale run: SCALE launches whose first input is a fresh torch tensor each time (freed when
 released), tracking the release queue and torch's allocated memory.
 
-    python bench/launch_bench.py [--launches N] [--warmup N] [--reps N] [--scale N] [--out FILE]
+    python bench/launch_bench.py [--burst N] [--bursts N] [--rounds N] [--launches N]
+        [--warmup N] [--reps N] [--scale N] [--rust RUST.json] [--out FILE]
 
 Prints a table and the ratios; writes every figure to --out as JSON. It asserts no time.
 """
@@ -44,6 +67,24 @@ extern "C" __global__ void vector_add(const float* a, const float* b, float* c,
 """
 
 
+# cuTile, when importable: the same vector add as a tile kernel (block size from the compiled code).
+CT_TILE = 256
+try:
+    import cuda.tile as ct
+
+    @ct.kernel
+    def ct_vector_add(a, b, c):
+        bid = ct.bid(0)
+        ta = ct.load(a, index=(bid,), shape=(CT_TILE,))
+        tb = ct.load(b, index=(bid,), shape=(CT_TILE,))
+        ct.store(c, index=(bid,), tile=ta + tb)
+
+    CT_MISSING = None
+except Exception as e:  # noqa: BLE001 - reported as the row's reason, not fatal
+    ct = None
+    CT_MISSING = f"cuda.tile unavailable: {e!r}"
+
+
 class PlainDLPack:
     """Exposes only __dlpack__ / __dlpack_device__, as a generic producer does."""
 
@@ -66,6 +107,24 @@ def timed(fn, launches, warmup, sync):
         fn()
     sync()
     return (time.perf_counter() - t0) / launches * 1e6
+
+
+def bursts(fn, sync, burst, count):
+    """One untimed warm-up burst, then `count` bursts of `burst` calls of `fn`, each timed with
+    no sync inside and followed by an untimed `sync`. Returns us per launch of each burst."""
+    for _ in range(burst):
+        fn()
+    sync()
+    out = []
+    clock = time.perf_counter
+    for _ in range(count):
+        t0 = clock()
+        for _ in range(burst):
+            fn()
+        t = clock() - t0
+        sync()
+        out.append(t / burst * 1e6)
+    return out
 
 
 def cuda_core_setup(stream):
@@ -99,6 +158,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2_000)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--scale", type=int, default=1_000_000)
+    ap.add_argument("--burst", type=int, default=64, help="launches per burst")
+    ap.add_argument("--bursts", type=int, default=25, help="timed bursts per path and round")
+    ap.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
+    ap.add_argument("--rust", default=None, help="the Rust benchmark's JSON (for burst.rust_vs_raw)")
     ap.add_argument("--out", default=None)
     o = ap.parse_args()
 
@@ -149,6 +212,8 @@ def main():
     add("tile_py.launch, 4 u64 scalars (raw pointers)",
         lambda: tile_py.launch(stream, grid, k_ptrs, (ia, ib, ic, N), block=256))
     pA, pB, pC = PlainDLPack(a), PlainDLPack(b), PlainDLPack(c)
+    sat_bound = k.bind(stream, grid, block=256)
+    add("tile_py prepared (Kernel.bind), 3 torch tensors", lambda: sat_bound(a, b, c, N))
     add("tile_py.launch, 3 plain __dlpack__ objects",
         lambda: tile_py.launch(stream, grid, k, (pA, pB, pC, N), block=256))
     try:
@@ -182,6 +247,114 @@ def main():
             torch.add(a, b, out=c)
 
     add("torch.add(out=) (reference op)", torch_add)
+
+    # ---- burst mode ------------------------------------------------------------------------
+    other = torch.cuda.Stream()  # torch's current stream in the cross-stream rows
+    bound = k.bind(stream, grid, block=256)
+    burst_rows = {}  # name -> (fn, same_stream)
+    burst_skipped = {}
+
+    def brow(name, fn, same=True):
+        burst_rows[name] = (fn, same)
+
+    if "cuda.core launch, raw pointers" in paths:
+        brow("cuda.core launch, raw pointers", paths["cuda.core launch, raw pointers"][0])
+    else:
+        burst_skipped["cuda.core launch, raw pointers"] = "cuda.core unavailable"
+    try:
+        import cupy
+
+        xs2 = cupy.cuda.ExternalStream(handle, torch.cuda.current_device())
+        ca2, cb2, cc2 = (cupy.from_dlpack(t) for t in (a, b, c))
+        raw2 = cupy.RawKernel(SOURCE, "vector_add")
+        n2 = np.uint64(N)
+
+        xs2.use()  # CuPy's current stream for RawKernel below (no stream argument)
+
+        def cupy_raw():
+            raw2((grid,), (256,), (ca2, cb2, cc2, n2))
+
+        brow("CuPy RawKernel, CuPy arrays", cupy_raw)
+        brow("tile_py.launch, 3 CuPy arrays",
+             lambda: tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256))
+    except Exception as e:  # noqa: BLE001
+        burst_skipped["CuPy RawKernel, CuPy arrays"] = f"CuPy unavailable: {e!r}"
+        burst_skipped["tile_py.launch, 3 CuPy arrays"] = f"CuPy unavailable: {e!r}"
+    if ct is not None:
+        ct_grid = ((N + CT_TILE - 1) // CT_TILE, 1, 1)
+        brow("ct.launch (cuTile), 3 torch tensors",
+             lambda: ct.launch(stream, ct_grid, ct_vector_add, (a, b, c)))
+        brow("ct.launch (cuTile), 3 torch tensors, cross stream",
+             lambda: ct.launch(stream, ct_grid, ct_vector_add, (a, b, c)), same=False)
+    else:
+        burst_skipped["ct.launch (cuTile), 3 torch tensors"] = CT_MISSING
+        burst_skipped["ct.launch (cuTile), 3 torch tensors, cross stream"] = CT_MISSING
+    brow("tile_py.launch, 3 torch tensors",
+         lambda: tile_py.launch(stream, grid, k, (a, b, c, N), block=256))
+    brow("tile_py.launch, 3 torch tensors, cross stream",
+         lambda: tile_py.launch(stream, grid, k, (a, b, c, N), block=256), same=False)
+    brow("tile_py.launch, 3 plain __dlpack__ objects",
+         lambda: tile_py.launch(stream, grid, k, (pA, pB, pC, N), block=256))
+    brow("tile_py.launch, 4 u64 scalars",
+         lambda: tile_py.launch(stream, grid, k_ptrs, (ia, ib, ic, N), block=256))
+    brow("tile_py prepared (Kernel.bind), 3 torch tensors", lambda: bound(a, b, c, N))
+    brow("tile_py prepared (Kernel.bind), 3 torch tensors, cross stream",
+         lambda: bound(a, b, c, N), same=False)
+
+    burst_us = {name: [] for name in burst_rows}
+    burst_errors = {}
+    bnames = list(burst_rows)
+    t_burst = time.perf_counter()
+    for rnd in range(o.rounds):
+        for j in range(len(bnames)):
+            name = bnames[(j + rnd) % len(bnames)]
+            if name in burst_errors:
+                continue
+            fn, same = burst_rows[name]
+            try:
+                with torch.cuda.stream(stream if same else other):
+                    burst_us[name].extend(bursts(fn, sync, o.burst, o.bursts))
+            except Exception as e:  # noqa: BLE001
+                burst_errors[name] = repr(e)
+            tile_py.synchronize()
+    t_burst = time.perf_counter() - t_burst
+    bmed = {name: statistics.median(v) for name, v in burst_us.items() if v}
+    burst_skipped.update(burst_errors)
+
+    def ratio(key, num, den):
+        if num in bmed and den in bmed:
+            return bmed[num] / bmed[den], None
+        missing = [r for r in (num, den) if r not in bmed]
+        return None, "; ".join(f"{r}: {burst_skipped.get(r, 'not measured')}" for r in missing)
+
+    burst_ratios, burst_ratio_missing = {}, {}
+    rust_key = "burst.rust_vs_raw"
+    if o.rust:
+        try:
+            with open(o.rust) as f:
+                burst_ratios[rust_key] = json.load(f)["ratios"][rust_key]
+        except Exception as e:  # noqa: BLE001
+            burst_ratios[rust_key] = None
+            burst_ratio_missing[rust_key] = f"cannot read {o.rust}: {e!r}"
+    else:
+        burst_ratios[rust_key] = None
+        burst_ratio_missing[rust_key] = "no --rust file given (the Rust benchmark's JSON has it)"
+    torch_same = "tile_py.launch, 3 torch tensors"
+    for key, num, den in [
+        ("burst.py_torch_vs_cutile", torch_same, "ct.launch (cuTile), 3 torch tensors"),
+        ("burst.py_torch_cross_stream_vs_cutile", "tile_py.launch, 3 torch tensors, cross stream",
+         "ct.launch (cuTile), 3 torch tensors, cross stream"),
+        ("burst.py_torch_vs_cuda_core", torch_same, "cuda.core launch, raw pointers"),
+        ("burst.py_prepared_vs_cuda_core", "tile_py prepared (Kernel.bind), 3 torch tensors",
+         "cuda.core launch, raw pointers"),
+    ]:
+        r, why = ratio(key, num, den)
+        burst_ratios[key] = r
+        if why:
+            burst_ratio_missing[key] = why
+    per_tensor = None
+    if torch_same in bmed and "tile_py.launch, 4 u64 scalars" in bmed:
+        per_tensor = (bmed[torch_same] - bmed["tile_py.launch, 4 u64 scalars"]) / 3
 
     results = {name: [] for name in paths}
     errors = {}
@@ -234,7 +407,28 @@ def main():
     torch_path = med.get("tile_py.launch, 3 torch tensors (C exchange API)")
     plain = med.get("tile_py.launch, 3 plain __dlpack__ objects")
     smv_t = med.get("cuda.core launch + 3 x StridedMemoryView, plain objs")
-    print(f"per launch, {N}-element f32 vector add, 3 tensors, median of {o.reps} reps x "
+    print(f"burst mode: per launch, {N}-element f32 vector add, median over {o.rounds} interleaved "
+          f"rounds x {o.bursts} bursts of {o.burst} launches (no sync inside a burst) "
+          f"[{t_burst:.1f} s]")
+    floor_b = bmed.get("cuda.core launch, raw pointers")
+    print(f"{'path':<64} {'us/launch':>9} {'x cuda.core':>11}")
+    for name in burst_rows:
+        if name in bmed:
+            rel = f"{bmed[name] / floor_b:>11.3f}" if floor_b else f"{'-':>11}"
+            print(f"{name:<64} {bmed[name]:>9.2f} {rel}")
+    for name, why in burst_skipped.items():
+        print(f"{name:<64} skipped: {why}")
+    targets = {"burst.rust_vs_raw": 1.15, "burst.py_torch_vs_cutile": 1.0,
+               "burst.py_torch_cross_stream_vs_cutile": 1.2, "burst.py_torch_vs_cuda_core": 1.10,
+               "burst.py_prepared_vs_cuda_core": 1.0}
+    for key, v in burst_ratios.items():
+        shown = f"{v:.3f}" if v is not None else f"null ({burst_ratio_missing.get(key)})"
+        print(f"{key:<40} {shown}  (target <= {targets[key]})")
+    if per_tensor is not None:
+        print(f"per torch tensor (3 torch tensors - 4 u64 scalars) / 3:  {per_tensor:.3f} us "
+              f"(target <= 0.25)")
+    print()
+    print(f"saturated: per launch, {N}-element f32 vector add, 3 tensors, median of {o.reps} reps x "
           f"{o.launches} launches (after {o.warmup} warm-up)")
     print(f"{'path':<52} {'us/launch':>9}")
     for name, v in med.items():
@@ -264,9 +458,17 @@ def main():
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "gpu": torch.cuda.get_device_name(),
                 "torch": torch.__version__,
+                "burst": {"size": o.burst, "rounds": o.rounds, "bursts_per_round": o.bursts,
+                          "seconds": t_burst, "median_us": bmed, "us_per_launch": burst_us,
+                          "skipped": burst_skipped,
+                          "launch_stream_is_torch_current": {n: same for n, (_, same)
+                                                             in burst_rows.items()},
+                          "per_torch_tensor_us": per_tensor},
+                "ratios": {**burst_ratios, **ratios},
+                "ratios_missing": burst_ratio_missing,
                 "launches": o.launches, "warmup": o.warmup, "reps": o.reps,
                 "us_per_launch": results, "median_us": med, "errors": errors,
-                "ratios": ratios, "kernel_correct": correct,
+                "kernel_correct": correct,
                 "scale": {"launches": o.scale, "seconds": scale_s, "released": released,
                           "max_pending_guards": max_pending, "max_pending_bytes": max_bytes,
                           "torch_mem_max_above_baseline": max_mem,

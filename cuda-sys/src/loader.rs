@@ -206,6 +206,8 @@ entry_points! {
     cuDeviceGetCount: PFN_cuDeviceGetCount_v2000 @ 2000;
     cuDeviceGetName: PFN_cuDeviceGetName_v2000 @ 2000;
     cuDeviceGetAttribute: PFN_cuDeviceGetAttribute_v2000 @ 2000;
+    /// `cuDeviceTotalMem_v2`, as cuda.h maps the name.
+    cuDeviceTotalMem: PFN_cuDeviceTotalMem_v3020 @ 3020;
     // Contexts.
     cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain_v7000 @ 7000;
     /// `cuDevicePrimaryCtxRelease_v2`, as cuda.h maps the name.

@@ -112,7 +112,7 @@ fn cuda_result_is_a_transparent_u32() {
 #[test]
 fn entry_points_ask_for_abis_no_newer_than_cuda_13_0() {
     let table = Driver::ENTRY_POINTS;
-    assert_eq!(table.len(), 70);
+    assert_eq!(table.len(), 71);
     for entry in table {
         assert!(entry.version <= 13000, "{entry:?}");
         assert!(
@@ -123,6 +123,8 @@ fn entry_points_ask_for_abis_no_newer_than_cuda_13_0() {
     }
     let find = |field: &str| table.iter().find(|e| e.field == field).unwrap();
     assert_eq!(find("cuStreamGetCaptureInfo").version, 12030);
+    // `cuDeviceTotalMem_v2` (a `size_t` byte count), which cuda.h maps the name to.
+    assert_eq!(find("cuDeviceTotalMem").version, 3020);
     assert_eq!(find("cuCtxGetDevice").version, 2000);
     assert_eq!(find("cuKernelGetParamInfo").version, 12040);
     let instantiate = find("cuGraphInstantiate");

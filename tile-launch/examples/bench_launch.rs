@@ -7,10 +7,21 @@
 //! `launch` then `LaunchHandle::defer`), and with `retire` after every launch; then the release latency (kernel completion to deleters run, while launching), and
 //! a scale run (1,000,000 deferred launches with producers that free on release).
 //!
-//! Timing: host time from the first enqueue to the end of a stream synchronisation, over
-//! `--launches` launches after `--warmup` launches, median of `--reps` repetitions. Never on
-//! zeros: inputs are random. Prints a table; writes all figures as JSON to `--out` (a file).
-//! It asserts no time.
+//! Two timings, both reported:
+//!
+//! - **Burst** (host cost): bursts of `--burst` launches (default 64) timed with no sync inside,
+//!   the stream synchronised, untimed, between bursts, so the launch queue never fills; per
+//!   path the median over `--rounds` interleaved rounds of `--bursts` bursts each (the path
+//!   order rotates every round, so drift hits every path alike). Paths: raw `cuLaunchKernel`,
+//!   tile-launch deferred (3 DLPack tensors, their export included), retired, 7 scalars, and
+//!   prepared (a [`BoundLaunch`](tile_launch::BoundLaunch), deferred).
+//! - **Saturated**: host time from the first enqueue to the end of a stream synchronisation,
+//!   over `--launches` launches after `--warmup` launches, median of `--reps` repetitions; once
+//!   the queue is full this measures how fast the GPU retires tiny kernels.
+//!
+//! Never on zeros: inputs are random. Prints a table; writes all figures as JSON to `--out` (a
+//! file), with the ratio `burst.rust_vs_raw` (tile-launch deferred ÷ raw `cuLaunchKernel`,
+//! burst mode). It asserts no time.
 //!
 //! Run: `cargo run --release -p tile-launch --features nvrtc --example bench_launch -- --out r.json`
 
@@ -37,6 +48,9 @@ struct Opts {
     warmup: usize,
     reps: usize,
     scale: usize,
+    burst: usize,
+    bursts: usize,
+    rounds: usize,
     out: Option<String>,
 }
 
@@ -46,6 +60,9 @@ fn opts() -> Result<Opts> {
         warmup: 2_000,
         reps: 5,
         scale: 1_000_000,
+        burst: 64,
+        bursts: 50,
+        rounds: 20,
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -56,6 +73,9 @@ fn opts() -> Result<Opts> {
             "--warmup" => o.warmup = val()?.parse()?,
             "--reps" => o.reps = val()?.parse()?,
             "--scale" => o.scale = val()?.parse()?,
+            "--burst" => o.burst = val()?.parse()?,
+            "--bursts" => o.bursts = val()?.parse()?,
+            "--rounds" => o.rounds = val()?.parse()?,
             "--out" => o.out = Some(val()?),
             other => bail!("unknown argument {other}"),
         }
@@ -182,6 +202,34 @@ fn measure(o: &Opts, paths: &mut [Path<'_>]) -> Result<()> {
     Ok(())
 }
 
+/// Burst mode: `rounds` interleaved rounds (the path order rotates each round); in each, per
+/// path, one untimed warm-up burst, then `bursts` bursts of `burst` launches, each timed from
+/// the first enqueue to the return of the last launch (no sync inside), with the stream
+/// synchronised, untimed, after each. Pushes µs per launch of every burst into `us`.
+fn measure_bursts(o: &Opts, paths: &mut [Path<'_>]) -> Result<()> {
+    let burst = o.burst.max(1);
+    for round in 0..o.rounds {
+        for k in 0..paths.len() {
+            let n = paths.len();
+            let p = &mut paths[(k + round) % n];
+            for _ in 0..burst {
+                (p.body)()?;
+            }
+            (p.sync)()?;
+            for _ in 0..o.bursts {
+                let t = Instant::now();
+                for _ in 0..burst {
+                    (p.body)()?;
+                }
+                let us = t.elapsed().as_secs_f64() * 1e6 / burst as f64;
+                (p.sync)()?;
+                p.us.push(us);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Host time per call of `f`, in nanoseconds (median of 5 runs of 100,000 calls).
 fn ns_per_call(mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let mut v = Vec::new();
@@ -295,6 +343,9 @@ fn run() -> Result<()> {
             ..ReleaseConfig::default()
         },
     )?;
+    // A prepared launch: kernel, configuration and stream bound once.
+    let bound = stream.bind(&add, &cfg)?;
+    let prepared = || -> Result<()> { Ok(bound.launch_deferred(args(None)?)?) };
     let mut paths = vec![
         Path {
             name: "raw cuLaunchKernel (floor)",
@@ -407,9 +458,95 @@ fn run() -> Result<()> {
             us: Vec::new(),
         },
     ];
+    paths.push(Path {
+        name: "tile-launch, 3 DLPack tensors, prepared (bound), deferred",
+        body: Box::new(prepared),
+        sync: Box::new(stream_sync),
+        us: Vec::new(),
+    });
     measure(&o, &mut paths)?;
     let med: Vec<f64> = paths.iter().map(|p| median(p.us.clone())).collect();
     let (fl, ex, de) = (med[0], med[2], med[3]);
+
+    // Burst mode: the host's cost per launch, the launch queue never full.
+    let raw_launch = || -> Result<()> {
+        // SAFETY: `params` point at live values of the kernel's parameter types.
+        unsafe {
+            (d.cuLaunchKernel)(
+                f,
+                grid,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                raw,
+                params_ptr,
+                std::ptr::null_mut(),
+            )
+        }
+        .check("cuLaunchKernel")?;
+        Ok(())
+    };
+    let scalars = || -> Result<()> {
+        let args: [Arg<'static>; 7] = [
+            buf.a.into(),
+            1i64.into(),
+            buf.b.into(),
+            1i64.into(),
+            buf.c.into(),
+            1i64.into(),
+            (N as u64).into(),
+        ];
+        stream.launch_deferred(&add_raw_ptrs, &cfg, args)?;
+        Ok(())
+    };
+    fn burst_path<'a>(
+        name: &'static str,
+        body: Box<dyn FnMut() -> Result<()> + 'a>,
+        sync: Box<dyn FnMut() -> Result<()> + 'a>,
+    ) -> Path<'a> {
+        Path {
+            name,
+            body,
+            sync,
+            us: Vec::new(),
+        }
+    }
+    let mut bursts = vec![
+        burst_path(
+            "raw cuLaunchKernel (cuda-sys)",
+            Box::new(raw_launch),
+            Box::new(sync),
+        ),
+        burst_path(
+            "tile-launch deferred, 3 DLPack tensors (export included)",
+            Box::new(|| launch(None)),
+            Box::new(stream_sync),
+        ),
+        burst_path(
+            "tile-launch retired, 3 DLPack tensors",
+            Box::new(|| {
+                stream.launch(&add, &cfg, args(None)?)?.retire()?;
+                Ok(())
+            }),
+            Box::new(stream_sync),
+        ),
+        burst_path(
+            "tile-launch, 7 scalars, deferred",
+            Box::new(scalars),
+            Box::new(stream_sync),
+        ),
+        burst_path(
+            "tile-launch prepared (bound), 3 DLPack tensors, deferred",
+            Box::new(prepared),
+            Box::new(stream_sync),
+        ),
+    ];
+    measure_bursts(&o, &mut bursts)?;
+    let burst_med: Vec<f64> = bursts.iter().map(|p| median(p.us.clone())).collect();
+    let rust_vs_raw = burst_med[1] / burst_med[0];
 
     // What single driver calls of the launch path cost here (host ns per call).
     let mut status = cuda_sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
@@ -548,7 +685,17 @@ fn run() -> Result<()> {
     let stats = stream.stats();
 
     println!(
-        "per launch, 4096-element f32 vector add, 3 tensors, median of {} interleaved reps x {} launches",
+        "burst mode: per launch, 4096-element f32 vector add, median over {} interleaved rounds x {} bursts of {} launches (no sync inside a burst; untimed sync between bursts)",
+        o.rounds, o.bursts, o.burst
+    );
+    println!("{:<58} {:>9} {:>9}", "path", "us/launch", "x raw");
+    for (p, m) in bursts.iter().zip(&burst_med) {
+        println!("{:<58} {:>9.3} {:>9.3}", p.name, m, m / burst_med[0]);
+    }
+    println!("burst.rust_vs_raw (deferred / raw):        {rust_vs_raw:.3}  (target <= 1.15)");
+    println!();
+    println!(
+        "saturated: per launch, 4096-element f32 vector add, 3 tensors, median of {} interleaved reps x {} launches",
         o.reps, o.launches
     );
     println!("{:<58} {:>9}", "path", "us/launch");
@@ -596,8 +743,26 @@ fn run() -> Result<()> {
             .map(|(n, ns)| format!("    \"{n}\": {ns:.1}"))
             .collect::<Vec<_>>()
             .join(",\n");
+        let burst_rows = bursts
+            .iter()
+            .zip(&burst_med)
+            .map(|(p, m)| {
+                format!(
+                    "    \"{}\": {{ \"median_us\": {m:.4}, \"bursts\": {} }}",
+                    p.name,
+                    p.us.len()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",\n");
         let json = format!(
-            "{{\n  \"device\": \"{}\",\n  \"driver\": {},\n  \"launches\": {},\n  \"warmup\": {},\n  \"reps\": {},\n  \"us_per_launch\": {{\n{per_path}\n  }},\n  \"driver_call_ns\": {{\n{per_call}\n  }},\n  \"release_latency_us\": {{ \"median\": {lat_med:.2}, \"p99\": {lat_p99:.2}, \"samples\": {} }},\n  \"scale\": {{ \"launches\": {}, \"seconds\": {scale_s:.2}, \"deleters\": {deleters}, \"max_pending_guards\": {max_pending}, \"max_pending_bytes\": {max_bytes}, \"rss_start_bytes\": {rss_start}, \"rss_max_bytes\": {max_rss}, \"rss_end_bytes\": {rss_end}, \"leaked\": {} }}\n}}\n",
+            "{{\n  \"date_unix_s\": {},\n  \"burst\": {{\n  \"size\": {},\n  \"rounds\": {},\n  \"bursts_per_round\": {},\n  \"rows\": {{\n{burst_rows}\n  }}\n  }},\n  \"ratios\": {{ \"burst.rust_vs_raw\": {rust_vs_raw:.4} }},\n  \"device\": \"{}\",\n  \"driver\": {},\n  \"launches\": {},\n  \"warmup\": {},\n  \"reps\": {},\n  \"us_per_launch\": {{\n{per_path}\n  }},\n  \"driver_call_ns\": {{\n{per_call}\n  }},\n  \"release_latency_us\": {{ \"median\": {lat_med:.2}, \"p99\": {lat_p99:.2}, \"samples\": {} }},\n  \"scale\": {{ \"launches\": {}, \"seconds\": {scale_s:.2}, \"deleters\": {deleters}, \"max_pending_guards\": {max_pending}, \"max_pending_bytes\": {max_bytes}, \"rss_start_bytes\": {rss_start}, \"rss_max_bytes\": {max_rss}, \"rss_end_bytes\": {rss_end}, \"leaked\": {} }}\n}}\n",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_secs()),
+            o.burst,
+            o.rounds,
+            o.bursts,
             ctx.name()?,
             d.version(),
             o.launches,

@@ -9,7 +9,7 @@ use cuda_sys::{CUcontext, CUdevice, CUdevice_attribute, CuResultExt, CudaError, 
 use crate::error::Result;
 
 /// Limits of a device that launch configurations are checked against, read once with
-/// `cuDeviceGetAttribute` when the context is created.
+/// `cuDeviceGetAttribute` (and its memory with `cuDeviceTotalMem`) when the context is created.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct DeviceLimits {
@@ -33,6 +33,8 @@ pub struct DeviceLimits {
     pub cooperative_launch: bool,
     /// Whether the device supports thread block clusters.
     pub cluster_launch: bool,
+    /// The device's total memory, in bytes (`cuDeviceTotalMem`).
+    pub total_memory: u64,
 }
 
 impl DeviceLimits {
@@ -136,7 +138,12 @@ impl Context {
                 .check("cuDeviceGetAttribute")?;
             Ok(u32::try_from(v).unwrap_or(0))
         };
+        let mut total_memory: usize = 0;
+        // SAFETY: out-pointer to a local; `self.device` is a valid device handle.
+        unsafe { (d.cuDeviceTotalMem)(&mut total_memory, self.device) }
+            .check("cuDeviceTotalMem")?;
         Ok(DeviceLimits {
+            total_memory: total_memory as u64,
             max_block: [
                 get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
                 get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,

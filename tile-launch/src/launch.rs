@@ -75,6 +75,7 @@ impl Stream {
             |_, used| Guard::Tensor(used),
             [],
             true,
+            false,
         )
         .map(drop)
     }
@@ -101,13 +102,15 @@ impl Stream {
         guard: impl FnMut(usize, Used) -> Guard,
         owners: impl IntoIterator<Item = Guard>,
     ) -> Result<LaunchHandle> {
-        self.launch_core(kernel, config, args, guard, owners, false)
+        self.launch_core(kernel, config, args, guard, owners, false, false)
             .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
     }
 
     /// The launch path: with `defer`, the guards go to the release queue and no handle is
-    /// returned; otherwise the handle is.
-    fn launch_core<'a>(
+    /// returned; otherwise the handle is. With `bound`, the configuration was checked and the
+    /// kernel prepared for it by [`Stream::bind`], and neither is done again.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_core<'a>(
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,
@@ -115,16 +118,19 @@ impl Stream {
         mut guard: impl FnMut(usize, Used) -> Guard,
         owners: impl IntoIterator<Item = Guard>,
         defer: bool,
+        bound: bool,
     ) -> Result<Option<LaunchHandle>> {
         let ctx = self.context();
-        config.validate(ctx.limits())?;
+        if !bound {
+            config.validate(ctx.limits())?;
+        }
         let mut args: SmallVec<[Arg<'a>; INLINE_ARGS]> = args.into_iter().collect();
         // 1. Check everything without consuming anything: the arguments, the kernel's own
         //    limits on this device, the tensors' memory, and whether the stream is capturing.
         let mut values = check_all(kernel.name(), kernel.signature(), &args, ctx.ordinal())?;
         let d = cuda_sys::driver()?;
         let _bound = ctx.bind_with(d)?;
-        if config.shared_mem_bytes > 0 || config.cooperative {
+        if !bound && (config.shared_mem_bytes > 0 || config.cooperative) {
             kernel.prepare_launch(d, ctx, config)?;
         }
         if self.checks_pointer_devices() {
@@ -160,7 +166,12 @@ impl Stream {
                     .map_err(|source| Error::Descriptor { index, source })?,
                 TensorSource::Used(u) => u,
             };
-            bytes = bytes.saturating_add(used.view().nbytes_spanned());
+            // Only memory the launch alone keeps alive counts against the release queue's byte
+            // bound: an export the producer copied for it. A tensor the caller holds costs the
+            // queue nothing.
+            if used.view().is_copied() {
+                bytes = bytes.saturating_add(used.view().nbytes_spanned());
+            }
             guards.push(guard(index, used));
             if let Some(s) = t.ready_on.filter(|s| *s != self.raw())
                 && !waits.contains(&s)

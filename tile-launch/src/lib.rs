@@ -65,7 +65,8 @@
 //!   CUDA callback thread ([`capture`]). [`Stream::begin_capture`] is a minimal capture API.
 //! - Launch configuration (grid, block, cluster, cooperative, programmatic dependent launch,
 //!   dynamic shared memory up to the opt-in limit) is checked against the device's and the
-//!   kernel's limits before anything is consumed ([`LaunchConfig::validate`]).
+//!   kernel's limits before anything is consumed ([`LaunchConfig::validate`]); a
+//!   [`BoundLaunch`] ([`Stream::bind`]) checks it once for many launches.
 //!
 //! # Layering
 //!
@@ -76,6 +77,7 @@
 //! manual-completion fake (feature `testing`: `release::fake`).
 
 mod args;
+mod bound;
 pub mod capture;
 mod capture_state;
 mod config;
@@ -93,14 +95,15 @@ mod sync;
 pub mod cudarc_interop;
 
 pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
+pub use bound::BoundLaunch;
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};
 pub use error::{Error, LayoutError, Result};
-pub use guard::Guard;
+pub use guard::{Guard, HandOff};
 pub use handle::LaunchHandle;
 pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
-pub use release::{ReleaseConfig, Retired, Stats};
+pub use release::{PendingBytes, ReleaseConfig, Retired, Stats};
 pub use stream::{CudaTimeline, Event, Stream, WeakStream};
 
 pub use cuda_sys;

@@ -50,7 +50,10 @@
 //!   order. Two threads releasing at the same time may interleave their batches.
 //! - The queue is bounded ([`ReleaseConfig::max_pending_guards`],
 //!   [`ReleaseConfig::max_pending_bytes`]): past the bound, [`launch`](Tracker::launch) and
-//!   [`defer`](Pending::defer) first wait for the oldest queued work.
+//!   [`defer`](Pending::defer) first wait for the oldest queued work. The byte bound counts only
+//!   the bytes a launch alone keeps alive (the `bytes` passed to [`Tracker::launch`]; the launch
+//!   path counts exports the producer copied for it), and a launch that adds no such bytes never
+//!   waits because of it; nor is a launch ever waited for because its own bytes exceed it.
 //! - Waits never hold the tracker's lock, so one thread waiting for a launch does not stop
 //!   other threads from launching on the same stream.
 
@@ -147,10 +150,58 @@ pub trait Timeline: Send + Sync + 'static {
     fn reachable_here(&self) -> bool {
         true
     }
+
+    /// The total memory of the stream's device, in bytes, if known (`cuDeviceTotalMem`, read
+    /// once per context). [`PendingBytes::ShareOfDevice`] is resolved against it when the
+    /// tracker is created. The default is `None` (the bound then falls back to
+    /// [`PendingBytes::FALLBACK`]).
+    fn device_memory(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The bound on the bytes the release queue alone keeps alive
+/// ([`ReleaseConfig::max_pending_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PendingBytes {
+    /// A fixed number of bytes.
+    Bytes(u64),
+    /// `percent` % of the device's total memory ([`Timeline::device_memory`]), resolved once
+    /// when the tracker is created; [`PendingBytes::FALLBACK`] when the timeline does not know
+    /// its device's memory.
+    ShareOfDevice {
+        /// Percent of the device's total memory, 1 to 100 (0 is treated as 1, more than 100
+        /// as 100).
+        percent: u8,
+    },
+}
+
+impl PendingBytes {
+    /// The bound used when a [`ShareOfDevice`](PendingBytes::ShareOfDevice) cannot be resolved:
+    /// 4 GiB.
+    pub const FALLBACK: u64 = 4 << 30;
+
+    /// The bound in bytes on a device with `device_memory` bytes (if known).
+    pub fn resolve(self, device_memory: Option<u64>) -> u64 {
+        match self {
+            PendingBytes::Bytes(b) => b,
+            PendingBytes::ShareOfDevice { percent } => device_memory.map_or(Self::FALLBACK, |m| {
+                m / 100 * u64::from(percent.clamp(1, 100))
+            }),
+        }
+    }
+}
+
+impl From<u64> for PendingBytes {
+    fn from(bytes: u64) -> Self {
+        PendingBytes::Bytes(bytes)
+    }
 }
 
 /// Tuning of a [`Tracker`]. `ReleaseConfig::default()` is
-/// `{ marker_every: 64, poll_every: 16, max_pending_guards: 65_536, max_pending_bytes: 4 GiB }`.
+/// `{ marker_every: 64, poll_every: 16, max_pending_guards: 65_536,
+/// max_pending_bytes: PendingBytes::ShareOfDevice { percent: 25 } }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReleaseConfig {
     /// Launches between two amortised markers: at a launch, a marker is recorded when the queue
@@ -169,9 +220,19 @@ pub struct ReleaseConfig {
     /// the oldest queued work first. A single launch with more guards than this is waited for
     /// and released when it is deferred, rather than queued.
     pub max_pending_guards: usize,
-    /// Most bytes (as passed to [`Tracker::launch`]) the queue may hold; as
-    /// [`max_pending_guards`](ReleaseConfig::max_pending_guards).
-    pub max_pending_bytes: u64,
+    /// Most bytes the queue alone may keep alive: the sum of the `bytes` passed to
+    /// [`Tracker::launch`] by queued launches. The launch path
+    /// ([`Stream::launch`](crate::Stream::launch)) counts a tensor's bytes only when the
+    /// producer flagged the export as a copy made for it (DLPack `IS_COPIED`): memory whose
+    /// last owner is the queue. A tensor the caller still holds (weights, a cache) costs the
+    /// queue nothing and counts nothing; a producer that frees its memory on release without
+    /// that flag is bounded by [`max_pending_guards`](ReleaseConfig::max_pending_guards) only.
+    ///
+    /// Past the bound, a launch or `defer` that adds bytes first waits for the oldest queued
+    /// work; one that adds none never waits because of bytes, and a launch whose own bytes
+    /// exceed the bound is queued (alone) rather than waited for. Resolved once per tracker
+    /// ([`Tracker::max_pending_bytes`]).
+    pub max_pending_bytes: PendingBytes,
 }
 
 impl Default for ReleaseConfig {
@@ -180,7 +241,7 @@ impl Default for ReleaseConfig {
             marker_every: 64,
             poll_every: 16,
             max_pending_guards: 65_536,
-            max_pending_bytes: 4 << 30,
+            max_pending_bytes: PendingBytes::ShareOfDevice { percent: 25 },
         }
     }
 }
@@ -191,7 +252,8 @@ impl Default for ReleaseConfig {
 pub struct Stats {
     /// Guards in the queue (deferred, not yet released).
     pub pending_guards: usize,
-    /// Bytes in the queue (the sum of the `bytes` of the deferred launches).
+    /// Bytes the queue alone keeps alive (the sum of the `bytes` of the deferred launches; see
+    /// [`ReleaseConfig::max_pending_bytes`]).
     pub pending_bytes: u64,
     /// Guards owned by live [`Pending`] handles (neither retired, deferred nor dropped; a
     /// forgotten handle stays here forever).

@@ -236,6 +236,10 @@ impl Timeline for CudaTimeline {
         self.reachable()
     }
 
+    fn device_memory(&self) -> Option<u64> {
+        Some(self.ctx.limits().total_memory).filter(|&m| m > 0)
+    }
+
     fn releasing(&self, release: &mut dyn FnMut()) {
         // Deleters run with the stream's context current (a `cudarc` buffer's free, for one,
         // needs its context, and the releasing thread may never have used CUDA), and may change
@@ -636,6 +640,29 @@ impl Stream {
             return false;
         }
         self.inner.trackers().iter().all(|t| t.is_quiescent())
+    }
+
+    /// The release queue's bound on the bytes it alone keeps alive, in bytes
+    /// ([`ReleaseConfig::max_pending_bytes`](crate::ReleaseConfig::max_pending_bytes) resolved
+    /// against the device's memory when the stream was made).
+    pub fn max_pending_bytes(&self) -> u64 {
+        self.inner.tracker.max_pending_bytes()
+    }
+
+    /// Whether a release queue of this stream holds at least half of one of its bounds, so that
+    /// a launch or a `defer` on it may wait for queued work first (e.g. to decide whether to
+    /// release an interpreter lock around the call). One lock of the queue (for the per-thread
+    /// default stream, of each thread's queue, without making one); racy by nature (another
+    /// thread may fill or drain a queue meanwhile).
+    pub fn near_release_bound(&self) -> bool {
+        match &self.inner.per_thread {
+            None => self.inner.tracker.near_bound(),
+            Some(map) => map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|(_, t)| t.near_bound()),
+        }
     }
 
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.

@@ -9,7 +9,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tile_launch::release::fake::{FakeError, FakeOp, FakeTimeline};
-use tile_launch::release::{CompletionError, Pending, ReleaseConfig, RetireError, Stats, Tracker};
+use tile_launch::release::{
+    CompletionError, Pending, PendingBytes, ReleaseConfig, RetireError, Stats, Tracker,
+};
 
 type Tr = Tracker<FakeTimeline, Guard>;
 type Handle = Pending<FakeTimeline, Guard>;
@@ -125,10 +127,15 @@ impl Harness {
     /// Launches `n` guards, `100 * n` bytes, straight into the queue (`launch_deferred`).
     /// Returns the sequence number.
     fn launch_deferred(&self, n: usize) -> u64 {
+        self.launch_deferred_bytes(n, 100 * n as u64)
+    }
+
+    /// Launches `n` guards, `bytes` bytes, straight into the queue (`launch_deferred`).
+    fn launch_deferred_bytes(&self, n: usize, bytes: u64) -> u64 {
         let (_, work, guards) = self.guards(n);
         let fake = self.fake.clone();
         self.tracker
-            .launch_deferred(guards, 100 * n as u64, move || {
+            .launch_deferred(guards, bytes, move || {
                 work.set(fake.enqueue()).expect("enqueue runs once");
                 Ok::<(), Infallible>(())
             })
@@ -467,7 +474,7 @@ fn guard_bound_forces_a_wait_on_the_oldest() {
 #[test]
 fn byte_bound_forces_a_wait_on_the_oldest() {
     let h = Harness::new(ReleaseConfig {
-        max_pending_bytes: 1000,
+        max_pending_bytes: 1000.into(),
         ..config(1000)
     });
     for i in 0..3 {
@@ -487,6 +494,126 @@ fn byte_bound_forces_a_wait_on_the_oldest() {
     assert_eq!(h.dropped(), 4 + 40);
     h.assert_sound();
     assert_eq!(h.stats().pending_bytes, 0);
+}
+
+#[test]
+fn a_launch_whose_bytes_exceed_the_bound_is_queued_not_waited_for() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_bytes: 1000.into(),
+        ..config(1000)
+    });
+    // 5000 bytes against a bound of 1000: neither the launch nor its defer waits.
+    h.launch_bytes(2, 5000).defer();
+    assert_eq!((h.fake.calls().wait, h.dropped()), (0, 0));
+    assert_eq!(h.stats().pending_bytes, 5000);
+    // Launches that add no bytes never wait because of bytes, however full the queue.
+    for _ in 0..10 {
+        h.launch_bytes(1, 0).defer();
+        h.launch_deferred_bytes(1, 0);
+    }
+    assert_eq!((h.fake.calls().wait, h.dropped()), (0, 0));
+    assert_eq!(h.stats().pending_guards, 22);
+    // One that adds bytes waits until the bytes queued before it are released (oldest work
+    // first: here the first launch), and is then queued although it exceeds the bound alone.
+    h.launch_deferred_bytes(1, 7000);
+    assert_eq!(h.fake.calls().wait, 1);
+    assert!(h.dropped() >= 2, "the launch holding bytes was released");
+    assert!(h.drops().iter().all(|d| d.complete));
+    assert_eq!(h.stats().pending_bytes, 7000);
+    let waits = h.fake.calls().wait;
+    h.launch_bytes(1, 0).defer();
+    assert_eq!(h.fake.calls().wait, waits, "adds no bytes: no wait");
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 24);
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(
+        (stats.pending_guards, stats.pending_bytes, stats.released),
+        (0, 0, 24)
+    );
+}
+
+#[test]
+fn near_bound_says_when_half_of_a_bound_is_queued() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 8,
+        max_pending_bytes: 1000.into(),
+        ..config(1000)
+    });
+    assert!(!h.tracker.near_bound());
+    h.launch_bytes(3, 0).defer();
+    assert!(!h.tracker.near_bound(), "3 of 8 guards");
+    let held = h.launch_bytes(5, 0);
+    assert!(
+        !h.tracker.near_bound(),
+        "a live handle's guards are not queued"
+    );
+    held.defer();
+    assert!(h.tracker.near_bound(), "8 of 8 guards");
+    h.tracker.synchronize().unwrap();
+    assert!(!h.tracker.near_bound());
+    h.launch_bytes(1, 499).defer();
+    assert!(!h.tracker.near_bound(), "499 of 1000 bytes");
+    h.launch_bytes(1, 1).defer();
+    assert!(h.tracker.near_bound(), "500 of 1000 bytes");
+    h.tracker.synchronize().unwrap();
+    assert!(!h.tracker.near_bound());
+    assert_eq!(h.fake.calls().wait, 2, "asking never waits");
+    h.assert_sound();
+}
+
+#[test]
+fn byte_bound_share_of_device_resolves_once_against_the_timeline() {
+    let fake = FakeTimeline::new();
+    fake.set_device_memory(141_000_000_000);
+    let h = Harness::with_fake(fake.clone(), config(64));
+    // The default: a quarter of the device.
+    assert_eq!(h.tracker.max_pending_bytes(), 35_250_000_000);
+    // Read once: a later change of the device's answer does not move the bound.
+    fake.set_device_memory(1000);
+    assert_eq!(h.tracker.max_pending_bytes(), 35_250_000_000);
+    let share = |percent| ReleaseConfig {
+        max_pending_bytes: PendingBytes::ShareOfDevice { percent },
+        ..config(64)
+    };
+    let with_memory = |bytes: Option<u64>, percent| {
+        let f = FakeTimeline::new();
+        if let Some(b) = bytes {
+            f.set_device_memory(b);
+        }
+        Harness::with_fake(f, share(percent))
+            .tracker
+            .max_pending_bytes()
+    };
+    assert_eq!(with_memory(Some(80 << 30), 10), (80u64 << 30) / 100 * 10);
+    assert_eq!(
+        with_memory(Some(1_000_000), 0),
+        10_000,
+        "0 % is taken as 1 %"
+    );
+    assert_eq!(
+        with_memory(Some(1_000_000), 250),
+        1_000_000,
+        "capped at 100 %"
+    );
+    // A timeline that does not know its device's memory: the fallback.
+    assert_eq!(with_memory(None, 25), PendingBytes::FALLBACK);
+    assert_eq!(PendingBytes::FALLBACK, 4 << 30);
+    // A fixed bound ignores the device.
+    let f = FakeTimeline::new();
+    f.set_device_memory(1 << 40);
+    let fixed = Harness::with_fake(
+        f,
+        ReleaseConfig {
+            max_pending_bytes: PendingBytes::Bytes(123),
+            ..config(64)
+        },
+    );
+    assert_eq!(fixed.tracker.max_pending_bytes(), 123);
+    assert_eq!(
+        ReleaseConfig::default().max_pending_bytes,
+        PendingBytes::ShareOfDevice { percent: 25 }
+    );
 }
 
 #[test]
@@ -1058,7 +1185,10 @@ fn concurrency_smoke(config: ReleaseConfig, threads: u64, launches: u64) {
                         stats.pending_guards <= config.max_pending_guards,
                         "{stats:?}"
                     );
-                    assert!(stats.pending_bytes <= config.max_pending_bytes, "{stats:?}");
+                    assert!(
+                        stats.pending_bytes <= h.tracker.max_pending_bytes(),
+                        "{stats:?}"
+                    );
                 }
                 for handle in kept {
                     handle.defer();
@@ -1108,7 +1238,7 @@ fn concurrency_smoke_tight_bounds() {
             marker_every: 4,
             poll_every: 2,
             max_pending_guards: 24,
-            max_pending_bytes: 2_000,
+            max_pending_bytes: 2_000.into(),
         },
         4,
         1000,

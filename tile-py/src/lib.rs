@@ -30,6 +30,7 @@
 //! (inline argument buffers) and `pyo3`.
 //! Nothing depends on it. `pyo3` appears in this crate alone.
 
+mod bound;
 mod convert;
 mod errors;
 mod kernel;
@@ -260,15 +261,7 @@ fn launch(
     sync: bool,
 ) -> PyResult<LaunchHandle> {
     drain(py);
-    if FINALIZING.load(Ordering::Acquire) {
-        return Err(err(
-            Kind::Value,
-            "tile_py is shutting down (interpreter exit): no more launches",
-        ));
-    }
-    if FORKED.load(Ordering::Acquire) {
-        return Err(forked_err());
-    }
+    check_usable()?;
     let (spec, cached) = streams::parse_stream_cached(stream)?;
     let config = parse_config(
         grid,
@@ -278,12 +271,7 @@ fn launch(
         cooperative,
         programmatic_dependent_launch,
     )?;
-    let kernel = kernel.cast::<Kernel>().map_err(|_| {
-        err(
-            Kind::Type,
-            format!("kernel must be a tile_py.Kernel, got {}", show(kernel)),
-        )
-    })?;
+    let kernel = as_kernel(kernel)?;
     let kernel = kernel.get();
     let args = arg_list(args)?;
     check_count(kernel.inner.name(), &kernel.params, args.len())?;
@@ -292,8 +280,67 @@ fn launch(
         Some(s) => s,
         None => streams::get_and_cache(py, stream, spec)?,
     };
+    launch_on(
+        py,
+        &Target {
+            stream: &s,
+            stream_value,
+            kernel,
+            config: &config,
+            bound: None,
+        },
+        &args,
+        sync,
+    )
+}
+
+/// Refuses a launch while the interpreter exits or in a forked child.
+fn check_usable() -> PyResult<()> {
+    if FINALIZING.load(Ordering::Acquire) {
+        return Err(err(
+            Kind::Value,
+            "tile_py is shutting down (interpreter exit): no more launches",
+        ));
+    }
+    if FORKED.load(Ordering::Acquire) {
+        return Err(forked_err());
+    }
+    Ok(())
+}
+
+/// `kernel` as a `tile_py.Kernel`, or a `TypeError`.
+fn as_kernel<'a, 'py>(kernel: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, Kernel>> {
+    kernel.cast::<Kernel>().map_err(|_| {
+        err(
+            Kind::Type,
+            format!("kernel must be a tile_py.Kernel, got {}", show(kernel)),
+        )
+    })
+}
+
+/// Where and what a launch launches: the stream (and the value producers are told), the kernel
+/// and its configuration, and, for a bound launch, what `Kernel.bind` prepared.
+struct Target<'a> {
+    stream: &'a Stream,
+    stream_value: i64,
+    kernel: &'a Kernel,
+    config: &'a tile_launch::LaunchConfig,
+    bound: Option<&'a tile_launch::BoundLaunch>,
+}
+
+/// The launch path shared by `tile_py.launch` and `BoundLaunch.__call__`, once the stream,
+/// the configuration and the argument count are known good: converts the arguments (the
+/// DLPack handshake), has tile-launch check them all, consume and launch, and rolls back on an
+/// error.
+fn launch_on(
+    py: Python<'_>,
+    t: &Target<'_>,
+    args: &ArgList<'_>,
+    sync: bool,
+) -> PyResult<LaunchHandle> {
+    let (s, kernel) = (t.stream, t.kernel);
     let hs = Handshake {
-        dlpack_stream: if sync { stream_value } else { -1 },
+        dlpack_stream: if sync { t.stream_value } else { -1 },
         sync,
         device: s.context().ordinal(),
     };
@@ -302,29 +349,28 @@ fn launch(
         args,
         claims,
         owners,
-    } = convert_args(py, &kernel.params, &args, &hs)?;
+    } = convert_args(py, &kernel.params, args, &hs)?;
     let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
     let owner_guards: SmallVec<[Guard; 2]> = owners
         .iter()
         .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
         .collect();
     let go = |consumed: &mut [bool]| {
-        s.launch_with(
-            &kernel.inner,
-            &config,
-            args,
-            |index, used| {
-                consumed[index] = true;
-                Guard::Owner(Box::new(PyGuard::tensor(used)))
-            },
-            owner_guards,
-        )
+        let guard = |index: usize, used| {
+            consumed[index] = true;
+            // No allocation per tensor: the release queue hands it to `release_tensor`.
+            Guard::HandedOff(tile_launch::HandOff::new(used, release::release_tensor))
+        };
+        match t.bound {
+            Some(b) => b.launch_with(args, guard, owner_guards),
+            None => s.launch_with(&kernel.inner, t.config, args, guard, owner_guards),
+        }
     };
     // The launch is a few microseconds of non-blocking driver calls: made attached, since
     // detaching and re-attaching costs about as much and hands the interpreter to any waiting
     // thread. It can block only when the release queue is near its bound (it then waits for the
     // oldest queued work first): then it is made detached.
-    let r = if may_block(&s) {
+    let r = if may_block(s) {
         let work = SameThread((go, consumed.as_mut_slice()));
         py.detach(move || {
             let work = work;
@@ -346,7 +392,7 @@ fn launch(
             drop(owners);
             drop(claims);
             Ok(LaunchHandle {
-                inner: Mutex::new(Some((h, s))),
+                inner: Mutex::new(Some((h, s.clone()))),
             })
         }
         Err(e) => {
@@ -372,14 +418,12 @@ fn _after_fork_in_child() {
     release::after_fork_in_child();
 }
 
-/// Whether a launch or a `defer` on `s` may wait for queued work (the release queue is at least
-/// half full, against the default bounds tile-py's streams are made with). Racy by design: it
-/// only decides whether to detach from the interpreter around the call.
+/// Whether a launch or a `defer` on `s` may wait for queued work (the calling thread's release
+/// queue of `s` is at least half full against its bounds). Racy by design: it only decides
+/// whether to detach from the interpreter around the call. Asked twice per launch (launch and
+/// handle drop), so it takes one lock of that queue and copies no counters.
 fn may_block(s: &tile_launch::Stream) -> bool {
-    let bounds = tile_launch::ReleaseConfig::default();
-    let st = s.stats();
-    st.pending_guards.saturating_mul(2) >= bounds.max_pending_guards
-        || st.pending_bytes.saturating_mul(2) >= bounds.max_pending_bytes
+    s.near_release_bound()
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the
@@ -536,9 +580,13 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   not all released yet. Once its work is released a stream is forgotten: its stream object is
 ///   no longer kept alive and its handle is never touched again (it may be destroyed and reused).
 /// - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
-///   `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
-///   on the streams' release queues until an event shows their work finished.
-/// - `held_guards`, `held_bytes`: guards and bytes owned by live `LaunchHandle`s.
+///   `__cuda_array_interface__` object kept alive) of dropped handles, queued on the streams'
+///   release queues until an event shows their work finished, and the bytes among them that
+///   only the queue keeps alive (exports the producer copied for the launch, DLPack
+///   `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
+///   of the device's memory: past it, a launch that adds such bytes first waits for older work.
+/// - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by live
+///   `LaunchHandle`s.
 /// - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
 ///   release queues, CUDA graphs, and exports dropped by a failed check.
 /// - `guards_released`: guards the streams' release queues dropped, once the work was done (or
@@ -645,6 +693,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::Kernel>()?;
     m.add_class::<kernel::PyParam>()?;
     m.add_class::<LaunchHandle>()?;
+    m.add_class::<bound::BoundLaunch>()?;
     m.add_function(wrap_pyfunction!(kernel::input, m)?)?;
     m.add_function(wrap_pyfunction!(kernel::output, m)?)?;
     m.add_function(wrap_pyfunction!(kernel::inout, m)?)?;

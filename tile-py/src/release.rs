@@ -101,6 +101,12 @@ fn push(items: impl IntoIterator<Item = Release>) {
 }
 
 /// Queues a release; the deleter runs at the next [`drain`].
+/// Releases a consumed tensor from wherever a launch's guard is dropped: queues it for a thread
+/// that holds the GIL ([`tile_launch::HandOff`]'s release function).
+pub(crate) fn release_tensor(used: Used) {
+    defer_release(Release::Tensor(used));
+}
+
 pub(crate) fn defer_release(item: Release) {
     push([item]);
 }

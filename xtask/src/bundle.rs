@@ -151,8 +151,10 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs the GPU bundle. Fails if no NVIDIA GPU is found.
 #   bash run.sh                 every test binary with the GPU tests included, the example, and
 #                               the tile_py wheel's pytest suite
-#   bash run.sh --bench [DIR]   the launch benchmarks (Rust, then Python); figures go to DIR
-#                               (default ./bench-results), the table to standard output
+#   bash run.sh --bench [DIR] [--burst N]
+#                               the launch benchmarks (Rust, then Python), burst mode (N
+#                               launches per burst, default 64) and the saturated loop; figures
+#                               go to DIR (default ./bench-results), the tables to standard output
 #   bash run.sh --sanitize [rust|python [TOOL...]]
 #                               the GPU tests under compute-sanitizer (memcheck, racecheck,
 #                               synccheck); both halves unless one is named
@@ -218,14 +220,21 @@ if [ "${1:-}" = "--sanitize" ]; then
     exit $status
 fi
 if [ "${1:-}" = "--bench" ]; then
-    results=${2:-bench-results}
+    # bash run.sh --bench [DIR] [--burst N]: burst mode and the saturated loop, Rust then Python
+    # (one process each); the Python JSON carries every burst ratio, the Rust one included.
+    shift
+    results=bench-results
+    if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then results=$1; shift; fi
     mkdir -p "$results"
     stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
     status=0
+    start=$(date +%s)
     echo "== Rust launch benchmark"
-    "$here/examples/bench_launch" --out "$results/$stamp-rust.json" || status=1
+    "$here/examples/bench_launch" --out "$results/$stamp-rust.json" "$@" || status=1
     echo "== Python launch benchmark"
-    bash "$here/python/run_pytest.sh" --bench "$results/$stamp-python.json" || status=1
+    bash "$here/python/run_pytest.sh" --bench "$results/$stamp-python.json" \
+        --rust "$results/$stamp-rust.json" "$@" || status=1
+    echo "run.sh --bench: $(( $(date +%s) - start )) s; figures in $results/$stamp-{rust,python}.json"
     exit $status
 fi
 status=0

@@ -29,7 +29,7 @@ const TASKS: &[(&str, &[&str])] = &[
     ("test", &[]),
     ("wheel", &[]),
     ("gpu-bundle", &[]),
-    ("bench", &[]),
+    ("bench", &["--burst="]),
 ];
 
 fn main() -> Result<()> {
@@ -51,7 +51,13 @@ fn main() -> Result<()> {
         println!("{USAGE}");
         return Ok(());
     }
-    if let Some(bad) = rest.iter().find(|a| !accepted.contains(&a.as_str())) {
+    // An accepted `--name=` takes a value in the same argument (`--burst=32`).
+    let is_accepted = |a: &str| {
+        accepted
+            .iter()
+            .any(|acc| *acc == a || (acc.ends_with('=') && a.starts_with(acc)))
+    };
+    if let Some(bad) = rest.iter().find(|a| !is_accepted(a)) {
         let takes = if accepted.is_empty() {
             "no arguments".to_owned()
         } else {
@@ -67,7 +73,7 @@ fn main() -> Result<()> {
         "codegen" => codegen::run(rest.iter().any(|a| a == "--check")),
         "test" => test(),
         "gpu-bundle" => bundle::run(),
-        "bench" => bench(),
+        "bench" => bench(rest),
         "wheel" => wheel::build().map(|w| println!("wheel: {}", w.display())),
         _ => unreachable!("every task of TASKS is matched"),
     }
@@ -83,21 +89,35 @@ tasks:
   wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
   gpu-bundle          build target/gpu-bundle/ for a GPU machine: release test binaries, the examples,
                       the kernels, the tile_py wheel with its tests, and run.sh
-  bench               build the bundle and run its benchmarks here (needs a GPU); results in bench/results/.
-                      On a GPU machine without Rust: bash target/gpu-bundle/run.sh --bench [DIR]
+  bench [--burst=N]   build the bundle and run its benchmarks here (needs a GPU): burst mode (N
+                      launches per burst, default 64) beside the saturated loop; results in
+                      bench/results/. On a GPU machine without Rust:
+                      bash target/gpu-bundle/run.sh --bench [DIR] [--burst N]
                       (DIR defaults to ./bench-results)
 
 A task takes no arguments but those shown; `cargo xtask <task> --help` prints this help.";
 
-/// `cargo xtask bench`: the bundle's benchmarks, run on this machine's GPU.
-fn bench() -> Result<()> {
+/// `cargo xtask bench [--burst=N]`: the bundle's benchmarks, run on this machine's GPU.
+fn bench(rest: &[String]) -> Result<()> {
+    let burst = rest
+        .iter()
+        .find_map(|a| a.strip_prefix("--burst="))
+        .map(|n| {
+            n.parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--burst takes a positive integer, got `{n}`"))
+        })
+        .transpose()?;
     bundle::run()?;
     let root = workspace_root();
-    run_cmd(
-        Command::new("bash")
-            .arg(root.join("target/gpu-bundle/run.sh"))
-            .args(["--bench".as_ref(), root.join("bench/results").as_os_str()]),
-    )
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join("target/gpu-bundle/run.sh"))
+        .args(["--bench".as_ref(), root.join("bench/results").as_os_str()]);
+    if let Some(n) = burst {
+        cmd.args(["--burst".to_owned(), n.to_string()]);
+    }
+    run_cmd(&mut cmd)
 }
 
 /// Runs a command from the workspace root, failing with the command line if it fails.

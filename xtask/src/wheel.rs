@@ -204,7 +204,7 @@ pub fn bundle(out: &Path) -> Result<()> {
 const RUN_PYTEST_SH: &str = r#"#!/usr/bin/env bash
 # Installs the tile_py wheel into a temporary directory (no network, no Rust) and runs the pytest
 # suite: the CPU tests, then the GPU tests with TILE_REQUIRE_GPU=1 (a missing GPU fails), then the
-# example. Usage: bash python/run_pytest.sh [--bench OUT.json | --sanitize [TOOL...]]
+# example. Usage: bash python/run_pytest.sh [--bench OUT.json [BENCH ARGS...] | --sanitize [TOOL...]]
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
@@ -223,7 +223,9 @@ print(":".join(sorted(dirs)))
 if [ -n "$nvrtc_dirs" ]; then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$nvrtc_dirs"; fi
 export PYTHONPATH="$tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${1:-}" = "--bench" ]; then
-    "$py" "$here/bench/launch_bench.py" --out "${2:-python-bench.json}"
+    out=${2:-python-bench.json}
+    shift $(( $# > 1 ? 2 : 1 ))
+    "$py" "$here/bench/launch_bench.py" --out "$out" "$@"
     exit $?
 fi
 cd "$tmp"

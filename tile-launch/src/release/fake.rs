@@ -106,6 +106,8 @@ struct FakeState {
     calls: FakeCalls,
     /// For a thread-bound timeline: the thread it belongs to.
     owner: Option<std::thread::ThreadId>,
+    /// What [`Timeline::device_memory`] answers.
+    device_memory: Option<u64>,
 }
 
 impl FakeState {
@@ -177,6 +179,7 @@ impl FakeTimeline {
                     blocking: false,
                     calls: FakeCalls::default(),
                     owner: None,
+                    device_memory: None,
                 }),
                 progressed: Condvar::new(),
             }),
@@ -193,6 +196,12 @@ impl FakeTimeline {
     /// [`FakeCalls::foreign`]).
     pub fn bind_to_current_thread(&self) {
         self.with(|st| st.owner = Some(std::thread::current().id()));
+    }
+
+    /// Makes [`Timeline::device_memory`] answer `bytes` (a device of that much memory); a new
+    /// fake answers `None`. Set it before creating the tracker, which reads it once.
+    pub fn set_device_memory(&self, bytes: u64) {
+        self.with(|st| st.device_memory = Some(bytes));
     }
 
     /// Enqueues one unit of work; returns its number (1 for the first).
@@ -363,5 +372,9 @@ impl Timeline for FakeTimeline {
 
     fn reachable_here(&self) -> bool {
         self.with(|st| st.owner.is_none_or(|o| o == std::thread::current().id()))
+    }
+
+    fn device_memory(&self) -> Option<u64> {
+        self.with(|st| st.device_memory)
     }
 }

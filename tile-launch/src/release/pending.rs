@@ -215,8 +215,9 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// until the launched work has completed.
     ///
     /// - `guards`: what the launch keeps alive (one per consumed tensor, in argument order).
-    /// - `bytes`: the memory those guards keep alive, in bytes, counted against
-    ///   [`ReleaseConfig::max_pending_bytes`](super::ReleaseConfig::max_pending_bytes).
+    /// - `bytes`: the memory only these guards keep alive (no other owner holds it), in bytes,
+    ///   counted against [`ReleaseConfig::max_pending_bytes`](super::ReleaseConfig::max_pending_bytes)
+    ///   while the launch is queued; 0 when the caller keeps every tensor alive itself.
     ///
     /// Before `enqueue`, if the queue plus these guards would exceed a bound, waits for the
     /// oldest queued work and releases it (a wait that fails leaks the entry it waited for, and
@@ -251,8 +252,8 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// instead of twice and making no handle: the guards go straight to the queue. Returns the
     /// launch's sequence number.
     ///
-    /// Guards that exceed a bound on their own are handled as `defer` handles them: waited for
-    /// and released before this returns.
+    /// Guards that exceed the guard bound on their own are handled as `defer` handles them:
+    /// waited for and released before this returns. Bytes never make a launch wait for itself.
     ///
     /// # Errors
     ///
@@ -267,9 +268,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         bytes: u64,
         enqueue: impl FnOnce() -> Result<(), E>,
     ) -> Result<u64, E> {
-        if guards.len() > self.config().max_pending_guards
-            || bytes > self.config().max_pending_bytes
-        {
+        if self.too_many_guards(guards.len()) {
             let pending = self.launch(guards, bytes, enqueue)?;
             let seq = pending.seq();
             pending.defer();

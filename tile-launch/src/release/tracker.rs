@@ -244,6 +244,8 @@ impl<T: Timeline, G> State<T, G> {
 pub struct Tracker<T: Timeline, G: Send + 'static> {
     timeline: T,
     config: ReleaseConfig,
+    /// [`ReleaseConfig::max_pending_bytes`], resolved against the device when created.
+    max_pending_bytes: u64,
     state: Mutex<State<T, G>>,
     released: AtomicU64,
     leaked: AtomicU64,
@@ -269,10 +271,15 @@ enum Target {
 
 impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// Creates the tracker of the stream that `timeline` observes.
+    ///
+    /// A [`PendingBytes::ShareOfDevice`](super::PendingBytes::ShareOfDevice) bound is resolved
+    /// here, once, against [`Timeline::device_memory`].
     pub fn new(timeline: T, config: ReleaseConfig) -> Arc<Self> {
+        let max_pending_bytes = config.max_pending_bytes.resolve(timeline.device_memory());
         Arc::new(Self {
             timeline,
             config,
+            max_pending_bytes,
             state: Mutex::new(State {
                 next_seq: 0,
                 completed_through: 0,
@@ -304,6 +311,28 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// The configuration the tracker was created with.
     pub fn config(&self) -> ReleaseConfig {
         self.config
+    }
+
+    /// The bound on the bytes the queue alone keeps alive, in bytes
+    /// ([`ReleaseConfig::max_pending_bytes`] resolved against the device).
+    pub fn max_pending_bytes(&self) -> u64 {
+        self.max_pending_bytes
+    }
+
+    /// Whether the queue holds at least half of a bound (guards, or bytes once it holds any):
+    /// a later launch or `defer` may soon have to wait for queued work. One lock, no counters
+    /// copied: cheap enough to ask before every launch.
+    pub fn near_bound(&self) -> bool {
+        let st = self.lock();
+        st.deferred_guards.saturating_mul(2) >= self.config.max_pending_guards
+            || (st.deferred_bytes > 0
+                && st.deferred_bytes.saturating_mul(2) >= self.max_pending_bytes)
+    }
+
+    /// Whether one launch of `guards` guards exceeds the guard bound on its own (it is then
+    /// waited for when deferred). Bytes never make a launch wait for its own work.
+    pub(super) fn too_many_guards(&self, guards: usize) -> bool {
+        guards > self.config.max_pending_guards
     }
 
     fn lock(&self) -> MutexGuard<'_, State<T, G>> {
@@ -532,15 +561,15 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     }
 
     /// Queues a handle's guards. First makes room for them (waiting for the oldest queued work
-    /// if the queue is full), so that the queue never exceeds its bounds; guards that exceed a
-    /// bound on their own are waited for and released here instead of being queued.
+    /// if the queue is full), so that the queue stays within its bounds; guards that exceed the
+    /// guard bound on their own are waited for and released here instead of being queued. A
+    /// launch whose bytes alone exceed the byte bound is queued (alone, once room is made):
+    /// its size never makes it synchronous.
     pub(super) fn defer(&self, seq: u64, guards: Held<G>, bytes: u64) {
         let n = guards.len();
         let st = self.lock();
         let mut st = self.make_room(st, n, bytes);
-        if st.deferred.is_empty()
-            && (n > self.config.max_pending_guards || bytes > self.config.max_pending_bytes)
-        {
+        if st.deferred.is_empty() && self.too_many_guards(n) {
             drop(st);
             log::debug!(
                 "tile-launch release queue: launch #{seq} ({n} guards, {bytes} bytes) exceeds the \
@@ -708,11 +737,16 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         }
     }
 
-    /// Whether the queue plus `extra` would exceed a bound (never when the queue is empty).
+    /// Whether the queue plus `extra` would exceed a bound (never when the queue is empty). The
+    /// byte bound applies only to a launch that adds bytes, and only while queued launches hold
+    /// bytes: one that adds none never waits for older work because of bytes, and a large one
+    /// waits at most until the bytes queued before it are released.
     fn over_bound(&self, st: &State<T, G>, extra_guards: usize, extra_bytes: u64) -> bool {
         !st.deferred.is_empty()
             && (st.deferred_guards.saturating_add(extra_guards) > self.config.max_pending_guards
-                || st.deferred_bytes.saturating_add(extra_bytes) > self.config.max_pending_bytes)
+                || (extra_bytes > 0
+                    && st.deferred_bytes > 0
+                    && st.deferred_bytes.saturating_add(extra_bytes) > self.max_pending_bytes))
     }
 
     /// Waits for and releases the oldest queued launches until the queue plus `extra` fits the

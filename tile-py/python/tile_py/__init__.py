@@ -19,6 +19,7 @@ import atexit as _atexit
 import os as _os
 
 from ._tile_py import (
+    BoundLaunch,
     CudaError,
     DriverNotFoundError,
     In,
@@ -40,6 +41,7 @@ from ._tile_py import (
 )
 
 __all__ = [
+    "BoundLaunch",
     "CudaError",
     "DriverNotFoundError",
     "In",

@@ -5,6 +5,7 @@ from types import TracebackType
 from typing import Any, Optional, Sequence, Tuple, Type, Union, final
 
 __all__ = [
+    "BoundLaunch",
     "CudaError",
     "DriverNotFoundError",
     "In",
@@ -72,6 +73,56 @@ class Kernel:
     def name(self) -> str: ...
     @property
     def params(self) -> list[Param]: ...
+    def bind(
+        self,
+        stream: _StreamLike,
+        grid: _Dims,
+        *,
+        block: _Dims,
+        shared_mem: Optional[int] = None,
+        cluster: Optional[_Dims] = None,
+        cooperative: bool = False,
+        programmatic_dependent_launch: bool = False,
+    ) -> BoundLaunch:
+        """Binds this kernel to `stream` and a launch configuration for repeated launches, and
+        returns a `BoundLaunch`: `bound(*args)` then launches as `launch(stream, grid, kernel,
+        args, block=..., ...)` does. The arguments are as for `launch`. The configuration is
+        checked against the device once, here (and the kernel opted in to more than 48 KiB of
+        dynamic shared memory, `cuKernelSetAttribute`); each call checks only its arguments.
+
+        Raises `TypeError` or `ValueError` for a bad stream, grid, block, shared memory or
+        kernel (as `launch` does, before anything is bound), `tile_py.CudaError` (a failed
+        driver call) and `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
+        """
+
+@final
+class BoundLaunch:
+    """A kernel bound to a stream and a launch configuration (`Kernel.bind`); calling it
+    launches. `BoundLaunch(stream, grid, kernel, block=..., ...)` is `kernel.bind(stream, grid,
+    block=..., ...)`."""
+
+    def __new__(
+        cls,
+        stream: _StreamLike,
+        grid: _Dims,
+        kernel: Kernel,
+        *,
+        block: _Dims,
+        shared_mem: Optional[int] = None,
+        cluster: Optional[_Dims] = None,
+        cooperative: bool = False,
+        programmatic_dependent_launch: bool = False,
+    ) -> BoundLaunch: ...
+    def __call__(self, *args: Any, sync: bool = True) -> LaunchHandle:
+        """Launches the bound kernel with `args` (one per declared parameter) and returns the
+        `LaunchHandle` that owns the consumed tensors, as `launch` does: every argument is
+        checked (count, kinds, dtypes, devices, writability, overlap, scalar ranges) before any
+        tensor is consumed, producers are ordered before the bound stream, and tensors are
+        released only after the work is done. `sync` is as for `launch`. Raises as `launch`
+        does, less the configuration's errors (checked at bind time)."""
+    @property
+    def kernel(self) -> Kernel:
+        """The bound kernel."""
 
 @final
 class Library:
@@ -166,9 +217,13 @@ def stats() -> dict[str, int]:
       not all released yet. Once its work is released a stream is forgotten: its stream object is
       no longer kept alive and its handle is never touched again (it may be destroyed and reused).
     - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
-      `__cuda_array_interface__` object kept alive) and tensor bytes of dropped handles, queued
-      on the streams' release queues until an event shows their work finished.
-    - `held_guards`, `held_bytes`: guards and bytes owned by live `LaunchHandle`s.
+      `__cuda_array_interface__` object kept alive) of dropped handles, queued on the streams'
+      release queues until an event shows their work finished, and the bytes among them that
+      only the queue keeps alive (exports the producer copied for the launch, DLPack
+      `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
+      of the device's memory: past it, a launch that adds such bytes first waits for older work.
+    - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by live
+      `LaunchHandle`s.
     - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
       release queues, CUDA graphs, and exports dropped by a failed check.
     - `guards_released`: guards the streams' release queues dropped, once the work was done (or

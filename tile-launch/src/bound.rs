@@ -1,0 +1,140 @@
+//! Prepared launches: a kernel, a launch configuration and a stream bound once
+//! ([`Stream::bind`]), launched many times with new arguments ([`BoundLaunch`]).
+
+use std::fmt;
+
+use tile_dlpack::Used;
+
+use crate::args::Arg;
+use crate::config::LaunchConfig;
+use crate::error::Result;
+use crate::guard::Guard;
+use crate::handle::LaunchHandle;
+use crate::module::Kernel;
+use crate::stream::Stream;
+
+/// A kernel, a launch configuration (grid, block, dynamic shared memory, launch attributes) and
+/// a stream, checked against the device once, by [`Stream::bind`]; each call then checks only
+/// what can change with its arguments (count, kinds, dtypes, devices, writability, overlap,
+/// scalar ranges, pointer devices, a capture in progress) and launches through the same path as
+/// [`Stream::launch`]: tensors are consumed only once every check passed, the launch is ordered
+/// after their producers, and they are kept alive until the work is done.
+///
+/// Cloning is cheap (it shares the stream and the kernel).
+///
+/// What binding checked is not checked again: a primary context reset after binding (which
+/// drops a kernel's shared-memory opt-in) makes a later launch that needs the opt-in fail with
+/// the driver's error (`CUDA_ERROR_INVALID_VALUE`), with nothing consumed; bind again then.
+#[derive(Clone)]
+pub struct BoundLaunch {
+    stream: Stream,
+    kernel: Kernel,
+    config: LaunchConfig,
+}
+
+impl fmt::Debug for BoundLaunch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundLaunch")
+            .field("kernel", &self.kernel.name())
+            .field("config", &self.config)
+            .field("stream", &self.stream.raw())
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Binds `kernel` and `config` to this stream for repeated launches: checks the
+    /// configuration against the device's limits and prepares the kernel for it once (the
+    /// shared-memory opt-in, `cuKernelSetAttribute`; the cooperative grid bound,
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`), so that [`BoundLaunch::launch`] makes
+    /// none of those checks again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the limit and the value;
+    /// [`Error::Cuda`](crate::Error::Cuda) when a driver call fails;
+    /// [`Error::Driver`](crate::Error::Driver) when no driver is installed. Nothing is bound
+    /// then.
+    #[doc(alias = "cuKernelSetAttribute")]
+    pub fn bind(&self, kernel: &Kernel, config: &LaunchConfig) -> Result<BoundLaunch> {
+        let ctx = self.context();
+        config.validate(ctx.limits())?;
+        if config.shared_mem_bytes > 0 || config.cooperative {
+            let d = cuda_sys::driver()?;
+            let _bound = ctx.bind_with(d)?;
+            kernel.prepare_launch(d, ctx, config)?;
+        }
+        Ok(BoundLaunch {
+            stream: self.clone(),
+            kernel: kernel.clone(),
+            config: *config,
+        })
+    }
+}
+
+impl BoundLaunch {
+    /// The stream launches go to.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The bound kernel.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// The bound configuration.
+    pub fn config(&self) -> &LaunchConfig {
+        &self.config
+    }
+
+    /// Launches the bound kernel with `args`, as [`Stream::launch`] does, without checking the
+    /// configuration again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::launch`], less the configuration's
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (checked by [`Stream::bind`]).
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<LaunchHandle> {
+        self.launch_with(args, |_, used| Guard::Tensor(used), [])
+    }
+
+    /// As [`Stream::launch_deferred`]: the tensors go straight to the stream's release queue.
+    ///
+    /// # Errors
+    ///
+    /// As [`launch`](BoundLaunch::launch).
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_deferred<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<()> {
+        self.stream
+            .launch_core(
+                &self.kernel,
+                &self.config,
+                args,
+                |_, used| Guard::Tensor(used),
+                [],
+                true,
+                true,
+            )
+            .map(drop)
+    }
+
+    /// As [`Stream::launch_with`]: `guard(index, used)` is called once per tensor argument as
+    /// it is consumed; `owners` are held until the work is done.
+    ///
+    /// # Errors
+    ///
+    /// As [`launch`](BoundLaunch::launch).
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_with<'a>(
+        &self,
+        args: impl IntoIterator<Item = Arg<'a>>,
+        guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+    ) -> Result<LaunchHandle> {
+        self.stream
+            .launch_core(&self.kernel, &self.config, args, guard, owners, false, true)
+            .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
+    }
+}

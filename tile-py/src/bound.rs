@@ -1,0 +1,141 @@
+//! `tile_py.BoundLaunch` (made by `Kernel.bind`): a kernel, a launch configuration and a stream
+//! bound once, launched many times with new arguments.
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::convert::parse_config;
+use crate::errors::launch_err;
+use crate::kernel::Kernel;
+use crate::{LaunchHandle, Target, arg_list, as_kernel, check_count, check_usable, streams};
+
+/// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
+/// `bound(*args, sync=True)`, launches as `tile_py.launch` does and returns a `LaunchHandle`;
+/// the configuration was checked against the device once, at bind time.
+#[pyclass(frozen, module = "tile_py")]
+pub(crate) struct BoundLaunch {
+    kernel: Py<Kernel>,
+    inner: tile_launch::BoundLaunch,
+    /// The stream value producers are told (`__dlpack__(stream=...)`).
+    stream_value: i64,
+}
+
+/// Binds: parses and checks the stream, the configuration and the kernel, then has tile-launch
+/// check the configuration against the device and prepare the kernel for it, once.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bind(
+    py: Python<'_>,
+    stream: &Bound<'_, PyAny>,
+    grid: &Bound<'_, PyAny>,
+    kernel: &Bound<'_, PyAny>,
+    block: &Bound<'_, PyAny>,
+    shared_mem: Option<&Bound<'_, PyAny>>,
+    cluster: Option<&Bound<'_, PyAny>>,
+    cooperative: bool,
+    programmatic_dependent_launch: bool,
+) -> PyResult<BoundLaunch> {
+    crate::release::drain(py);
+    check_usable()?;
+    let (spec, cached) = streams::parse_stream_cached(stream)?;
+    let config = parse_config(
+        grid,
+        block,
+        shared_mem,
+        cluster,
+        cooperative,
+        programmatic_dependent_launch,
+    )?;
+    let kernel = as_kernel(kernel)?;
+    let stream_value = spec.dlpack_value();
+    let s = match cached {
+        Some(s) => s,
+        None => streams::get_and_cache(py, stream, spec)?,
+    };
+    let inner = s
+        .bind(&kernel.get().inner, &config)
+        .map_err(|e| launch_err(py, e, |_| None))?;
+    Ok(BoundLaunch {
+        kernel: kernel.clone().unbind(),
+        inner,
+        stream_value,
+    })
+}
+
+#[pymethods]
+impl BoundLaunch {
+    /// Binds `kernel` to `stream` and a launch configuration; the arguments are as for
+    /// `tile_py.launch`. `Kernel.bind(stream, grid, block=...)` is the same.
+    #[new]
+    #[pyo3(signature = (stream, grid, kernel, *, block, shared_mem = None, cluster = None,
+                        cooperative = false, programmatic_dependent_launch = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        stream: &Bound<'_, PyAny>,
+        grid: &Bound<'_, PyAny>,
+        kernel: &Bound<'_, PyAny>,
+        block: &Bound<'_, PyAny>,
+        shared_mem: Option<&Bound<'_, PyAny>>,
+        cluster: Option<&Bound<'_, PyAny>>,
+        cooperative: bool,
+        programmatic_dependent_launch: bool,
+    ) -> PyResult<BoundLaunch> {
+        bind(
+            py,
+            stream,
+            grid,
+            kernel,
+            block,
+            shared_mem,
+            cluster,
+            cooperative,
+            programmatic_dependent_launch,
+        )
+    }
+
+    /// Launches the bound kernel with `args` (one per declared parameter), as
+    /// `tile_py.launch` does, and returns its `LaunchHandle`.
+    #[pyo3(signature = (*args, sync = true))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        sync: bool,
+    ) -> PyResult<LaunchHandle> {
+        crate::release::drain(py);
+        check_usable()?;
+        let kernel = self.kernel.get();
+        let args = arg_list(args.as_any())?;
+        check_count(kernel.inner.name(), &kernel.params, args.len())?;
+        crate::launch_on(
+            py,
+            &Target {
+                stream: self.inner.stream(),
+                stream_value: self.stream_value,
+                kernel,
+                config: self.inner.config(),
+                bound: Some(&self.inner),
+            },
+            &args,
+            sync,
+        )
+    }
+
+    /// The bound kernel.
+    #[getter]
+    fn kernel(&self, py: Python<'_>) -> Py<Kernel> {
+        self.kernel.clone_ref(py)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.inner.config();
+        let dims = |d: tile_launch::Dim3| format!("({}, {}, {})", d.x, d.y, d.z);
+        format!(
+            "<tile_py.BoundLaunch {} grid={} block={} shared_mem={}>",
+            self.kernel.get().inner.name(),
+            dims(c.grid),
+            dims(c.block),
+            c.shared_mem_bytes
+        )
+    }
+}
