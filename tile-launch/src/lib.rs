@@ -76,6 +76,7 @@
 //! manual-completion fake (feature `testing`: `release::fake`).
 
 mod args;
+mod array;
 pub mod capture;
 mod capture_state;
 mod config;
@@ -92,7 +93,8 @@ mod sync;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
-pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
+pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args, pack_args};
+pub use array::{ArrayField, IndexType};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};
