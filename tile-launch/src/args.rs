@@ -235,8 +235,9 @@ fn check_arg(
                 intent,
                 ndim,
                 index: ty,
+                assume,
             },
-        ) => (*dtype, *intent, Some((*ndim, *ty))),
+        ) => (*dtype, *intent, Some((*ndim, *ty, assume))),
         (Arg::Scalar(s), Param::Scalar(ty)) => {
             return match s.encode(*ty) {
                 Some(value) => {
@@ -305,6 +306,11 @@ fn check_arg(
             out.push(view.data_ptr());
             Ok(())
         }
-        Some((ndim, ty)) => crate::array::pack(index, &view, ndim, ty, out),
+        Some((ndim, ty, assume)) => {
+            crate::array::pack(index, &view, ndim, ty, out)?;
+            crate::array::check_assumptions(index, &view, assume).inspect_err(|_| {
+                out.truncate(out.len() - (1 + 2 * usize::from(ndim)));
+            })
+        }
     }
 }

@@ -97,6 +97,16 @@ pub enum Error {
         index_type: crate::IndexType,
     },
 
+    /// A tensor passed to an array parameter breaks an assumption the kernel was compiled under
+    /// ([`ArrayAssumptions`](crate::ArrayAssumptions)); running it would be undefined.
+    #[error("argument {index}: {rule}, which the kernel was compiled to assume")]
+    AssumptionBroken {
+        /// Zero-based argument index.
+        index: usize,
+        /// The broken assumption and the tensor's value, as a sentence.
+        rule: String,
+    },
+
     /// A tensor lives on a device the launch stream cannot use.
     #[error(
         "argument {index}: tensor is on {tensor}, but the launch stream is on cuda:{stream_device}"

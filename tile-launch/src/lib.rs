@@ -94,7 +94,7 @@ mod sync;
 pub mod cudarc_interop;
 
 pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args, pack_args};
-pub use array::{ArrayField, IndexType};
+pub use array::{ArrayAssumptions, ArrayField, IndexType, MAX_ASSUMED_DIMS};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits};

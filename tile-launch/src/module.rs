@@ -9,7 +9,7 @@ use cuda_sys::{
 };
 use tile_dlpack::DType;
 
-pub use crate::array::IndexType;
+pub use crate::array::{ArrayAssumptions, IndexType};
 use crate::config::LaunchConfig;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -124,6 +124,8 @@ pub enum Param {
         ndim: u8,
         /// The integer type of the extents and strides.
         index: IndexType,
+        /// What the kernel assumes about the tensor, checked at each launch.
+        assume: ArrayAssumptions,
     },
 }
 
@@ -161,6 +163,27 @@ impl Param {
             intent,
             ndim,
             index,
+            assume: ArrayAssumptions::none(),
+        }
+    }
+
+    /// This array parameter with `assume` checked at each launch; other parameters unchanged.
+    pub fn assuming(self, assume: ArrayAssumptions) -> Param {
+        match self {
+            Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index,
+                ..
+            } => Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index,
+                assume,
+            },
+            other => other,
         }
     }
 
@@ -208,13 +231,18 @@ impl fmt::Display for Param {
                 intent,
                 ndim,
                 index,
+                assume,
             } => {
                 let how = match intent {
                     Intent::Read => "input",
                     Intent::Write => "output",
                     Intent::ReadWrite => "in-out",
                 };
-                write!(f, "{how} array of {dtype} (ndim {ndim}, index {index})")
+                write!(f, "{how} array of {dtype} (ndim {ndim}, index {index}")?;
+                if !assume.is_none() {
+                    f.write_str(", with layout assumptions")?;
+                }
+                f.write_str(")")
             }
         }
     }

@@ -6,7 +6,8 @@ use proptest::prelude::*;
 use tile_dlpack::testing::{TensorSpec, counted_tensor};
 use tile_dlpack::{DType, Device};
 use tile_launch::{
-    Arg, ArrayField, Error, IndexType, Intent, Param, ScalarType, Signature, check_args, pack_args,
+    Arg, ArrayAssumptions, ArrayField, Error, IndexType, Intent, Param, ScalarType, Signature,
+    check_args, pack_args,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
@@ -289,4 +290,118 @@ proptest! {
         drop(args);
         prop_assert_eq!(count.get(), 0);
     }
+}
+
+fn cutile_like(ndim: u8) -> ArrayAssumptions {
+    // What cuTile assumes for a dense, 16-byte aligned float32 tensor whose extents are
+    // multiples of 16: base address and strides 16-byte divisible, unit innermost stride.
+    let mut a = ArrayAssumptions::none();
+    a.base_addr_divisible_by = 16;
+    for d in 0..usize::from(ndim) {
+        a.shape_divisible_by[d] = 16;
+        a.stride_divisible_by[d] = 4;
+    }
+    a.stride_divisible_by[usize::from(ndim) - 1] = 1;
+    a.unit_stride = 1 << (ndim - 1);
+    a.nonnegative_strides = true;
+    a.disjoint = true;
+    a
+}
+
+fn assumed(ndim: u8) -> Signature {
+    Signature::new([array(ndim, IndexType::I32).assuming(cutile_like(ndim))])
+}
+
+#[test]
+fn arguments_that_keep_the_assumptions_pack_as_usual() {
+    let (a, ca) = counted_tensor(&TensorSpec::new(&[32, 64], DType::F32));
+    let args: Vec<Arg<'_>> = vec![a.into()];
+    assert_eq!(
+        pack_args("k", &assumed(2), &args, 0).unwrap(),
+        reference(BASE, 0, &[32, 64], &[64, 1], IndexType::I32)
+    );
+    drop(args);
+    assert_eq!(ca.get(), 0);
+}
+
+/// Each way to break one assumption, refused before consuming, naming the argument and rule.
+#[test]
+fn each_broken_assumption_is_refused_before_consuming() {
+    let cases: Vec<(TensorSpec, &str)> = vec![
+        (
+            TensorSpec::new(&[32, 64], DType::F32).byte_offset(4),
+            "argument 0: its data pointer 0x7f0000000004 is not a multiple of 16 bytes, which \
+             the kernel was compiled to assume",
+        ),
+        (
+            // The transposed view: the outer stride (1) is not a multiple of 16 bytes.
+            TensorSpec::new(&[32, 64], DType::F32).strides(&[1, 32]),
+            "argument 0: the stride 1 of dimension 0 is not a multiple of 4 elements, which the \
+             kernel was compiled to assume",
+        ),
+        (
+            // Inner stride 2: a multiple of nothing assumed there, but not the assumed unit.
+            TensorSpec::new(&[32, 64], DType::F32).strides(&[128, 2]),
+            "argument 0: the stride 2 of dimension 1 is not 1, which the kernel was compiled to \
+             assume",
+        ),
+        (
+            TensorSpec::new(&[32, 62], DType::F32),
+            "argument 0: the stride 62 of dimension 0 is not a multiple of 4 elements, which \
+             the kernel was compiled to assume",
+        ),
+        (
+            TensorSpec::new(&[32, 64], DType::F32).strides(&[66, 1]),
+            "argument 0: the stride 66 of dimension 0 is not a multiple of 4 elements, which \
+             the kernel was compiled to assume",
+        ),
+        (
+            TensorSpec::new(&[24, 64], DType::F32),
+            "argument 0: the extent 24 of dimension 0 is not a multiple of 16, which the kernel \
+             was compiled to assume",
+        ),
+        (
+            TensorSpec::new(&[32, 64], DType::F32)
+                .strides(&[-64, 1])
+                .byte_offset(31 * 64 * 4),
+            "argument 0: the stride -64 of dimension 0 is negative, which the kernel was \
+             compiled to assume",
+        ),
+        (
+            TensorSpec::new(&[32, 64], DType::F32).strides(&[16, 1]),
+            "argument 0: two of its indices address the same element, which the kernel was \
+             compiled to assume",
+        ),
+    ];
+    for (spec, want) in cases {
+        let (a, ca) = counted_tensor(&spec);
+        let args: Vec<Arg<'_>> = vec![a.into()];
+        let e = pack_args("k", &assumed(2), &args, 0).unwrap_err();
+        assert!(matches!(e, Error::AssumptionBroken { index: 0, .. }), "{e}");
+        assert_eq!(e.to_string(), want);
+        drop(args);
+        assert_eq!(ca.get(), 0);
+    }
+}
+
+#[test]
+fn unit_shape_assumption_is_checked() {
+    let mut a = ArrayAssumptions::none();
+    a.unit_shape = 0b01;
+    let sig = Signature::new([array(2, IndexType::I64).assuming(a)]);
+    let (ok, _) = counted_tensor(&TensorSpec::new(&[1, 8], DType::F32));
+    assert!(pack_args("k", &sig, &[ok.into()], 0).is_ok());
+    let (bad, cb) = counted_tensor(&TensorSpec::new(&[2, 8], DType::F32));
+    let args: Vec<Arg<'_>> = vec![bad.into()];
+    let e = check_args("k", &sig, &args, 0).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "argument 0: the extent 2 of dimension 0 is not 1, which the kernel was compiled to assume"
+    );
+    drop(args);
+    assert_eq!(cb.get(), 0);
+    assert_eq!(
+        array(2, IndexType::I64).assuming(a).to_string(),
+        "input array of float32 (ndim 2, index i64, with layout assumptions)"
+    );
 }
