@@ -166,7 +166,7 @@ impl ArrayAssumptions {
         let (shape, strides) = (view.shape(), view.strides());
         let ptr = view.data_ptr();
         let base = u64::from(self.base_addr_divisible_by);
-        if base > 1 && ptr % base != 0 {
+        if base > 1 && !ptr.is_multiple_of(base) {
             return Some(format!(
                 "its data pointer {ptr:#x} is not a multiple of {base} bytes"
             ));
