@@ -49,7 +49,11 @@ class Param:
     """A declared kernel parameter; made by In, Out, InOut or Scalar."""
 
 def In(
-    dtype: _DTypeLike, *, ndim: Optional[int] = None, index: Optional[str] = None
+    dtype: _DTypeLike,
+    *,
+    ndim: Optional[int] = None,
+    index: Optional[str] = None,
+    assume: Optional[dict[str, Any]] = None,
 ) -> Param:
     """A tensor the kernel reads: a pointer to its first element (data + byte_offset).
 
@@ -58,16 +62,32 @@ def In(
     ``index`` ('i32', 'u32' or 'i64'; default 'i64'). Any layout is accepted; a tensor of
     another ndim raises TypeError, an extent or stride that does not fit ``index`` raises
     OverflowError, both before anything is consumed. Each of the kernel parameters is checked
-    against the compiled kernel's size (cuKernelGetParamInfo)."""
+    against the compiled kernel's size (cuKernelGetParamInfo).
+
+    ``assume`` (array parameters only) names layout assumptions the kernel was compiled under,
+    checked at every launch before anything is consumed (a tensor that breaks one raises
+    ValueError naming the rule): ``base_addr_divisible_by`` (bytes), ``stride_divisible_by`` and
+    ``shape_divisible_by`` (one int per dimension, in elements), ``unit_stride`` and
+    ``unit_shape`` (dimensions whose stride, or extent, is 1), ``nonnegative_strides`` and
+    ``disjoint`` (no two indices address one element). Per-dimension assumptions cover at most
+    the first 8 dimensions."""
 
 def Out(
-    dtype: _DTypeLike, *, ndim: Optional[int] = None, index: Optional[str] = None
+    dtype: _DTypeLike,
+    *,
+    ndim: Optional[int] = None,
+    index: Optional[str] = None,
+    assume: Optional[dict[str, Any]] = None,
 ) -> Param:
     """A tensor the kernel writes; read-only or self-overlapping tensors are refused. ``ndim``
     and ``index`` as for In."""
 
 def InOut(
-    dtype: _DTypeLike, *, ndim: Optional[int] = None, index: Optional[str] = None
+    dtype: _DTypeLike,
+    *,
+    ndim: Optional[int] = None,
+    index: Optional[str] = None,
+    assume: Optional[dict[str, Any]] = None,
 ) -> Param:
     """A tensor the kernel reads and writes. ``ndim`` and ``index`` as for In."""
 
