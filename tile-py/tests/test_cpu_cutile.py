@@ -190,3 +190,43 @@ def test_refusals_before_anything_is_consumed():
         key(K.axpy, (Dev([64]), 1.0))
     assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
     assert tc.cache_info()["entries"] == 0
+
+
+def _arr(dtype, ndim, **kw):
+    kw.setdefault("stride_lower_bound_incl", 0)
+    return ArrayConstraint(dtype, ndim, index_dtype=ct.int32, alias_groups=(),
+                           may_alias_internally=False, **kw)
+
+
+EXPORTS = {
+    "axpy": lambda: [_arr(ct.float32, 1, stride_constant=(1,))] * 3 + [ScalarConstraint(ct.float32)],
+    "scale_2d": lambda: [_arr(ct.float32, 2, stride_constant=(1, None)),
+                         _arr(ct.float32, 2, stride_constant=(None, 1)), 32, 16],
+    "row_sum": lambda: [_arr(ct.float32, 2, stride_constant=(None, 1)),
+                        _arr(ct.float32, 1, stride_constant=(1,)), 256],
+    "affine_pair": lambda: [(_arr(ct.float32, 1), _arr(ct.float32, 1)), _arr(ct.float32, 1),
+                            ScalarConstraint(ct.float32), ScalarConstraint(ct.float32), 16],
+    "matmul": lambda: [_arr(ct.float32, 2, stride_constant=(None, 1))] * 3 + [64, 64, 32],
+}
+
+
+@pytest.mark.skipif(
+    __import__("shutil").which("tileiras") is None,
+    reason="cuTile's compiler (tileiras, CUDA 13.2+) is not on PATH",
+)
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_test_kernels_export_for_sm_90_without_a_gpu(name):
+    """The GPU tests' kernels compile for sm_90 on this machine (tileiras needs no GPU), under
+    the mangled symbol tile_py.cutile looks up."""
+    import io
+
+    from cuda.tile.compilation import export_kernel
+
+    kernel = getattr(K, name)
+    sig = KernelSignature(EXPORTS[name](), CallingConvention.cutile_python_v2()).with_mangled_symbol(name)
+    buf = io.BytesIO()
+    export_kernel(kernel, [sig], buf, gpu_code="sm_90", output_format="cubin")
+    cubin = buf.getvalue()
+    assert cubin[:4] == b"\x7fELF"
+    assert sig.symbol.encode() in cubin
+    tc.params_from_signature(sig)
