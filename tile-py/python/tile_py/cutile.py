@@ -75,15 +75,19 @@ _STATS = {"hits": 0, "misses": 0}
 
 
 # ---- the specialisation key --------------------------------------------------------------------
+#
+# Computed on every launch, so kept cheap: an array's features are memoised by its raw layout
+# (dtype, shape, strides, base-address alignment), and a kernel's parameter annotations are read
+# once.
 
 
 def _layout(obj: Any) -> Optional[Tuple[Any, int, int, Tuple[int, ...], Tuple[int, ...]]]:
     """``(dtype, bits, data_ptr, shape, strides_in_elements)`` of an array argument, or None for
     anything else. PyTorch-like tensors are read through their attributes, other arrays through
     ``__cuda_array_interface__``."""
-    if hasattr(obj, "data_ptr") and hasattr(obj, "stride") and hasattr(obj, "dtype"):
-        bits = obj.element_size() * 8
-        return (str(obj.dtype), bits, int(obj.data_ptr()), tuple(obj.shape), tuple(obj.stride()))
+    data_ptr = getattr(obj, "data_ptr", None)
+    if data_ptr is not None and hasattr(obj, "stride"):
+        return (obj.dtype, obj.element_size() * 8, data_ptr(), tuple(obj.shape), tuple(obj.stride()))
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         typestr = cai["typestr"]
@@ -119,7 +123,7 @@ def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return all(b[0] > 0 and b[0] >= a[0] * a[1] for a, b in zip(dims, dims[1:]))
 
 
-def _array_key(dtype: Any, bits: int, ptr: int, shape: Sequence[int], strides: Sequence[int]):
+def _array_key(dtype: Any, bits: int, aligned: bool, shape: Sequence[int], strides: Sequence[int]):
     """What cuTile decides an array's constraint from (its specialisation bits)."""
     per_dim: Tuple[Any, ...] = ()
     if len(shape) <= 5:
@@ -133,28 +137,51 @@ def _array_key(dtype: Any, bits: int, ptr: int, shape: Sequence[int], strides: S
             for n, s in zip(shape, strides)
         )
     fits32 = all(-(2**31) <= v < 2**31 for v in (*shape, *strides))
-    return ("array", dtype, len(shape), ptr % 16 == 0, _disjoint(shape, strides), fits32, per_dim)
+    return ("array", dtype, len(shape), aligned, _disjoint(shape, strides), fits32, per_dim)
 
 
-def _annotations(kernel: Any) -> Tuple[Sequence[Any], Sequence[str]]:
-    af = kernel._annotated_function
-    return af.parameter_annotations, list(af.pysig.parameters)
+_FEATURES: Dict[Any, Any] = {}
 
 
-def _leaf_key(obj: Any, constant: bool, spans: List[Tuple[int, int, int]]):
-    lay = _layout(obj)
-    if lay is not None:
-        dtype, bits, ptr, shape, strides = lay
-        lo, hi = ptr, ptr
-        for n, s in zip(shape, strides):
-            if n == 0:
-                lo = hi = ptr
-                break
-            off = (n - 1) * s * bits // 8
-            lo, hi = (lo + off, hi) if off < 0 else (lo, hi + off)
-        if all(n > 0 for n in shape):
-            spans.append((lo, hi + max(bits // 8, 1), len(spans)))
-        return _array_key(dtype, bits, ptr, shape, strides)
+def _array_features(dtype: Any, bits: int, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...]):
+    raw = (dtype, bits, ptr & 15 == 0, shape, strides)
+    f = _FEATURES.get(raw)
+    if f is None:
+        if len(_FEATURES) >= 4096:
+            _FEATURES.clear()
+        f = _FEATURES[raw] = _array_key(dtype, bits, raw[2], shape, strides)
+    return f
+
+
+def _span(bits: int, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...]):
+    """The bytes ``[lo, hi)`` an array can touch, or None when it is empty."""
+    lo = hi = ptr
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return None
+        off = (n - 1) * s * bits // 8
+        if off < 0:
+            lo += off
+        else:
+            hi += off
+    return (lo, hi + max(bits // 8, 1))
+
+
+_PLANS: Dict[Any, Tuple[Sequence[Any], Sequence[str], Tuple[bool, ...]]] = {}
+
+
+def _plan(kernel: Any) -> Tuple[Sequence[Any], Sequence[str], Tuple[bool, ...]]:
+    """The kernel's parameter annotations, names, and per parameter whether it is ct.Constant."""
+    plan = _PLANS.get(kernel)
+    if plan is None:
+        af = kernel._annotated_function
+        anns = tuple(af.parameter_annotations)
+        consts = tuple(bool(getattr(a, "constant", False)) for a in anns)
+        plan = _PLANS[kernel] = (anns, tuple(af.pysig.parameters), consts)
+    return plan
+
+
+def _scalar_key(obj: Any, constant: bool):
     if constant or not isinstance(obj, (bool, int, float)) and not hasattr(obj, "dtype"):
         # A compile-time constant (or something only a constant can be): its value decides the
         # code.
@@ -165,18 +192,30 @@ def _leaf_key(obj: Any, constant: bool, spans: List[Tuple[int, int, int]]):
                 f"tile_py.cutile cannot key a kernel on the unhashable value {obj!r}"
             ) from None
         return ("const", type(obj), obj)
-    if isinstance(obj, bool):
-        return ("scalar", bool)
-    if isinstance(obj, int):
-        return ("scalar", int, -(2**31) <= obj < 2**31)
-    if isinstance(obj, float):
-        return ("scalar", float)
-    return ("scalar", type(obj), str(obj.dtype))
+    t = type(obj)
+    if t is float or t is bool:
+        return t
+    if t is int:
+        return ("int", -(2**31) <= obj < 2**31)
+    if isinstance(obj, (bool, int, float)):
+        return ("scalar", t)
+    return ("scalar", t, str(obj.dtype))
+
+
+def _leaf_key(obj: Any, constant: bool, spans: List[Tuple[int, int, int]]):
+    lay = _layout(obj)
+    if lay is None:
+        return _scalar_key(obj, constant)
+    dtype, bits, ptr, shape, strides = lay
+    span = _span(bits, ptr, shape, strides)
+    if span is not None:
+        spans.append((span[0], span[1], len(spans)))
+    return _array_features(dtype, bits, ptr, shape, strides)
 
 
 def _arg_key(obj: Any, ann: Any, name: str, spans: List[Tuple[int, int, int]]):
-    kind = getattr(ann, "KIND", "leaf")
     if isinstance(obj, tuple):
+        kind = getattr(ann, "KIND", "leaf")
         if kind == "homogeneous_tuple":
             anns: Sequence[Any] = [ann.each] * len(obj)
         elif kind == "heterogeneous_tuple":
@@ -198,14 +237,22 @@ def specialization_key(kernel: Any, args: Sequence[Any]) -> Tuple[Any, ...]:
     ``NotImplementedError`` naming a parameter tile_py.cutile cannot pass, ``ValueError`` when
     two array arguments overlap in memory (cuTile compiles arrays as not aliasing), and
     ``TypeError`` for an argument whose layout cannot be read."""
-    anns, names = _annotations(kernel)
+    anns, names, consts = _plan(kernel)
     if len(args) != len(anns):
         raise TypeError(
             f"kernel {kernel._annotated_function.pyfunc.__name__!r} takes {len(anns)} arguments "
             f"but {len(args)} were given"
         )
     spans: List[Tuple[int, int, int]] = []
-    key = tuple(_arg_key(a, ann, n, spans) for a, ann, n in zip(args, anns, names))
+    key = []
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is float or t is bool or t is int:
+            key.append(_scalar_key(a, consts[i]))
+        elif t is tuple or t is list:
+            key.append(_arg_key(a, anns[i], names[i], spans))
+        else:
+            key.append(_leaf_key(a, consts[i], spans))
     if len(spans) > 1:
         spans.sort()
         for (lo_a, hi_a, ia), (lo_b, _hi_b, ib) in zip(spans, spans[1:]):
@@ -215,7 +262,7 @@ def specialization_key(kernel: Any, args: Sequence[Any]) -> Tuple[Any, ...]:
                     "order of appearance) overlap in memory; cuTile compiles every array as "
                     "not aliasing any other"
                 )
-    return key
+    return tuple(key)
 
 
 # ---- constraints to tile parameters ------------------------------------------------------------
@@ -354,8 +401,7 @@ def _compile(kernel: Any, args: Tuple[Any, ...], cc: Tuple[int, int]) -> _Compil
 
     convention = getattr(CallingConvention, _CONVENTION)()
     sig = KernelSignature.from_kernel_args(kernel, args, convention)
-    _anns, names = _annotations(kernel)
-    params, keep = params_from_signature(sig, names)
+    params, keep = params_from_signature(sig, _plan(kernel)[1])
     buf = io.BytesIO()
     export_kernel(kernel, [sig], buf, gpu_code=f"sm_{cc[0]}{cc[1]}", output_format="cubin")
     lib = tile_py.Library.from_bytes(buf.getvalue())
@@ -402,8 +448,11 @@ def launch(
                 _STATS["misses"] += 1
     else:
         _STATS["hits"] += 1
-    leaves = _leaves(args)
-    passed = [x for x, k in zip(leaves, entry.keep) if k]
+    keep = entry.keep
+    if len(keep) == len(args) and all(keep):
+        passed: Sequence[Any] = args  # no tuple, no constant: the arguments as given
+    else:
+        passed = [x for x, k in zip(_leaves(args), keep) if k]
     return tile_py.launch(
         stream,
         grid,
