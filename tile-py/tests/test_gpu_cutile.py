@@ -317,3 +317,20 @@ def test_bench_burst_tile_cutile_vs_ct_launch(torch, ct, tc, K):
     ratio = rows["tile_py.cutile.launch"] / rows["ct.launch"]
     print("\nburst of 64, median host time per launch (3 torch tensors + 1 scalar): "
           + ", ".join(f"{k} {v:.2f} us" for k, v in rows.items()) + f"; ratio {ratio:.2f}")
+
+    # What picking the cubin costs per launch: tile_py.cutile's own key, against asking cuTile
+    # for the signature (which is why the key does not call cuTile).
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+
+    conv = CallingConvention.cutile_python_v2()
+    reps = 2000
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        tc.specialization_key(K.axpy, args)
+    key_us = (time.perf_counter() - t0) / reps * 1e6
+    t0 = time.perf_counter()
+    for _ in range(reps // 10):
+        KernelSignature.from_kernel_args(K.axpy, args, conv)
+    sig_us = (time.perf_counter() - t0) / (reps // 10) * 1e6
+    print(f"per launch: specialization_key {key_us:.2f} us, "
+          f"KernelSignature.from_kernel_args {sig_us:.2f} us")
