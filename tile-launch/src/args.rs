@@ -159,7 +159,8 @@ impl From<Scalar> for Arg<'_> {
 /// about 100 bytes, so the inline buffer is kept small enough to stay cheap to build.
 pub(crate) const INLINE_ARGS: usize = 8;
 
-/// The 8-byte parameter slots of a launch, one per argument, in order.
+/// The 8-byte parameter slots of a launch, one per kernel parameter, in order (an array
+/// argument fills `1 + 2 * ndim`).
 pub(crate) type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
 
 /// Checks `args` against `signature` exactly as [`Stream::launch`](crate::Stream::launch) does before consuming
@@ -179,6 +180,24 @@ pub fn check_args(
     check_all(kernel_name, signature, args, device_ordinal).map(drop)
 }
 
+/// The kernel parameter values a launch of `signature` with `args` passes, one 8-byte slot per
+/// kernel parameter (a value narrower than 8 bytes in the slot's low bytes, little-endian; an
+/// array parameter is `1 + 2 * ndim` slots), after the same checks as [`check_args`]. Nothing
+/// is consumed. For tests and tools that inspect what a kernel receives.
+///
+/// # Errors
+///
+/// As [`check_args`], plus [`Error::NdimMismatch`] and [`Error::IndexOverflow`] for array
+/// parameters.
+pub fn pack_args(
+    kernel_name: &str,
+    signature: &Signature,
+    args: &[Arg<'_>],
+    device_ordinal: i32,
+) -> Result<Vec<u64>> {
+    check_all(kernel_name, signature, args, device_ordinal).map(|v| v.into_vec())
+}
+
 pub(crate) fn check_all(
     kernel_name: &str,
     signature: &Signature,
@@ -195,65 +214,103 @@ pub(crate) fn check_all(
     }
     let mut values = ParamValues::with_capacity(args.len());
     for (index, (arg, param)) in args.iter().zip(params).enumerate() {
-        values.push(check_arg(index, arg, param, ordinal)?);
+        check_arg(index, arg, param, ordinal, &mut values)?;
     }
     Ok(values)
 }
 
-fn check_arg(index: usize, arg: &Arg<'_>, param: &Param, ordinal: i32) -> Result<u64> {
-    match (arg, param) {
-        (Arg::Tensor(t), Param::Tensor { dtype, intent }) => {
-            let view = match &t.source {
-                TensorSource::Unused(u) => u
-                    .peek()
-                    .map_err(|source| Error::Descriptor { index, source })?,
-                TensorSource::Used(u) => u.view(),
-            };
-            if view.dtype() != *dtype {
-                return Err(Error::DtypeMismatch {
+fn check_arg(
+    index: usize,
+    arg: &Arg<'_>,
+    param: &Param,
+    ordinal: i32,
+    out: &mut ParamValues,
+) -> Result<()> {
+    let (dtype, intent, array) = match (arg, param) {
+        (Arg::Tensor(_), Param::Tensor { dtype, intent }) => (*dtype, *intent, None),
+        (
+            Arg::Tensor(_),
+            Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index: ty,
+                assume,
+            },
+        ) => (*dtype, *intent, Some((*ndim, *ty, assume))),
+        (Arg::Scalar(s), Param::Scalar(ty)) => {
+            return match s.encode(*ty) {
+                Some(value) => {
+                    out.push(value);
+                    Ok(())
+                }
+                None => Err(Error::ArgumentKind {
                     index,
-                    expected: *dtype,
-                    got: view.dtype(),
-                });
-            }
-            let dev = view.device();
-            let device_ok = if dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAHOST {
-                true
-            } else {
-                (dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA
-                    || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAMANAGED)
-                    && dev.device_id == ordinal
+                    expected: param.to_string(),
+                    got: format!("{s} (wrong type or out of range)"),
+                }),
             };
-            if !device_ok {
-                return Err(Error::DeviceMismatch {
-                    index,
-                    tensor: dev,
-                    stream_device: ordinal,
-                });
-            }
-            if intent.writes() {
-                view.check_writable()
-                    .map_err(|source| Error::Descriptor { index, source })?;
-            }
-            Ok(view.data_ptr())
         }
-        (Arg::Scalar(s), Param::Scalar(ty)) => match s.encode(*ty) {
-            Some(value) => Ok(value),
-            None => Err(Error::ArgumentKind {
+        (Arg::Tensor(_), p) => {
+            return Err(Error::ArgumentKind {
                 index,
-                expected: param.to_string(),
-                got: format!("{s} (wrong type or out of range)"),
-            }),
-        },
-        (Arg::Tensor(_), p) => Err(Error::ArgumentKind {
+                expected: p.to_string(),
+                got: "a tensor".into(),
+            });
+        }
+        (Arg::Scalar(s), p) => {
+            return Err(Error::ArgumentKind {
+                index,
+                expected: p.to_string(),
+                got: s.to_string(),
+            });
+        }
+    };
+    let Arg::Tensor(t) = arg else {
+        unreachable!("only tensor arguments reach here")
+    };
+    let view = match &t.source {
+        TensorSource::Unused(u) => u
+            .peek()
+            .map_err(|source| Error::Descriptor { index, source })?,
+        TensorSource::Used(u) => u.view(),
+    };
+    if view.dtype() != dtype {
+        return Err(Error::DtypeMismatch {
             index,
-            expected: p.to_string(),
-            got: "a tensor".into(),
-        }),
-        (Arg::Scalar(s), p) => Err(Error::ArgumentKind {
+            expected: dtype,
+            got: view.dtype(),
+        });
+    }
+    let dev = view.device();
+    let device_ok = if dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAHOST {
+        true
+    } else {
+        (dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA
+            || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAMANAGED)
+            && dev.device_id == ordinal
+    };
+    if !device_ok {
+        return Err(Error::DeviceMismatch {
             index,
-            expected: p.to_string(),
-            got: s.to_string(),
-        }),
+            tensor: dev,
+            stream_device: ordinal,
+        });
+    }
+    if intent.writes() {
+        view.check_writable()
+            .map_err(|source| Error::Descriptor { index, source })?;
+    }
+    match array {
+        None => {
+            out.push(view.data_ptr());
+            Ok(())
+        }
+        Some((ndim, ty, assume)) => {
+            crate::array::pack(index, &view, ndim, ty, out)?;
+            crate::array::check_assumptions(index, &view, assume).inspect_err(|_| {
+                out.truncate(out.len() - (1 + 2 * usize::from(ndim)));
+            })
+        }
     }
 }

@@ -66,6 +66,47 @@ pub enum Error {
         got: DType,
     },
 
+    /// A tensor passed to an array parameter ([`Param::Array`](crate::Param::Array)) has another
+    /// number of dimensions than declared.
+    #[error("argument {index}: expected an array of {expected} dimensions, got {got}")]
+    NdimMismatch {
+        /// Zero-based argument index.
+        index: usize,
+        /// The declared number of dimensions.
+        expected: u8,
+        /// The tensor's number of dimensions.
+        got: usize,
+    },
+
+    /// An extent or stride (in elements) of a tensor passed to an array parameter does not fit
+    /// the parameter's index type.
+    #[error(
+        "argument {index}: {field} {value} of dimension {dim} does not fit the array \
+         parameter's index type {index_type}"
+    )]
+    IndexOverflow {
+        /// Zero-based argument index.
+        index: usize,
+        /// Whether an extent or a stride was refused.
+        field: crate::ArrayField,
+        /// The dimension.
+        dim: usize,
+        /// The refused value, in elements.
+        value: i64,
+        /// The declared index type.
+        index_type: crate::IndexType,
+    },
+
+    /// A tensor passed to an array parameter breaks an assumption the kernel was compiled under
+    /// ([`ArrayAssumptions`](crate::ArrayAssumptions)); running it would be undefined.
+    #[error("argument {index}: {rule}, which the kernel was compiled to assume")]
+    AssumptionBroken {
+        /// Zero-based argument index.
+        index: usize,
+        /// The broken assumption and the tensor's value, as a sentence.
+        rule: String,
+    },
+
     /// A tensor lives on a device the launch stream cannot use.
     #[error(
         "argument {index}: tensor is on {tensor}, but the launch stream is on cuda:{stream_device}"

@@ -180,7 +180,8 @@ impl Stream {
             }
         }
         guards.extend(owners);
-        // 3. Parameters: one 8-byte slot per argument, pointed to by the parameter array.
+        // 3. Parameters: one 8-byte slot per kernel parameter (an array argument fills
+        //    `1 + 2 * ndim`), pointed to by the parameter array.
         let mut ptrs: SmallVec<[*mut c_void; INLINE_ARGS]> = values
             .iter_mut()
             .map(|v| (v as *mut u64).cast::<c_void>())

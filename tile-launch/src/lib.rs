@@ -77,6 +77,7 @@
 //! manual-completion fake (feature `testing`: `release::fake`).
 
 mod args;
+mod array;
 mod bound;
 pub mod capture;
 mod capture_state;
@@ -94,7 +95,8 @@ mod sync;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 
-pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
+pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args, pack_args};
+pub use array::{ArrayAssumptions, ArrayField, IndexType, MAX_ASSUMED_DIMS};
 pub use bound::BoundLaunch;
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};

@@ -9,6 +9,7 @@ use cuda_sys::{
 };
 use tile_dlpack::DType;
 
+pub use crate::array::{ArrayAssumptions, IndexType};
 use crate::config::LaunchConfig;
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -108,6 +109,24 @@ pub enum Param {
     },
     /// A scalar passed by value.
     Scalar(ScalarType),
+    /// A tensor passed as `1 + 2 * ndim` consecutive kernel parameters: the pointer to its first
+    /// element (`data + byte_offset`), then its `ndim` extents, then its `ndim` strides in
+    /// elements, each extent and stride in the declared [`IndexType`]. Any layout is accepted
+    /// (negative, zero and non-unit strides included); an extent or stride that does not fit the
+    /// index type is refused before anything is consumed. This is cuTile's calling convention
+    /// for arrays.
+    Array {
+        /// Element type the kernel expects.
+        dtype: DType,
+        /// Whether the kernel reads, writes or does both.
+        intent: Intent,
+        /// The number of dimensions the tensor must have.
+        ndim: u8,
+        /// The integer type of the extents and strides.
+        index: IndexType,
+        /// What the kernel assumes about the tensor, checked at each launch.
+        assume: ArrayAssumptions,
+    },
 }
 
 impl Param {
@@ -137,11 +156,60 @@ impl Param {
         Param::Scalar(ty)
     }
 
-    /// Size in bytes of the parameter as the kernel receives it.
+    /// An array parameter ([`Param::Array`]): `ndim` dimensions, extents and strides in `index`.
+    pub fn array(dtype: DType, intent: Intent, ndim: u8, index: IndexType) -> Param {
+        Param::Array {
+            dtype,
+            intent,
+            ndim,
+            index,
+            assume: ArrayAssumptions::none(),
+        }
+    }
+
+    /// This array parameter with `assume` checked at each launch; other parameters unchanged.
+    pub fn assuming(self, assume: ArrayAssumptions) -> Param {
+        match self {
+            Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index,
+                ..
+            } => Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index,
+                assume,
+            },
+            other => other,
+        }
+    }
+
+    /// Size in bytes of the parameter as the kernel receives it; for a [`Param::Array`], the
+    /// size of its first kernel parameter (the pointer).
     pub fn size(&self) -> usize {
         match self {
-            Param::Tensor { .. } => std::mem::size_of::<u64>(),
+            Param::Tensor { .. } | Param::Array { .. } => std::mem::size_of::<u64>(),
             Param::Scalar(t) => t.size(),
+        }
+    }
+
+    /// The number of kernel parameters this declaration stands for: 1, or `1 + 2 * ndim` for a
+    /// [`Param::Array`].
+    pub fn slots(&self) -> usize {
+        match self {
+            Param::Array { ndim, .. } => 1 + 2 * usize::from(*ndim),
+            _ => 1,
+        }
+    }
+
+    /// The size in bytes of kernel parameter `k` of this declaration (`k < self.slots()`).
+    pub fn slot_size(&self, k: usize) -> usize {
+        match self {
+            Param::Array { index, .. } if k > 0 => index.size(),
+            _ => self.size(),
         }
     }
 }
@@ -158,6 +226,24 @@ impl fmt::Display for Param {
                 write!(f, "{how} tensor of {dtype}")
             }
             Param::Scalar(t) => write!(f, "scalar {t}"),
+            Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index,
+                assume,
+            } => {
+                let how = match intent {
+                    Intent::Read => "input",
+                    Intent::Write => "output",
+                    Intent::ReadWrite => "in-out",
+                };
+                write!(f, "{how} array of {dtype} (ndim {ndim}, index {index}")?;
+                if !assume.is_none() {
+                    f.write_str(", with layout assumptions")?;
+                }
+                f.write_str(")")
+            }
         }
     }
 }
@@ -180,6 +266,12 @@ impl Signature {
     /// The parameters, in order.
     pub fn params(&self) -> &[Param] {
         &self.params
+    }
+
+    /// The number of kernel parameters the declarations stand for (an array counts
+    /// `1 + 2 * ndim`).
+    pub fn slot_count(&self) -> usize {
+        self.params.iter().map(Param::slots).sum()
     }
 }
 
@@ -438,26 +530,37 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
         kernel: name.to_owned(),
         reason,
     };
+    let n = sig.slot_count();
+    let mut slot = 0usize;
     for (i, p) in sig.params().iter().enumerate() {
-        let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: out-pointers to locals; `raw` is a kernel of a loaded library.
-        let r = unsafe { (d.cuKernelGetParamInfo)(raw, i, &mut offset, &mut size) };
-        if r == CUresult::CUDA_ERROR_INVALID_VALUE {
-            return Err(mismatch(format!(
-                "the signature declares {} parameters but the kernel takes {i}",
-                sig.params().len()
-            )));
-        }
-        r.check("cuKernelGetParamInfo")?;
-        if size != p.size() {
-            return Err(mismatch(format!(
-                "parameter {i} is declared as {p} ({} bytes) but the kernel's is {size} bytes",
-                p.size()
-            )));
+        for k in 0..p.slots() {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: out-pointers to locals; `raw` is a kernel of a loaded library.
+            let r = unsafe { (d.cuKernelGetParamInfo)(raw, slot, &mut offset, &mut size) };
+            if r == CUresult::CUDA_ERROR_INVALID_VALUE {
+                return Err(mismatch(format!(
+                    "the signature declares {n} parameters but the kernel takes {slot}"
+                )));
+            }
+            r.check("cuKernelGetParamInfo")?;
+            let want = p.slot_size(k);
+            if size != want {
+                let what = if p.slots() == 1 {
+                    format!("parameter {i}")
+                } else {
+                    format!(
+                        "kernel parameter {slot} ({} of parameter {i})",
+                        slot_name(p, k)
+                    )
+                };
+                return Err(mismatch(format!(
+                    "{what} is declared as {p} ({want} bytes) but the kernel's is {size} bytes"
+                )));
+            }
+            slot += 1;
         }
     }
     let (mut offset, mut size) = (0usize, 0usize);
-    let n = sig.params().len();
     // SAFETY: as above.
     let r = unsafe { (d.cuKernelGetParamInfo)(raw, n, &mut offset, &mut size) };
     if r == CUresult::CUDA_SUCCESS {
@@ -466,6 +569,16 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
         )));
     }
     Ok(())
+}
+
+/// What kernel parameter `k` of an array declaration is: `pointer`, `extent d` or `stride d`.
+fn slot_name(p: &Param, k: usize) -> String {
+    let n = (p.slots() - 1) / 2;
+    match k {
+        0 => "pointer".to_owned(),
+        k if k <= n => format!("extent {}", k - 1),
+        k => format!("stride {}", k - 1 - n),
+    }
 }
 
 /// What a kernel knows about itself on one device, learnt at its first launch there that needs

@@ -100,16 +100,20 @@ pub(crate) fn launch_err(
             }
             err(kind, msg)
         }
-        Error::ArgumentCount { .. } | Error::ArgumentKind { .. } | Error::DtypeMismatch { .. } => {
-            PyTypeError::new_err(e.to_string())
-        }
+        Error::ArgumentCount { .. }
+        | Error::ArgumentKind { .. }
+        | Error::DtypeMismatch { .. }
+        | Error::NdimMismatch { .. } => PyTypeError::new_err(e.to_string()),
         Error::DeviceMismatch { .. }
         | Error::InvalidConfig { .. }
         | Error::KernelName { .. }
         | Error::Layout(_)
         | Error::NonPrimaryContext { .. }
-        | Error::WrongContext { .. } => PyValueError::new_err(e.to_string()),
-        Error::DeviceOrdinal { .. } => PyOverflowError::new_err(e.to_string()),
+        | Error::WrongContext { .. }
+        | Error::AssumptionBroken { .. } => PyValueError::new_err(e.to_string()),
+        Error::DeviceOrdinal { .. } | Error::IndexOverflow { .. } => {
+            PyOverflowError::new_err(e.to_string())
+        }
         Error::Signature { .. } => PyTypeError::new_err(e.to_string()),
         Error::ReadFile { path, source, .. } => os_err(&path, &source),
         Error::PointerDeviceMismatch { .. }

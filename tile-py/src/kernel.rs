@@ -5,9 +5,12 @@ use std::path::PathBuf;
 
 use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use pyo3::types::PyString;
 use tile_dlpack::DType;
-use tile_launch::{Param, ScalarType, Signature};
+use tile_launch::{
+    ArrayAssumptions, IndexType, Intent, MAX_ASSUMED_DIMS, Param, ScalarType, Signature,
+};
 
 use crate::errors::{Kind, err, launch_err, show};
 
@@ -23,24 +26,33 @@ impl PyParam {
     fn __repr__(&self) -> String {
         match self.inner {
             Param::Tensor { dtype, intent } => {
-                let f = match intent {
-                    tile_launch::Intent::Read => "In",
-                    tile_launch::Intent::Write => "Out",
-                    tile_launch::Intent::ReadWrite => "InOut",
-                };
-                format!("tile_py.{f}({:?})", dtype.to_string())
+                format!("tile_py.{}({:?})", intent_fn(intent), dtype.to_string())
             }
             Param::Scalar(t) => format!("tile_py.Scalar({:?})", t.name()),
+            Param::Array {
+                dtype,
+                intent,
+                ndim,
+                index,
+                assume,
+            } => format!(
+                "tile_py.{}({:?}, ndim={ndim}, index={:?}{})",
+                intent_fn(intent),
+                dtype.to_string(),
+                index.name(),
+                if assume.is_none() { "" } else { ", assume=..." }
+            ),
             _ => format!("<tile_py.Param {}>", self.inner),
         }
     }
     fn __str__(&self) -> String {
         self.inner.to_string()
     }
-    /// Whether the parameter is a tensor (`In`, `Out`, `InOut`) rather than a scalar.
+    /// Whether the parameter is a tensor (`In`, `Out`, `InOut`, arrays included) rather than a
+    /// scalar.
     #[getter]
     fn is_tensor(&self) -> bool {
-        matches!(self.inner, Param::Tensor { .. })
+        matches!(self.inner, Param::Tensor { .. } | Param::Array { .. })
     }
     /// Whether the kernel writes the parameter's tensor (`Out`, `InOut`).
     #[getter]
@@ -48,6 +60,9 @@ impl PyParam {
         matches!(
             self.inner,
             Param::Tensor {
+                intent: tile_launch::Intent::Write | tile_launch::Intent::ReadWrite,
+                ..
+            } | Param::Array {
                 intent: tile_launch::Intent::Write | tile_launch::Intent::ReadWrite,
                 ..
             }
@@ -144,28 +159,179 @@ fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
     })
 }
 
-/// A tensor the kernel reads.
+fn intent_fn(intent: Intent) -> &'static str {
+    match intent {
+        Intent::Read => "In",
+        Intent::Write => "Out",
+        Intent::ReadWrite => "InOut",
+    }
+}
+
+fn parse_index_type(obj: &Bound<'_, PyAny>) -> PyResult<IndexType> {
+    let name = name_of(obj)?;
+    let n = name.strip_prefix("torch.").unwrap_or(&name);
+    Ok(match n {
+        "i32" | "int32" => IndexType::I32,
+        "u32" | "uint32" => IndexType::U32,
+        "i64" | "int64" => IndexType::I64,
+        _ => {
+            return Err(err(
+                Kind::Value,
+                format!(
+                    "unknown index type {}: use 'i32', 'u32' or 'i64'",
+                    show(obj)
+                ),
+            ));
+        }
+    })
+}
+
+/// A tensor parameter: a pointer (no `ndim`), or an array parameter (`ndim` given: the pointer,
+/// then `ndim` extents, then `ndim` strides in elements, in `index`, default `i64`).
+/// Parses `assume={...}` of an array parameter (see `In`).
+fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptions> {
+    let mut a = ArrayAssumptions::none();
+    let dims = usize::from(ndim).min(MAX_ASSUMED_DIMS);
+    let bad = |key: &str, what: String| err(Kind::Value, format!("assume[{key:?}]: {what}"));
+    for (k, v) in d.iter() {
+        let key: String = k.extract()?;
+        let per_dim = |v: &Bound<'_, PyAny>| -> PyResult<[u32; MAX_ASSUMED_DIMS]> {
+            let xs: Vec<u32> = v.extract().map_err(|_| {
+                bad(
+                    &key,
+                    format!("expected a sequence of positive ints, got {}", show(v)),
+                )
+            })?;
+            if xs.len() != usize::from(ndim) || xs.len() > dims {
+                return Err(bad(
+                    &key,
+                    format!(
+                        "expected {ndim} entries (at most {MAX_ASSUMED_DIMS}), got {}",
+                        xs.len()
+                    ),
+                ));
+            }
+            let mut out = [1u32; MAX_ASSUMED_DIMS];
+            out[..xs.len()].copy_from_slice(&xs);
+            Ok(out)
+        };
+        let mask = |v: &Bound<'_, PyAny>| -> PyResult<u8> {
+            let xs: Vec<usize> = v.extract().map_err(|_| {
+                bad(
+                    &key,
+                    format!("expected a sequence of dimensions, got {}", show(v)),
+                )
+            })?;
+            let mut m = 0u8;
+            for x in xs {
+                if x >= dims {
+                    return Err(bad(&key, format!("dimension {x} is not below {dims}")));
+                }
+                m |= 1 << x;
+            }
+            Ok(m)
+        };
+        match key.as_str() {
+            "base_addr_divisible_by" => {
+                a.base_addr_divisible_by = v
+                    .extract()
+                    .map_err(|_| bad(&key, format!("expected an int, got {}", show(&v))))?;
+            }
+            "stride_divisible_by" => a.stride_divisible_by = per_dim(&v)?,
+            "shape_divisible_by" => a.shape_divisible_by = per_dim(&v)?,
+            "unit_stride" => a.unit_stride = mask(&v)?,
+            "unit_shape" => a.unit_shape = mask(&v)?,
+            "nonnegative_strides" => a.nonnegative_strides = v.is_truthy()?,
+            "disjoint" => a.disjoint = v.is_truthy()?,
+            _ => {
+                return Err(err(
+                    Kind::Value,
+                    format!(
+                        "unknown assumption {key:?}: use base_addr_divisible_by, \
+                         stride_divisible_by, shape_divisible_by, unit_stride, unit_shape, \
+                         nonnegative_strides or disjoint"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(a)
+}
+
+fn tensor_param(
+    intent: Intent,
+    dtype: &Bound<'_, PyAny>,
+    ndim: Option<&Bound<'_, PyAny>>,
+    index: Option<&Bound<'_, PyAny>>,
+    assume: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyParam> {
+    let dtype = parse_dtype(dtype)?;
+    let inner = match (ndim, index) {
+        (None, None) if assume.is_none() => Param::Tensor { dtype, intent },
+        (None, _) => {
+            return Err(err(
+                Kind::Type,
+                "index and assume describe an array parameter: give ndim too",
+            ));
+        }
+        (Some(n), index) => {
+            let ndim = n.extract::<u8>().ok().filter(|&n| n <= 32).ok_or_else(|| {
+                err(
+                    Kind::Value,
+                    format!("ndim must be an int from 0 to 32, got {}", show(n)),
+                )
+            })?;
+            let index = match index {
+                Some(i) => parse_index_type(i)?,
+                None => IndexType::I64,
+            };
+            let p = Param::array(dtype, intent, ndim, index);
+            match assume {
+                Some(d) => p.assuming(parse_assumptions(d, ndim)?),
+                None => p,
+            }
+        }
+    };
+    Ok(PyParam { inner })
+}
+
+/// A tensor the kernel reads. With `ndim`, an array parameter: the pointer, `ndim` extents and
+/// `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`), with
+/// the layout assumptions of `assume` checked at each launch.
 #[pyfunction(name = "In")]
-pub(crate) fn input(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
-    Ok(PyParam {
-        inner: Param::input(parse_dtype(dtype)?),
-    })
+#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None))]
+pub(crate) fn input(
+    dtype: &Bound<'_, PyAny>,
+    ndim: Option<&Bound<'_, PyAny>>,
+    index: Option<&Bound<'_, PyAny>>,
+    assume: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyParam> {
+    tensor_param(Intent::Read, dtype, ndim, index, assume)
 }
 
-/// A tensor the kernel writes (read-only or self-overlapping tensors are refused).
+/// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
+/// `index` as for `In`.
 #[pyfunction(name = "Out")]
-pub(crate) fn output(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
-    Ok(PyParam {
-        inner: Param::output(parse_dtype(dtype)?),
-    })
+#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None))]
+pub(crate) fn output(
+    dtype: &Bound<'_, PyAny>,
+    ndim: Option<&Bound<'_, PyAny>>,
+    index: Option<&Bound<'_, PyAny>>,
+    assume: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyParam> {
+    tensor_param(Intent::Write, dtype, ndim, index, assume)
 }
 
-/// A tensor the kernel reads and writes.
+/// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
 #[pyfunction(name = "InOut")]
-pub(crate) fn inout(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
-    Ok(PyParam {
-        inner: Param::inout(parse_dtype(dtype)?),
-    })
+#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None))]
+pub(crate) fn inout(
+    dtype: &Bound<'_, PyAny>,
+    ndim: Option<&Bound<'_, PyAny>>,
+    index: Option<&Bound<'_, PyAny>>,
+    assume: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyParam> {
+    tensor_param(Intent::ReadWrite, dtype, ndim, index, assume)
 }
 
 /// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.

@@ -528,6 +528,55 @@ fn _check_args(
     r
 }
 
+/// The kernel parameter values a launch with `params` and `args` would pass, one int per
+/// kernel parameter (an array parameter gives its pointer, extents and strides), after the
+/// conversion and checks of `_check_args` (device `device`); nothing is consumed (every claim is
+/// rolled back). For tests on machines without a GPU.
+#[pyfunction]
+#[pyo3(signature = (params, args, *, stream = None, device = 0))]
+fn _pack_args(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    device: i32,
+) -> PyResult<Vec<u64>> {
+    drain(py);
+    let none = py.None().into_bound(py);
+    let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
+    let params = kernel::parse_params(params)?;
+    let args = arg_list(args)?;
+    check_count("_pack_args", &params, args.len())?;
+    let hs = Handshake {
+        dlpack_stream: spec.dlpack_value(),
+        sync: true,
+        device: spec.device.unwrap_or(device),
+    };
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = convert_args(py, &params, &args, &hs)?;
+    let sig = tile_launch::Signature::new(params.iter().copied());
+    let packed = tile_launch::pack_args("_pack_args", &sig, &args, hs.device);
+    drop(args);
+    Converted::rollback(claims, owners, &[]);
+    drain(py);
+    packed.map_err(|e| launch_err(py, e, expected(&params)))
+}
+
+/// The compute capability `(major, minor)` of `stream`'s device (read once per device with
+/// `cuDeviceGetAttribute` when tile_py first uses it). `stream` as for `launch`.
+#[pyfunction]
+fn compute_capability(py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<(u32, u32)> {
+    let (spec, cached) = streams::parse_stream_cached(stream)?;
+    let s = match cached {
+        Some(s) => s,
+        None => streams::get_and_cache(py, stream, spec)?,
+    };
+    Ok(s.context().limits().compute_capability)
+}
+
 /// Waits for the work of every stream that holds tensors not yet released (the GIL is
 /// released meanwhile), then releases every deferred tensor. Streams with nothing pending are
 /// not touched: their handles may have been destroyed since.
@@ -702,6 +751,8 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(_check_args, m)?)?;
+    m.add_function(wrap_pyfunction!(_pack_args, m)?)?;
+    m.add_function(wrap_pyfunction!(compute_capability, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_counters, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;

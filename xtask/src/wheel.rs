@@ -59,8 +59,16 @@ const BUILD_REQUIREMENTS: &[&str] = &["maturin>=1.9.3,<2", "ziglang==0.17.1"];
 const MANYLINUX: &str = "manylinux2014";
 
 /// NumPy and pytest for the suite; mypy for `stubtest`, pinned because each mypy release adds
-/// checks (mypy 2.4 needs Python 3.10 or newer; on an older venv stubtest is skipped, saying so).
-const TEST_REQUIREMENTS: &[&str] = &["numpy", "pytest", "mypy==2.4.1; python_version >= '3.10'"];
+/// checks (mypy 2.4 needs Python 3.10 or newer; on an older venv stubtest is skipped, saying so);
+/// cuTile Python (`cuda-tile`, a 0.4 MB wheel without its compiler extra; it imports without a
+/// driver) for the CPU tests of `tile_py.cutile`, pinned to the version whose calling convention
+/// `tile_py.cutile` declares.
+const TEST_REQUIREMENTS: &[&str] = &[
+    "numpy",
+    "pytest",
+    "mypy==2.4.1; python_version >= '3.10'",
+    "cuda-tile==1.7.0; python_version >= '3.10'",
+];
 
 /// Builds `target/wheels/tile_py-*.whl` (release, abi3, stripped, `manylinux2014` /
 /// `manylinux_2_17`: linked by zig against glibc 2.17) with maturin from `target/py-venv`

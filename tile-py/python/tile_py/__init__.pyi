@@ -16,6 +16,7 @@ __all__ = [
     "Out",
     "Param",
     "Scalar",
+    "compute_capability",
     "launch",
     "stats",
     "synchronize",
@@ -55,14 +56,48 @@ class Param:
     def writes(self) -> bool:
         """Whether the kernel writes the parameter's tensor (Out, InOut)."""
 
-def In(dtype: _DTypeLike) -> Param:
-    """A tensor the kernel reads."""
+def In(
+    dtype: _DTypeLike,
+    *,
+    ndim: Optional[int] = None,
+    index: Optional[str] = None,
+    assume: Optional[dict[str, Any]] = None,
+) -> Param:
+    """A tensor the kernel reads: a pointer to its first element (data + byte_offset).
 
-def Out(dtype: _DTypeLike) -> Param:
-    """A tensor the kernel writes; read-only or self-overlapping tensors are refused."""
+    With ``ndim`` (0 to 32), an array parameter: ``1 + 2 * ndim`` kernel parameters, the
+    pointer, then the ``ndim`` extents, then the ``ndim`` strides in elements, each in
+    ``index`` ('i32', 'u32' or 'i64'; default 'i64'). Any layout is accepted; a tensor of
+    another ndim raises TypeError, an extent or stride that does not fit ``index`` raises
+    OverflowError, both before anything is consumed. Each of the kernel parameters is checked
+    against the compiled kernel's size (cuKernelGetParamInfo).
 
-def InOut(dtype: _DTypeLike) -> Param:
-    """A tensor the kernel reads and writes."""
+    ``assume`` (array parameters only) names layout assumptions the kernel was compiled under,
+    checked at every launch before anything is consumed (a tensor that breaks one raises
+    ValueError naming the rule): ``base_addr_divisible_by`` (bytes), ``stride_divisible_by`` and
+    ``shape_divisible_by`` (one int per dimension, in elements), ``unit_stride`` and
+    ``unit_shape`` (dimensions whose stride, or extent, is 1), ``nonnegative_strides`` and
+    ``disjoint`` (no two indices address one element). Per-dimension assumptions cover at most
+    the first 8 dimensions."""
+
+def Out(
+    dtype: _DTypeLike,
+    *,
+    ndim: Optional[int] = None,
+    index: Optional[str] = None,
+    assume: Optional[dict[str, Any]] = None,
+) -> Param:
+    """A tensor the kernel writes; read-only or self-overlapping tensors are refused. ``ndim``
+    and ``index`` as for In."""
+
+def InOut(
+    dtype: _DTypeLike,
+    *,
+    ndim: Optional[int] = None,
+    index: Optional[str] = None,
+    assume: Optional[dict[str, Any]] = None,
+) -> Param:
+    """A tensor the kernel reads and writes. ``ndim`` and ``index`` as for In."""
 
 def Scalar(ty: str, /) -> Param:
     """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
@@ -239,6 +274,11 @@ def stats() -> dict[str, int]:
       at the next call into tile_py).
     """
 
+def compute_capability(stream: _StreamLike) -> Tuple[int, int]:
+    """The compute capability (major, minor) of ``stream``'s device, e.g. (9, 0) on an H100 or
+    H200 (cuDeviceGetAttribute, read once per device). ``stream`` as for launch. Raises
+    tile_py.CudaError as launch does."""
+
 def _check_args(
     params: Sequence[Param],
     args: Sequence[Any],
@@ -250,6 +290,13 @@ def _check_args(
     grid: Optional[_Dims] = None,
     block: Optional[_Dims] = None,
 ) -> None: ...
+def _pack_args(
+    params: Sequence[Param],
+    args: Sequence[Any],
+    *,
+    stream: _StreamLike = ...,
+    device: int = 0,
+) -> list[int]: ...
 def _debug_counters() -> dict[str, int]: ...
 def _shutdown(timeout: float = 5.0) -> int: ...
 def _after_fork_in_child() -> None: ...

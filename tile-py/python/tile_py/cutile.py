@@ -1,0 +1,477 @@
+"""cuTile kernels (``@ct.kernel``) launched through tile.
+
+    import cuda.tile as ct
+    import tile_py.cutile
+
+    h = tile_py.cutile.launch(torch.cuda.current_stream(), (n // 16,), scale, (x, y, 2.0))
+
+``launch`` has ``ct.launch``'s call shape and returns a ``tile_py.LaunchHandle``: the arguments
+are checked before any is consumed, producers are told the launch stream, and every consumed
+tensor is released only after the kernel has finished, which ``ct.launch`` does not guarantee.
+
+How it works. The kernel is exported ahead of time (``cuda.tile.compilation.export_kernel``) for
+the signature cuTile itself would use for these arguments (``KernelSignature.from_kernel_args``,
+calling convention ``cutile_python_v2``), as a cubin for the compute capability of the stream's
+device, once per specialisation, and kept in memory (cuTile's own on-disk cache, where it is
+enabled, serves repeated exports across processes). The cubin is loaded with
+``tile_py.Library.from_bytes`` and its parameters declared from the signature's constraints:
+
+- an array becomes an array parameter, ``In(dtype, ndim=n, index=...)``: pointer, ``n`` extents,
+  ``n`` strides in elements, with the constraint's layout assumptions (base address, stride and
+  extent divisibility, unit strides and extents, non-negative strides, disjoint elements)
+  declared with ``assume=``, which tile checks on every launch;
+- a scalar becomes ``Scalar`` of its dtype;
+- a ``ct.Constant`` parameter (and every other compile-time constant) is omitted;
+- a tuple is flattened into its items.
+
+Specialisation is a correctness rule: code compiled under an assumption is undefined on
+arguments that break it. The cache key (``specialization_key``) is computed on every launch from
+the arguments' layouts, without cuTile, and covers everything cuTile derives its assumptions from
+(dtype, ndim, 16-byte alignment of the base address, per dimension whether the stride is 1 or a
+multiple of 16 bytes and whether the extent is 1 or a multiple of 16, whether the elements are
+disjoint, the value of every constant, the type of every scalar), so arguments that differ in any
+of them get their own cubin. And tile itself refuses, before consuming anything, a tensor that
+breaks an assumption of the cubin it is launched with (``ValueError`` naming the rule), so a
+producer whose ``__dlpack__`` hands out a differently laid out copy is refused, never read wrong.
+Arrays with a negative stride are refused that way: cuTile compiles every array as having
+non-negative strides. cuTile also compiles every array as not overlapping any other argument;
+``launch`` refuses arguments whose memory overlaps (``ValueError``).
+
+What cuTile supports and this module does not (yet): list-of-array parameters (they need a staged
+device buffer), tensor-map, pointer and dataclass parameters, and static shape or stride values
+other than 1 (``ct.Array`` annotations). Each raises ``NotImplementedError`` naming the parameter,
+before anything is consumed. tile cannot tell which arrays a cuTile kernel writes: every array is
+declared as read (``In``), so read-only tensors are not refused.
+
+Importing ``tile_py`` does not import ``cuda.tile``; this module imports it on first use.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import tile_py
+
+__all__ = ["launch", "specialization_key", "params_from_signature", "cache_info", "clear_cache"]
+
+# The calling convention whose binary layout tile declares (see params_from_signature).
+_CONVENTION = "cutile_python_v2"
+
+
+class _Compiled:
+    __slots__ = ("kernel", "keep", "signature")
+
+    def __init__(self, kernel: "tile_py.Kernel", keep: Tuple[bool, ...], signature: Any) -> None:
+        self.kernel = kernel
+        self.keep = keep
+        self.signature = signature
+
+
+_CACHE: Dict[Any, _Compiled] = {}
+_LOCK = threading.Lock()
+_STATS = {"hits": 0, "misses": 0}
+
+
+# ---- the specialisation key --------------------------------------------------------------------
+#
+# Computed on every launch, so kept cheap: an array's features are memoised by its raw layout
+# (dtype, shape, strides, base-address alignment), and a kernel's parameter annotations are read
+# once.
+
+
+def _layout(obj: Any) -> Optional[Tuple[Any, int, int, Tuple[int, ...], Tuple[int, ...]]]:
+    """``(dtype, bits, data_ptr, shape, strides_in_elements)`` of an array argument, or None for
+    anything else. PyTorch-like tensors are read through their attributes, other arrays through
+    ``__cuda_array_interface__``."""
+    data_ptr = getattr(obj, "data_ptr", None)
+    if data_ptr is not None and hasattr(obj, "stride"):
+        return (obj.dtype, obj.element_size() * 8, data_ptr(), tuple(obj.shape), tuple(obj.stride()))
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        typestr = cai["typestr"]
+        item = int(typestr[2:])
+        shape = tuple(cai["shape"])
+        st = cai.get("strides")
+        if st is None:
+            strides: List[int] = []
+            acc = 1
+            for n in reversed(shape):
+                strides.append(acc)
+                acc *= n
+            st_e = tuple(reversed(strides))
+        else:
+            st_e = tuple(s // item for s in st)
+        return (typestr, item * 8, int(cai["data"][0]), shape, st_e)
+    if hasattr(obj, "__dlpack__"):
+        raise TypeError(
+            f"tile_py.cutile needs the layout of array argument {type(obj).__name__!r} before "
+            "launching (to pick the kernel compiled for it): pass a PyTorch tensor, a "
+            "__cuda_array_interface__ object, or an object with dtype, element_size(), "
+            "data_ptr(), shape and stride()"
+        )
+    return None
+
+
+def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    dims = sorted(zip(strides, shape))
+    if not dims:
+        return True
+    if dims[0][0] <= 0:
+        return False
+    return all(b[0] > 0 and b[0] >= a[0] * a[1] for a, b in zip(dims, dims[1:]))
+
+
+def _array_key(dtype: Any, bits: int, aligned: bool, shape: Sequence[int], strides: Sequence[int]):
+    """What cuTile decides an array's constraint from (its specialisation bits)."""
+    per_dim: Tuple[Any, ...] = ()
+    if len(shape) <= 5:
+        per_dim = tuple(
+            (
+                (s * bits) % 8 == 0 and ((s * bits) // 8) % 16 == 0,
+                s == 1,
+                (n * bits) % 8 == 0 and n % 16 == 0,
+                n == 1,
+            )
+            for n, s in zip(shape, strides)
+        )
+    fits32 = all(-(2**31) <= v < 2**31 for v in (*shape, *strides))
+    return ("array", dtype, len(shape), aligned, _disjoint(shape, strides), fits32, per_dim)
+
+
+_FEATURES: Dict[Any, Any] = {}
+
+
+def _array_features(dtype: Any, bits: int, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...]):
+    raw = (dtype, bits, ptr & 15 == 0, shape, strides)
+    f = _FEATURES.get(raw)
+    if f is None:
+        if len(_FEATURES) >= 4096:
+            _FEATURES.clear()
+        f = _FEATURES[raw] = _array_key(dtype, bits, raw[2], shape, strides)
+    return f
+
+
+def _span(bits: int, ptr: int, shape: Tuple[int, ...], strides: Tuple[int, ...]):
+    """The bytes ``[lo, hi)`` an array can touch, or None when it is empty."""
+    lo = hi = ptr
+    for n, s in zip(shape, strides):
+        if n == 0:
+            return None
+        off = (n - 1) * s * bits // 8
+        if off < 0:
+            lo += off
+        else:
+            hi += off
+    return (lo, hi + max(bits // 8, 1))
+
+
+_PLANS: Dict[Any, Tuple[Sequence[Any], Sequence[str], Tuple[bool, ...]]] = {}
+
+
+def _plan(kernel: Any) -> Tuple[Sequence[Any], Sequence[str], Tuple[bool, ...]]:
+    """The kernel's parameter annotations, names, and per parameter whether it is ct.Constant."""
+    plan = _PLANS.get(kernel)
+    if plan is None:
+        af = kernel._annotated_function
+        anns = tuple(af.parameter_annotations)
+        consts = tuple(bool(getattr(a, "constant", False)) for a in anns)
+        plan = _PLANS[kernel] = (anns, tuple(af.pysig.parameters), consts)
+    return plan
+
+
+def _scalar_key(obj: Any, constant: bool):
+    if constant or not isinstance(obj, (bool, int, float)) and not hasattr(obj, "dtype"):
+        # A compile-time constant (or something only a constant can be): its value decides the
+        # code.
+        try:
+            hash(obj)
+        except TypeError:
+            raise TypeError(
+                f"tile_py.cutile cannot key a kernel on the unhashable value {obj!r}"
+            ) from None
+        return ("const", type(obj), obj)
+    t = type(obj)
+    if t is float or t is bool:
+        return t
+    if t is int:
+        return ("int", -(2**31) <= obj < 2**31)
+    if isinstance(obj, (bool, int, float)):
+        return ("scalar", t)
+    return ("scalar", t, str(obj.dtype))
+
+
+def _leaf_key(obj: Any, constant: bool, spans: List[Tuple[int, int, int]]):
+    lay = _layout(obj)
+    if lay is None:
+        return _scalar_key(obj, constant)
+    dtype, bits, ptr, shape, strides = lay
+    span = _span(bits, ptr, shape, strides)
+    if span is not None:
+        spans.append((span[0], span[1], len(spans)))
+    return _array_features(dtype, bits, ptr, shape, strides)
+
+
+def _arg_key(obj: Any, ann: Any, name: str, spans: List[Tuple[int, int, int]]):
+    if isinstance(obj, tuple):
+        kind = getattr(ann, "KIND", "leaf")
+        if kind == "homogeneous_tuple":
+            anns: Sequence[Any] = [ann.each] * len(obj)
+        elif kind == "heterogeneous_tuple":
+            anns = ann.items
+        else:
+            anns = [ann] * len(obj)
+        return ("tuple",) + tuple(_arg_key(x, a, name, spans) for x, a in zip(obj, anns))
+    if isinstance(obj, list):
+        raise NotImplementedError(
+            f"tile_py.cutile: parameter {name!r} is a list of arrays, which cuTile passes as a "
+            "staged device buffer; tile_py.cutile does not launch such kernels yet"
+        )
+    return _leaf_key(obj, bool(getattr(ann, "constant", False)), spans)
+
+
+def specialization_key(kernel: Any, args: Sequence[Any]) -> Tuple[Any, ...]:
+    """The cache key of ``kernel`` launched with ``args``: one entry per parameter describing
+    what cuTile specialises the compiled code on (see the module docs). Raises
+    ``NotImplementedError`` naming a parameter tile_py.cutile cannot pass, ``ValueError`` when
+    two array arguments overlap in memory (cuTile compiles arrays as not aliasing), and
+    ``TypeError`` for an argument whose layout cannot be read."""
+    anns, names, consts = _plan(kernel)
+    if len(args) != len(anns):
+        raise TypeError(
+            f"kernel {kernel._annotated_function.pyfunc.__name__!r} takes {len(anns)} arguments "
+            f"but {len(args)} were given"
+        )
+    spans: List[Tuple[int, int, int]] = []
+    key = []
+    for i, a in enumerate(args):
+        t = type(a)
+        if t is float or t is bool or t is int:
+            key.append(_scalar_key(a, consts[i]))
+        elif t is tuple or t is list:
+            key.append(_arg_key(a, anns[i], names[i], spans))
+        else:
+            key.append(_leaf_key(a, consts[i], spans))
+    if len(spans) > 1:
+        spans.sort()
+        for (lo_a, hi_a, ia), (lo_b, _hi_b, ib) in zip(spans, spans[1:]):
+            if lo_b < hi_a:
+                raise ValueError(
+                    f"tile_py.cutile: array arguments {min(ia, ib)} and {max(ia, ib)} (in "
+                    "order of appearance) overlap in memory; cuTile compiles every array as "
+                    "not aliasing any other"
+                )
+    return tuple(key)
+
+
+# ---- constraints to tile parameters ------------------------------------------------------------
+
+_INDEX = {"int32": "i32", "uint32": "u32", "int64": "i64"}
+_SCALAR = {
+    "bool_": "bool",
+    "int8": "i8",
+    "int16": "i16",
+    "int32": "i32",
+    "int64": "i64",
+    "uint8": "u8",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
+    "float32": "f32",
+    "float64": "f64",
+}
+
+
+def _dtype_name(dt: Any) -> str:
+    return str(getattr(dt, "name", dt))
+
+
+def _array_param(c: Any, where: str) -> "tile_py.Param":
+    ndim = c.ndim
+    index = _INDEX.get(_dtype_name(c.index_dtype))
+    if index is None:
+        raise NotImplementedError(f"{where}: index dtype {c.index_dtype} is not supported")
+    assume: Dict[str, Any] = {}
+    if c.base_addr_divisible_by > 1:
+        assume["base_addr_divisible_by"] = c.base_addr_divisible_by
+    if any(d > 1 for d in c.stride_divisible_by):
+        assume["stride_divisible_by"] = list(c.stride_divisible_by)
+    if any(d > 1 for d in c.shape_divisible_by):
+        assume["shape_divisible_by"] = list(c.shape_divisible_by)
+    unit_stride = []
+    for d, v in enumerate(c.stride_constant):
+        if v is None:
+            continue
+        if v != 1:
+            raise NotImplementedError(f"{where}: a static stride of {v} in dimension {d}")
+        unit_stride.append(d)
+    unit_shape = []
+    for d, v in enumerate(c.shape_constant):
+        if v is None:
+            continue
+        if v != 1:
+            raise NotImplementedError(f"{where}: a static extent of {v} in dimension {d}")
+        unit_shape.append(d)
+    if max(unit_stride + unit_shape, default=-1) >= 8 or (
+        ndim > 8 and any(len(assume.get(k, ())) for k in ("stride_divisible_by", "shape_divisible_by"))
+    ):
+        raise NotImplementedError(f"{where}: layout assumptions beyond dimension 8")
+    if unit_stride:
+        assume["unit_stride"] = unit_stride
+    if unit_shape:
+        assume["unit_shape"] = unit_shape
+    bounds = [b for b in c.stride_lower_bound_incl if b is not None]
+    if bounds:
+        if any(b != 0 for b in bounds):
+            raise NotImplementedError(f"{where}: a stride lower bound other than 0")
+        assume["nonnegative_strides"] = True
+    if not c.may_alias_internally:
+        assume["disjoint"] = True
+    dtype = _dtype_name(c.dtype)
+    return tile_py.In(dtype, ndim=ndim, index=index, assume=assume or None)
+
+
+def params_from_signature(
+    signature: Any, names: Optional[Sequence[str]] = None
+) -> Tuple[List["tile_py.Param"], Tuple[bool, ...]]:
+    """The tile parameter declarations of a cuTile ``KernelSignature`` (calling convention
+    ``cutile_python_v2``), and, per leaf argument (tuples flattened, in order), whether it is
+    passed (False for compile-time constants). Raises ``NotImplementedError`` naming the
+    parameter for constraints tile_py.cutile cannot pass."""
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        ConstantConstraint,
+        ListConstraint,
+        ScalarConstraint,
+        TupleConstraint,
+    )
+
+    params: List[tile_py.Param] = []
+    keep: List[bool] = []
+
+    def walk(c: Any, where: str) -> None:
+        if isinstance(c, ConstantConstraint):
+            keep.append(False)
+        elif isinstance(c, ScalarConstraint):
+            ty = _SCALAR.get(_dtype_name(c.dtype))
+            if ty is None:
+                raise NotImplementedError(f"{where}: a scalar of dtype {c.dtype}")
+            params.append(tile_py.Scalar(ty))
+            keep.append(True)
+        elif isinstance(c, ArrayConstraint):
+            params.append(_array_param(c, where))
+            keep.append(True)
+        elif isinstance(c, TupleConstraint):
+            for i, item in enumerate(c.items):
+                walk(item, f"{where}[{i}]")
+        elif isinstance(c, ListConstraint):
+            raise NotImplementedError(
+                f"{where}: a list of arrays (passed as a staged device buffer)"
+            )
+        else:
+            raise NotImplementedError(f"{where}: a {type(c).__name__} parameter")
+
+    for i, c in enumerate(signature.parameters):
+        name = names[i] if names is not None and i < len(names) else str(i)
+        walk(c, f"tile_py.cutile: parameter {name!r}")
+    return params, tuple(keep)
+
+
+# ---- launch ------------------------------------------------------------------------------------
+
+
+def _leaves(args: Sequence[Any]) -> List[Any]:
+    out: List[Any] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, tuple):
+            for y in x:
+                walk(y)
+        else:
+            out.append(x)
+
+    for a in args:
+        walk(a)
+    return out
+
+
+def _compile(kernel: Any, args: Tuple[Any, ...], cc: Tuple[int, int]) -> _Compiled:
+    from cuda.tile.compilation import CallingConvention, KernelSignature, export_kernel
+
+    convention = getattr(CallingConvention, _CONVENTION)()
+    sig = KernelSignature.from_kernel_args(kernel, args, convention)
+    params, keep = params_from_signature(sig, _plan(kernel)[1])
+    buf = io.BytesIO()
+    export_kernel(kernel, [sig], buf, gpu_code=f"sm_{cc[0]}{cc[1]}", output_format="cubin")
+    lib = tile_py.Library.from_bytes(buf.getvalue())
+    return _Compiled(lib.kernel(sig.symbol, params), keep, sig)
+
+
+def launch(
+    stream: Any,
+    grid: Any,
+    kernel: Any,
+    args: Sequence[Any],
+    /,
+    *,
+    programmatic_dependent_launch: bool = False,
+    cooperative: bool = False,
+    block_in_cluster_count: Any = None,
+) -> "tile_py.LaunchHandle":
+    """Launches the cuTile kernel ``kernel`` (``@ct.kernel``) on ``stream`` with ``grid`` blocks
+    and ``args``, as ``ct.launch(stream, grid, kernel, args)`` does, through ``tile_py.launch``
+    (block (1, 1, 1): a tile kernel takes its thread count from its compiled code). Returns the
+    ``tile_py.LaunchHandle`` that owns the consumed tensors until the kernel has finished.
+
+    ``programmatic_dependent_launch``, ``cooperative`` and ``block_in_cluster_count`` (cluster
+    dimensions) are ``ct.launch_extended``'s launch attributes, passed to ``tile_py.launch``.
+
+    The first launch with a new specialisation (see ``specialization_key``) on a device of a
+    new compute capability compiles and exports the kernel (seconds); later ones find it in
+    memory. Raises ``NotImplementedError`` naming a parameter kind tile_py.cutile cannot pass,
+    ``ValueError`` for overlapping arrays or a tensor that breaks the compiled assumptions,
+    ``TypeError`` for an argument whose layout cannot be read, cuTile's own errors from
+    compilation, and every error of ``tile_py.launch``; all before anything is consumed.
+    """
+    args = tuple(args)
+    key = specialization_key(kernel, args)
+    cc = tile_py.compute_capability(stream)
+    full = (kernel, cc, key)
+    entry = _CACHE.get(full)
+    if entry is None:
+        with _LOCK:
+            entry = _CACHE.get(full)
+            if entry is None:
+                entry = _compile(kernel, args, cc)
+                _CACHE[full] = entry
+                _STATS["misses"] += 1
+    else:
+        _STATS["hits"] += 1
+    keep = entry.keep
+    if len(keep) == len(args) and all(keep):
+        passed: Sequence[Any] = args  # no tuple, no constant: the arguments as given
+    else:
+        passed = [x for x, k in zip(_leaves(args), keep) if k]
+    return tile_py.launch(
+        stream,
+        grid,
+        entry.kernel,
+        passed,
+        block=1,
+        cluster=block_in_cluster_count,
+        cooperative=cooperative,
+        programmatic_dependent_launch=programmatic_dependent_launch,
+    )
+
+
+def cache_info() -> Dict[str, int]:
+    """``{"entries", "hits", "misses"}``: compiled specialisations held, and launches that found
+    or compiled one."""
+    return {"entries": len(_CACHE), "hits": _STATS["hits"], "misses": _STATS["misses"]}
+
+
+def clear_cache() -> None:
+    """Drops every compiled specialisation (their libraries unload once no launch holds them)."""
+    with _LOCK:
+        _CACHE.clear()

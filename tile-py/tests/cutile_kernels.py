@@ -1,0 +1,67 @@
+"""cuTile kernels used by the tile_py.cutile tests (cuTile reads a kernel's source, so they live
+in a file). Importing this module needs ``cuda.tile``; tests import it only once that is known
+to work."""
+
+import cuda.tile as ct
+
+ConstInt = ct.Constant[int]
+
+TILE = 16
+
+
+@ct.kernel
+def axpy(x, y, out, alpha):
+    """1-D elementwise: out = alpha * x + y, one 16-element tile per block."""
+    bid = ct.bid(0)
+    tx = ct.load(x, index=(bid,), shape=(TILE,))
+    ty = ct.load(y, index=(bid,), shape=(TILE,))
+    ct.store(out, index=(bid,), tile=tx * alpha + ty)
+
+
+@ct.kernel
+def scale_2d(x, out, tm: ConstInt, tn: ConstInt):
+    """2-D elementwise on (tm, tn) tiles: out = 2 * x + 1 (x may be any strided view)."""
+    bi = ct.bid(0)
+    bj = ct.bid(1)
+    t = ct.load(x, index=(bi, bj), shape=(tm, tn))
+    ct.store(out, index=(bi, bj), tile=t * 2.0 + 1.0)
+
+
+@ct.kernel
+def row_sum(x, out, tn: ConstInt):
+    """Reduction: out[i] = sum of row i of x, rows of x in tiles of tn columns (x's column
+    count a multiple of tn)."""
+    bid = ct.bid(0)
+    acc = ct.full((1, tn), 0, dtype=ct.float32)
+    for j in range(ct.num_tiles(x, axis=1, shape=(1, tn))):
+        acc += ct.load(x, index=(bid, j), shape=(1, tn)).astype(ct.float32)
+    ct.store(out, index=(bid,), tile=ct.sum(acc, axis=1))
+
+
+@ct.kernel
+def affine_pair(pair, out, scale, shift, tile: ConstInt):
+    """Constants, scalars and a tuple: out = (a + b) * scale + shift for pair = (a, b)."""
+    bid = ct.bid(0)
+    a = ct.load(pair[0], index=(bid,), shape=(tile,))
+    b = ct.load(pair[1], index=(bid,), shape=(tile,))
+    ct.store(out, index=(bid,), tile=(a + b) * scale + shift)
+
+
+@ct.kernel
+def matmul(a, b, c, tm: ConstInt, tn: ConstInt, tk: ConstInt):
+    """c = a @ b in (tm, tn) output tiles, float32 accumulation."""
+    bi = ct.bid(0)
+    bj = ct.bid(1)
+    acc = ct.full((tm, tn), 0, dtype=ct.float32)
+    for k in range(ct.num_tiles(a, axis=1, shape=(tm, tk))):
+        ta = ct.load(a, index=(bi, k), shape=(tm, tk)).astype(ct.tfloat32)
+        tb = ct.load(b, index=(k, bj), shape=(tk, tn)).astype(ct.tfloat32)
+        acc = ct.mma(ta, tb, acc)
+    ct.store(c, index=(bi, bj), tile=ct.astype(acc, c.dtype))
+
+
+@ct.kernel
+def copy_list(xs, out):
+    """A list-of-arrays parameter, which tile_py.cutile does not launch."""
+    bid = ct.bid(0)
+    ct.store(out, index=(bid,), tile=ct.load(xs[0], index=(bid,), shape=(TILE,)))

@@ -1,0 +1,337 @@
+"""GPU tests of tile_py.cutile: cuTile kernels launched through tile, compared element for element
+with ``ct.launch`` on the same random torch inputs, specialisation (aligned, then misaligned or
+strided views: recompiled or refused, never read wrong), the seed scenario, and a burst
+benchmark row (printed, never asserted).
+
+Needs a GPU, ``cuda.tile`` (cuda-tile 1.7) and its compiler (``tileiras`` on PATH, from a CUDA
+13.2+ toolkit). Without cuTile the tests are skipped with the reason, even under
+TILE_REQUIRE_GPU=1; with TILE_REQUIRE_CUTILE=1 a missing cuTile or compiler fails them.
+``tile-py/tests/cutile_kit.sh`` builds a kit that runs them on a machine without network.
+"""
+
+import os
+import shutil
+import statistics
+import time
+
+import pytest
+
+import tile_py
+
+pytestmark = pytest.mark.gpu
+
+SHRINK = 16 if os.environ.get("TILE_UNDER_SANITIZER") else 1
+
+
+def _cutile_reason():
+    try:
+        import cuda.tile  # noqa: F401
+        import cuda.tile.compilation  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"cuda.tile is not importable: {e}"
+    if shutil.which("tileiras") is None:
+        return "cuTile's compiler (tileiras) is not on PATH"
+    return None
+
+
+@pytest.fixture(scope="module")
+def ct():
+    reason = _cutile_reason()
+    if reason is not None:
+        if os.environ.get("TILE_REQUIRE_CUTILE") == "1":
+            pytest.fail(f"TILE_REQUIRE_CUTILE=1 but {reason}", pytrace=False)
+        pytest.skip(f"needs cuTile: {reason}")
+    import cuda.tile as ct
+
+    return ct
+
+
+@pytest.fixture(scope="module")
+def torch(ct):
+    import torch
+
+    assert torch.cuda.is_available()
+    return torch
+
+
+@pytest.fixture(scope="module")
+def K(ct):
+    import cutile_kernels
+
+    return cutile_kernels
+
+
+@pytest.fixture(scope="module")
+def tc(ct):
+    import tile_py.cutile
+
+    return tile_py.cutile
+
+
+def settle(torch):
+    torch.cuda.synchronize()
+    tile_py.synchronize()
+
+
+class Counts:
+    def __init__(self):
+        self.start = tile_py._debug_counters()
+
+    def __getitem__(self, k):
+        return tile_py._debug_counters()[k] - self.start[k]
+
+
+def poisoned(torch, shape, dtype=None):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype or torch.float32)
+
+
+def both(torch, ct, tc, grid, kernel, make_args, out_index):
+    """Runs ``kernel`` through tile_py.cutile and through ct.launch, each on its own poisoned
+    output, and returns both outputs (after the work is done)."""
+    stream = torch.cuda.current_stream()
+    args_tile = make_args()
+    settle(torch)  # nothing of earlier launches is left to release
+    counts = Counts()
+    h = tc.launch(stream, grid, kernel, args_tile)
+    h.wait()
+    assert counts["released"] == counts["consumed"] > 0
+    args_ct = make_args()
+    ct.launch(stream, grid, kernel, args_ct)
+    settle(torch)
+    return args_tile[out_index], args_ct[out_index]
+
+
+def assert_same(torch, a, b):
+    assert a.shape == b.shape
+    assert not torch.isnan(a).any(), "tile_py.cutile left poisoned elements"
+    wrong = (a != b).sum().item()
+    assert wrong == 0, f"{wrong} of {a.numel()} elements differ from ct.launch"
+
+
+# ---- five kernels, each against ct.launch ----------------------------------------------------------
+
+
+def test_1d_elementwise_matches_ct_launch(torch, ct, tc, K):
+    n = 1 << 20
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    a, b = both(torch, ct, tc, (n // 16,), K.axpy, lambda: (x, y, poisoned(torch, (n,)), 1.5), 2)
+    assert_same(torch, a, b)
+    assert torch.allclose(a, 1.5 * x + y)
+
+
+def test_2d_on_transposed_view_matches_ct_launch(torch, ct, tc, K):
+    base = torch.randn(256, 512, device="cuda")
+    x = base.t()  # (512, 256), strides (1, 512): no unit innermost stride
+    assert x.stride() == (1, 512)
+    grid = (512 // 32, 256 // 16)
+    a, b = both(torch, ct, tc, grid, K.scale_2d, lambda: (x, poisoned(torch, (512, 256)), 32, 16), 1)
+    assert_same(torch, a, b)
+    assert torch.equal(a, x * 2.0 + 1.0)
+
+
+def test_reduction_matches_ct_launch(torch, ct, tc, K):
+    x = torch.randn(1024, 4096, device="cuda")
+    a, b = both(torch, ct, tc, (1024,), K.row_sum, lambda: (x, poisoned(torch, (1024,)), 256), 1)
+    assert_same(torch, a, b)
+    assert torch.allclose(a, x.sum(dim=1), rtol=1e-4, atol=1e-3)
+
+
+def test_constants_scalars_and_tuple_match_ct_launch(torch, ct, tc, K):
+    n = 1 << 16
+    p, q = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    for tile in (16, 64):  # another constant: another cubin
+        misses = tc.cache_info()["misses"]
+        a, b = both(
+            torch, ct, tc, (n // tile,), K.affine_pair,
+            lambda: ((p, q), poisoned(torch, (n,)), 0.5, -2.0, tile), 1,
+        )
+        assert_same(torch, a, b)
+        assert torch.allclose(a, (p + q) * 0.5 - 2.0)
+        assert tc.cache_info()["misses"] == misses + 1
+
+
+def test_matmul_matches_ct_launch(torch, ct, tc, K):
+    m, n, k = 256, 384, 512
+    a_in, b_in = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+    grid = (m // 64, n // 64)
+    a, b = both(torch, ct, tc, grid, K.matmul,
+                lambda: (a_in, b_in, poisoned(torch, (m, n)), 64, 64, 32), 2)
+    assert_same(torch, a, b)
+    assert torch.allclose(a, a_in @ b_in, rtol=2e-2, atol=2e-1)  # tf32
+
+
+# ---- specialisation ---------------------------------------------------------------------------------
+
+
+def test_aligned_then_misaligned_and_strided_recompile_and_stay_right(torch, ct, tc, K):
+    n = 1 << 16
+    buf = torch.randn(2 * n + 16, device="cuda")
+    y = torch.randn(n, device="cuda")
+    stream = torch.cuda.current_stream()
+    tc.clear_cache()  # earlier tests compiled the aligned case already
+    views = {
+        "aligned": buf[:n],
+        "misaligned by 4 bytes": buf[1 : n + 1],
+        "stride 2": buf[: 2 * n : 2],
+    }
+    keys = set()
+    for name, x in views.items():
+        misses = tc.cache_info()["misses"]
+        out = poisoned(torch, (n,))
+        tc.launch(stream, (n // 16,), K.axpy, (x, y, out, 2.0)).wait()
+        wrong = (out != 2.0 * x + y).sum().item()
+        assert wrong == 0, f"{name}: {wrong} wrong elements"
+        key = tc.specialization_key(K.axpy, (x, y, out, 2.0))
+        assert key not in keys, f"{name} shares a key with an earlier view"
+        keys.add(key)
+        assert tc.cache_info()["misses"] == misses + 1, f"{name} was not compiled for"
+
+
+def test_compiled_assumptions_refuse_breaking_tensors_before_consuming(torch, ct, tc, K):
+    """The cubin compiled for aligned dense inputs, launched directly with tile_py.launch on a
+    misaligned view: tile refuses it naming the rule, and consumes nothing."""
+    n = 1 << 16
+    buf = torch.randn(n + 16, device="cuda")
+    y, out = torch.randn(n, device="cuda"), poisoned(torch, (n,))
+    stream = torch.cuda.current_stream()
+    tc.launch(stream, (n // 16,), K.axpy, (buf[:n], y, out, 2.0)).wait()
+    cc = tile_py.compute_capability(stream)
+    entry = tc._CACHE[(K.axpy, cc, tc.specialization_key(K.axpy, (buf[:n], y, out, 2.0)))]
+    counts = Counts()
+    out2 = poisoned(torch, (n,))
+    with pytest.raises(ValueError, match=r"argument 0: its data pointer .* not a multiple of 16 bytes"):
+        tile_py.launch(stream, (n // 16,), entry.kernel, (buf[1 : n + 1], y, out2, 2.0), block=1)
+    assert counts["consumed"] == 0 and counts["launches_issued"] == 0
+    settle(torch)
+    assert torch.isnan(out2).all()
+
+
+def test_same_key_means_same_cutile_signature(torch, ct, tc, K):
+    """The key computed without cuTile never merges layouts cuTile compiles differently:
+    within each key, from_kernel_args derives one signature."""
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+
+    conv = CallingConvention.cutile_python_v2()
+    buf = torch.randn(1 << 14, device="cuda")
+    m = 1 << 12
+    layouts = [buf[:m], buf[16 : 16 + m], buf[1 : 1 + m], buf[2 : 2 + m], buf[: 2 * m : 2],
+               buf[: 4 * m : 4], buf[:4000], buf[: m + 16], buf[:1]]
+    by_key = {}
+    for x in layouts:
+        k_ = x.numel()
+        args = (x, torch.randn(k_, device="cuda"), torch.empty(k_, device="cuda"), 1.0)
+        k = tc.specialization_key(K.axpy, args)
+        sig = KernelSignature.from_kernel_args(K.axpy, args, conv)
+        by_key.setdefault(k, set()).add(sig.parameters)
+    assert all(len(s) == 1 for s in by_key.values()), by_key
+
+
+# ---- the seed scenario ------------------------------------------------------------------------------
+
+
+class Cloner:
+    """The seed's producer: every export is a fresh copy whose only owner is the capsule, so
+    releasing it early hands its memory back to the caching allocator. Its layout attributes
+    are the source's (the copy has the same layout)."""
+
+    def __init__(self, t):
+        self.t = t
+        self.exports = 0
+        self.dtype, self.shape = t.dtype, t.shape
+
+    def element_size(self):
+        return self.t.element_size()
+
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+    def stride(self):
+        return self.t.stride()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, **kw):
+        self.exports += 1
+        return self.t.clone().__dlpack__(**kw)
+
+
+def _seed_run(torch, launch, K, n, src, y):
+    out = torch.full((n,), -1.0, device="cuda")
+    s = torch.cuda.Stream()
+    settle(torch)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)  # hold the launch stream busy
+    h = launch(s, (n // 16,), K.axpy, (Cloner(src), y, out, 1.0))
+    # Right after launch returns, on the producer's (current) stream: an allocation of the same
+    # size and a write, which reuses the clone's block if it was released.
+    junk = torch.full((n,), -7.0, device="cuda")
+    del h
+    settle(torch)
+    wrong = (out != src).sum().item()
+    del junk
+    return wrong
+
+
+def test_seed_scenario_tile_zero_wrong_ct_launch_reported(torch, ct, tc, K):
+    n = (1 << 24) // SHRINK
+    src = torch.randn(n, device="cuda")
+    y = torch.zeros(n, device="cuda")
+    # Warm both paths (compile) so the scenario measures ownership, not compilation.
+    _seed_run(torch, tc.launch, K, n, src, y)
+    _seed_run(torch, ct.launch, K, n, src, y)
+    tile_wrong = [_seed_run(torch, tc.launch, K, n, src, y) for _ in range(3)]
+    ct_wrong = [_seed_run(torch, ct.launch, K, n, src, y) for _ in range(3)]
+    print(f"\nseed scenario, {n} elements x 3 trials: tile_py.cutile.launch wrong={sum(tile_wrong)} "
+          f"{tile_wrong}; ct.launch wrong={sum(ct_wrong)} {ct_wrong}")
+    assert tile_wrong == [0, 0, 0]
+
+
+# ---- benchmark row (printed, never asserted) --------------------------------------------------------
+
+
+def test_bench_burst_tile_cutile_vs_ct_launch(torch, ct, tc, K):
+    n = 1 << 12
+    x, y, out = (torch.randn(n, device="cuda") for _ in range(3))
+    stream = torch.cuda.current_stream()
+    args = (x, y, out, 1.0)
+    grid = (n // 16,)
+
+    def tile_launch():
+        tc.launch(stream, grid, K.axpy, args)
+
+    def ct_launch():
+        ct.launch(stream, grid, K.axpy, args)
+
+    rows = {}
+    for name, fn in (("tile_py.cutile.launch", tile_launch), ("ct.launch", ct_launch)):
+        fn()
+        settle(torch)
+        per = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            for _ in range(64):
+                fn()
+            per.append((time.perf_counter() - t0) / 64 * 1e6)
+            settle(torch)  # untimed, between bursts
+        rows[name] = statistics.median(per)
+    ratio = rows["tile_py.cutile.launch"] / rows["ct.launch"]
+    print("\nburst of 64, median host time per launch (3 torch tensors + 1 scalar): "
+          + ", ".join(f"{k} {v:.2f} us" for k, v in rows.items()) + f"; ratio {ratio:.2f}")
+
+    # What picking the cubin costs per launch: tile_py.cutile's own key, against asking cuTile
+    # for the signature (which is why the key does not call cuTile).
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+
+    conv = CallingConvention.cutile_python_v2()
+    reps = 2000
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        tc.specialization_key(K.axpy, args)
+    key_us = (time.perf_counter() - t0) / reps * 1e6
+    t0 = time.perf_counter()
+    for _ in range(reps // 10):
+        KernelSignature.from_kernel_args(K.axpy, args, conv)
+    sig_us = (time.perf_counter() - t0) / (reps // 10) * 1e6
+    print(f"per launch: specialization_key {key_us:.2f} us, "
+          f"KernelSignature.from_kernel_args {sig_us:.2f} us")
