@@ -95,7 +95,7 @@ pub mod cudarc_interop;
 pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
-pub use context::{Context, ContextGuard, DeviceLimits};
+pub use context::{Context, ContextGuard, DeviceLimits, MemoryKind, PointerMemory};
 pub use error::{Error, LayoutError, Result};
 pub use guard::Guard;
 pub use handle::LaunchHandle;

@@ -22,13 +22,18 @@ pub(crate) struct PyParam {
 impl PyParam {
     fn __repr__(&self) -> String {
         match self.inner {
-            Param::Tensor { dtype, intent } => {
+            Param::Tensor {
+                dtype,
+                intent,
+                strided,
+            } => {
                 let f = match intent {
                     tile_launch::Intent::Read => "In",
                     tile_launch::Intent::Write => "Out",
                     tile_launch::Intent::ReadWrite => "InOut",
                 };
-                format!("tile_py.{f}({:?})", dtype.to_string())
+                let strided = if strided { ", strided=True" } else { "" };
+                format!("tile_py.{f}({:?}{strided})", dtype.to_string())
             }
             Param::Scalar(t) => format!("tile_py.Scalar({:?})", t.name()),
             _ => format!("<tile_py.Param {}>", self.inner),
@@ -129,27 +134,40 @@ fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
 }
 
 /// A tensor the kernel reads.
+/// Passed as a pointer the kernel indexes densely: a tensor that is not dense row-major is
+/// refused, unless `strided=True` (the kernel is passed the strides itself).
 #[pyfunction(name = "In")]
-pub(crate) fn input(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+#[pyo3(signature = (dtype, *, strided = false))]
+pub(crate) fn input(dtype: &Bound<'_, PyAny>, strided: bool) -> PyResult<PyParam> {
     Ok(PyParam {
-        inner: Param::input(parse_dtype(dtype)?),
+        inner: layout(Param::input(parse_dtype(dtype)?), strided),
     })
 }
 
 /// A tensor the kernel writes (read-only or self-overlapping tensors are refused).
+/// Passed as a pointer the kernel indexes densely: a tensor that is not dense row-major is
+/// refused, unless `strided=True` (the kernel is passed the strides itself).
 #[pyfunction(name = "Out")]
-pub(crate) fn output(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+#[pyo3(signature = (dtype, *, strided = false))]
+pub(crate) fn output(dtype: &Bound<'_, PyAny>, strided: bool) -> PyResult<PyParam> {
     Ok(PyParam {
-        inner: Param::output(parse_dtype(dtype)?),
+        inner: layout(Param::output(parse_dtype(dtype)?), strided),
     })
 }
 
 /// A tensor the kernel reads and writes.
+/// Passed as a pointer the kernel indexes densely: a tensor that is not dense row-major is
+/// refused, unless `strided=True` (the kernel is passed the strides itself).
 #[pyfunction(name = "InOut")]
-pub(crate) fn inout(dtype: &Bound<'_, PyAny>) -> PyResult<PyParam> {
+#[pyo3(signature = (dtype, *, strided = false))]
+pub(crate) fn inout(dtype: &Bound<'_, PyAny>, strided: bool) -> PyResult<PyParam> {
     Ok(PyParam {
-        inner: Param::inout(parse_dtype(dtype)?),
+        inner: layout(Param::inout(parse_dtype(dtype)?), strided),
     })
+}
+
+fn layout(p: Param, strided: bool) -> Param {
+    if strided { p.strided() } else { p }
 }
 
 /// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.

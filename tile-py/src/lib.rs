@@ -33,6 +33,7 @@
 mod convert;
 mod errors;
 mod kernel;
+mod producers;
 mod release;
 mod streams;
 

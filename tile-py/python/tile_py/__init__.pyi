@@ -47,14 +47,23 @@ class DriverNotFoundError(CudaError):
 class Param:
     """A declared kernel parameter; made by In, Out, InOut or Scalar."""
 
-def In(dtype: _DTypeLike) -> Param:
-    """A tensor the kernel reads."""
+def In(dtype: _DTypeLike, *, strided: bool = False) -> Param:
+    """A tensor the kernel reads, passed as a pointer to its first element.
 
-def Out(dtype: _DTypeLike) -> Param:
-    """A tensor the kernel writes; read-only or self-overlapping tensors are refused."""
+    Unless ``strided=True``, the tensor must be dense row-major (``ValueError`` naming its
+    shape and strides otherwise): the kernel indexes the pointer densely. Lazy conjugate or
+    negative torch views are refused (``ValueError``)."""
 
-def InOut(dtype: _DTypeLike) -> Param:
-    """A tensor the kernel reads and writes."""
+def Out(dtype: _DTypeLike, *, strided: bool = False) -> Param:
+    """A tensor the kernel writes, passed as a pointer to its first element.
+
+    Refused with ``ValueError``: read-only (``DLPACK_FLAG_BITMASK_READ_ONLY``), copied
+    (``DLPACK_FLAG_BITMASK_IS_COPIED``) or self-overlapping tensors, torch tensors that require
+    grad, JAX arrays (immutable), and, unless ``strided=True``, tensors that are not dense
+    row-major."""
+
+def InOut(dtype: _DTypeLike, *, strided: bool = False) -> Param:
+    """A tensor the kernel reads and writes; refused as for ``Out``."""
 
 def Scalar(ty: str, /) -> Param:
     """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
