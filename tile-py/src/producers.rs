@@ -181,9 +181,8 @@ fn torch_check<'py>(
             ),
         ));
     }
-    let needs_grad = || -> PyResult<bool> {
-        obj.getattr(intern!(py, "requires_grad"))?.is_truthy()
-    };
+    let needs_grad =
+        || -> PyResult<bool> { obj.getattr(intern!(py, "requires_grad"))?.is_truthy() };
     if writes {
         if needs_grad()? {
             return Err(arg_err(
