@@ -339,7 +339,7 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
                 ),
             ));
         }
-        check_cuda_stream_protocol(&t, &v)?;
+        check_cuda_stream_protocol(t, &v)?;
         handle_from_int(&t.get_item(1)?, "__cuda_stream__()[1]", true)?
     } else if let Ok(ptr) = obj.getattr(intern!(py, "ptr")) {
         // CuPy streams; `ptr == 0` is CuPy's null (legacy default) stream.

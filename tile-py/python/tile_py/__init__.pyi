@@ -130,13 +130,15 @@ def launch(
     """Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
 
     - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, or an int
-      handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
+      handle (1: legacy default stream, 2: per-thread default stream, which producers are asked
+      to order their work before through the legacy default stream; 0 and None are refused).
     - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
     - `args`: one per declared parameter: DLPack producers, capsules,
       `__cuda_array_interface__` objects, Python or NumPy scalars. A tensor's DLPack device must
       be device memory (`kDLCUDA`) or managed memory (`kDLCUDAManaged`) of the stream's device,
       or pinned host memory (`kDLCUDAHost`, any device id); host memory (`kDLCPU`) and other
-      devices are refused with a `ValueError`.
+      devices are refused with a `ValueError`, and so is a data pointer the driver does not know
+      as device, managed or page-locked host memory (host memory labelled as device memory).
     - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
     - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
     - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
@@ -149,8 +151,11 @@ def launch(
     released (their deleters run) only after an event shows the work has finished: at
     `LaunchHandle.wait()` or `done()`, or, for a dropped handle, at a later call into tile_py.
 
-    Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
-    overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
+    Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
+    `ValueError` (devices, host memory labelled as device memory, read-only, copied or
+    overlapping outputs, tensors that are not dense row-major for plain pointer parameters,
+    lazy conjugate / negative torch views, outputs that require grad or are JAX arrays,
+    grid/block limits), `BufferError` (DLPack version), `OverflowError`
     (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call), and its subclass
     `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
     """
