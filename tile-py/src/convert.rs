@@ -415,6 +415,9 @@ enum Rejection {
     StreamKeyword,
     /// The call did not bind at all: too many positional arguments (`__dlpack__(self)`).
     Positional,
+    /// The call did not bind, without saying which argument: pybind11's and nanobind's
+    /// "incompatible function arguments".
+    Binding,
     /// Anything else, the producer's own error: never retried.
     Producer,
 }
@@ -440,8 +443,9 @@ fn traceback_depth(py: Python<'_>, e: &PyErr) -> usize {
 /// (traceback at most one frame deep: see [`traceback_depth`]) whose message is CPython's /
 /// Cython's / PyO3's binding error about a keyword tile_py passed (`... got an unexpected
 /// keyword argument 'max_version'`, `... takes no keyword arguments`, `... positional-only
-/// arguments passed as keyword arguments: 'stream'`) is a rejection of our call; a
-/// `TypeError` from deeper in the producer, or naming another keyword, is the producer's own.
+/// arguments passed as keyword arguments: 'stream'`, pybind11's / nanobind's `incompatible
+/// function arguments`) is a rejection of our call; a `TypeError` from deeper in the producer,
+/// or naming another keyword, is the producer's own.
 fn rejection(py: Python<'_>, e: &PyErr) -> Rejection {
     if !e.is_instance_of::<PyTypeError>(py) || traceback_depth(py, e) > 1 {
         return Rejection::Producer;
@@ -463,6 +467,9 @@ fn rejection(py: Python<'_>, e: &PyErr) -> Rejection {
     if m.contains("positional argument") && m.contains("were given") {
         return Rejection::Positional;
     }
+    if m.contains("incompatible function arguments") {
+        return Rejection::Binding;
+    }
     Rejection::Producer
 }
 
@@ -482,10 +489,11 @@ impl Keywords {
     /// The next way to call after `rejection`, if any.
     fn after(self, rejection: Rejection) -> Option<Keywords> {
         match (self, rejection) {
-            (Keywords::StreamAndVersion, Rejection::MaxVersion) => Some(Keywords::Stream),
-            (Keywords::StreamAndVersion | Keywords::Stream, Rejection::StreamKeyword) => {
-                Some(Keywords::Positional)
+            (Keywords::StreamAndVersion, Rejection::MaxVersion | Rejection::Binding) => {
+                Some(Keywords::Stream)
             }
+            (Keywords::StreamAndVersion | Keywords::Stream, Rejection::StreamKeyword)
+            | (Keywords::Stream, Rejection::Binding) => Some(Keywords::Positional),
             _ => None,
         }
     }
@@ -559,7 +567,9 @@ fn call_dlpack<'py>(
                 let why = rejection(py, &e);
                 match kw.after(why) {
                     Some(next) => kw = next,
-                    None if kw == Keywords::Positional && why == Rejection::Positional => {
+                    None if kw == Keywords::Positional
+                        && matches!(why, Rejection::Positional | Rejection::Binding) =>
+                    {
                         let refused = arg_err(
                             Kind::Type,
                             index,

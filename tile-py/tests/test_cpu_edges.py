@@ -412,3 +412,29 @@ def test_row26_well_formed_cuda_stream_accepted(counters):
     p = Producer()
     check([In("float32")], (p,), stream=CudaStream((0, 0x4321)))
     assert p.calls == [{"stream": 0x4321, "max_version": (1, 3)}] and p.deleted == 1
+
+
+def test_row19_pybind11_style_binding_error_is_retried_keeping_the_stream(counters):
+    # pybind11 and nanobind say "incompatible function arguments" without naming the keyword:
+    # retried without max_version, then with the stream positionally; never without it.
+    class Bound(Producer):
+        def __init__(self, accepts, **kw):
+            super().__init__(**kw)
+            self.accepts = accepts
+
+        def __dlpack__(self, *args, **kw):
+            call = {"args": args, **kw}
+            if call.keys() - {"args"} - self.accepts or (args and "positional" not in self.accepts):
+                raise TypeError("__dlpack__(): incompatible function arguments. The following argument types are supported: ...")
+            self.calls.append(call)
+            return self._export()
+
+    only_stream = Bound({"stream"})
+    positional = Bound({"positional"})
+    check([In("float32"), In("float32")], (only_stream, positional))
+    assert only_stream.calls == [{"args": (), "stream": STREAM}]
+    assert positional.calls == [{"args": (STREAM,)}]
+    nothing = Bound(set())
+    with pytest.raises(TypeError, match="takes no stream argument"):
+        check([In("float32")], (nothing,))
+    assert nothing.calls == [] and nothing.deleted == 0

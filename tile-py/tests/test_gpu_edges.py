@@ -240,8 +240,12 @@ def test_row22_tensors_that_require_grad_accepted_for_inputs(torch, lib, NoExcha
 def test_row23_jax_array_refused_for_outputs_and_read_as_inputs(torch, lib):
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError as e:
+        pytest.skip(f"JAX has no GPU backend here: {e}")
     n = 4096
-    a = jnp.zeros(n, dtype=jnp.float32)
+    a = jax.device_put(jnp.zeros(n, dtype=jnp.float32), gpu)
     fill = lib.kernel("fill_f32", [Out("float32"), Scalar("f32"), Scalar("u64")])
     c = Counts()
     with pytest.raises(ValueError, match=r"argument 0: .*JAX array.*immutable.*jax\.ffi\.ffi_call"):
@@ -250,7 +254,7 @@ def test_row23_jax_array_refused_for_outputs_and_read_as_inputs(torch, lib):
     assert c["launches_issued"] == 0 and c["consumed"] == 0
     assert float(jnp.abs(a).max()) == 0.0
     # Reading a JAX array is fine.
-    b = jnp.arange(n, dtype=jnp.float32)
+    b = jax.device_put(jnp.arange(n, dtype=jnp.float32), gpu)
     y = torch.full((n,), -7.0, device="cuda")
     tile_py.launch(torch.cuda.current_stream(), grid_for(n), copy_f32(lib), (b, y, n), block=BLOCK).wait()
     assert torch.equal(y, torch.arange(n, dtype=torch.float32, device="cuda"))
