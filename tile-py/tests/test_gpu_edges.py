@@ -272,7 +272,9 @@ def test_row24_transposed_view_needs_a_strided_parameter(torch, lib):
     c = Counts()
     with pytest.raises(ValueError, match=r"argument 0: tensor is not dense row-major \(shape \[64, 64\], strides \[1, 64\]"):
         tile_py.launch(torch.cuda.current_stream(), grid_for(n), copy_f32(lib), (at, y, n), block=BLOCK)
-    assert c["launches_issued"] == 0 and c["consumed"] == 0
+    settle(torch)
+    # Both tensors were exported through the exchange API and, refused, released at once.
+    assert c["launches_issued"] == 0 and c["consumed"] == c["released"] == 2
     assert (y == -7.0).all()
     # Declared strided and indexed with the strides, the view is read correctly.
     k = lib.kernel(
@@ -333,6 +335,8 @@ def test_row27_host_memory_labelled_as_device_refused(torch, lib):
     assert len(p.calls) == 1 and p.deleted == 1
     settle(torch)
     assert c["launches_issued"] == 0
+    # Exchange-API exports of `y` (and the CAI descriptor) were released at once: nothing pends.
+    assert c["consumed"] == c["released"]
     assert (y == -7.0).all()
     # The context is not poisoned, and device memory through the same foreign paths is
     # accepted (the driver knows it).
