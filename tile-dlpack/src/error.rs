@@ -122,6 +122,15 @@ pub enum DescriptorError {
     #[error("tensor is read-only (DLPACK_FLAG_BITMASK_READ_ONLY) and cannot be written")]
     ReadOnly,
 
+    /// An output tensor is flagged `IS_COPIED`: the producer made a copy for this consumer
+    /// alone, so the kernel's writes would land in memory the caller never sees.
+    #[error(
+        "tensor is a copy made for this export (DLPACK_FLAG_BITMASK_IS_COPIED): a kernel's \
+         writes to it would never reach the caller's tensor; export the tensor itself \
+         (without copy=True or a device change) to write it"
+    )]
+    Copied,
+
     /// Row 12: an output tensor may reach one memory location through two indices: a stride
     /// of 0 on a dimension of size > 1, or a layout whose disjointness the conservative check
     /// of [`TensorView::check_writable`](crate::TensorView::check_writable) cannot prove.

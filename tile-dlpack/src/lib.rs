@@ -87,7 +87,7 @@
 //!   row-major strides computed when the descriptor has none), data pointer with
 //!   `byte_offset` applied, element count, [`ByteExtent`], flags. It cannot outlive the value
 //!   it borrows from. [`TensorView::check_writable`] checks an output (read-only flag,
-//!   internal overlap).
+//!   `IS_COPIED` flag, internal overlap).
 //!
 //! # What it leaves to the caller
 //!

@@ -340,8 +340,8 @@ impl<'a> TensorView<'a> {
         true
     }
 
-    /// Checks that the tensor may be written by a kernel: not read-only, and no two elements
-    /// at the same address.
+    /// Checks that the tensor may be written by a kernel: not read-only, not a private copy
+    /// (`IS_COPIED`), and no two elements at the same address.
     ///
     /// The overlap check is conservative. Contiguous and empty tensors pass. Otherwise the
     /// dimensions of size > 1 are sorted by `|stride|`, and each must step further than
@@ -353,11 +353,16 @@ impl<'a> TensorView<'a> {
     /// # Errors
     ///
     /// [`DescriptorError::ReadOnly`] when the `READ_ONLY` flag is set;
+    /// [`DescriptorError::Copied`] when the `IS_COPIED` flag is set (the writes would reach a
+    /// copy only this consumer holds);
     /// [`DescriptorError::InternalOverlap`] with the first axis (in the sorted order) at which
     /// disjointness is not proven.
     pub fn check_writable(&self) -> Result<(), DescriptorError> {
         if self.meta.read_only {
             return Err(DescriptorError::ReadOnly);
+        }
+        if self.meta.copied {
+            return Err(DescriptorError::Copied);
         }
         if self.is_contiguous() {
             return Ok(());

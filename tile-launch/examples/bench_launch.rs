@@ -251,11 +251,11 @@ fn run() -> Result<()> {
     let stream = Stream::with_config(&ctx, ReleaseConfig::default())?;
     let lib = Library::from_cuda_source(KERNELS, &[])?;
     let sig = Signature::new([
-        Param::input(DType::F32),
+        Param::input(DType::F32).strided(),
         Param::scalar(ScalarType::I64),
-        Param::input(DType::F32),
+        Param::input(DType::F32).strided(),
         Param::scalar(ScalarType::I64),
-        Param::output(DType::F32),
+        Param::output(DType::F32).strided(),
         Param::scalar(ScalarType::I64),
         Param::scalar(ScalarType::U64),
     ]);

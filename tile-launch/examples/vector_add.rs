@@ -52,11 +52,11 @@ fn run() -> Result<()> {
     let add = lib.kernel(
         "vector_add",
         Signature::new([
-            Param::input(DType::F32),
+            Param::input(DType::F32).strided(),
             Param::scalar(ScalarType::I64),
-            Param::input(DType::F32),
+            Param::input(DType::F32).strided(),
             Param::scalar(ScalarType::I64),
-            Param::output(DType::F32),
+            Param::output(DType::F32).strided(),
             Param::scalar(ScalarType::I64),
             Param::scalar(ScalarType::U64),
         ]),

@@ -87,6 +87,9 @@ pub enum TensorSource<'a> {
 pub struct TensorArg<'a> {
     pub(crate) source: TensorSource<'a>,
     pub(crate) ready_on: Option<CUstream>,
+    /// Whether the launch may skip asking the driver what the data pointer is
+    /// ([`TensorArg::trust_memory`]).
+    pub(crate) memory_trusted: bool,
 }
 
 impl<'a> TensorArg<'a> {
@@ -100,6 +103,21 @@ impl<'a> TensorArg<'a> {
     /// default stream) until the launch returns.
     pub unsafe fn ready_on(mut self, producer: CUstream) -> Self {
         self.ready_on = Some(producer);
+        self
+    }
+
+    /// Skips the launch's check that the driver knows the data pointer as device, managed or
+    /// page-locked host memory (one `cuPointerGetAttributes` per tensor per launch, see
+    /// [`Stream::launch`](crate::Stream::launch)), for producers whose descriptors are trusted
+    /// to describe their memory (e.g. a framework's own allocator, through the DLPack C
+    /// exchange API).
+    ///
+    /// # Safety
+    ///
+    /// The data pointer must be memory of the kind and device the descriptor names: a host
+    /// address labelled as device memory makes the kernel fault, which poisons the context.
+    pub unsafe fn trust_memory(mut self) -> Self {
+        self.memory_trusted = true;
         self
     }
 
@@ -123,6 +141,7 @@ impl<'a> From<Unused<'a>> for TensorArg<'a> {
         TensorArg {
             source: TensorSource::Unused(t),
             ready_on: None,
+            memory_trusted: false,
         }
     }
 }
@@ -131,6 +150,7 @@ impl From<Used> for TensorArg<'_> {
         TensorArg {
             source: TensorSource::Used(t),
             ready_on: None,
+            memory_trusted: false,
         }
     }
 }
@@ -164,13 +184,15 @@ pub(crate) const INLINE_ARGS: usize = 8;
 pub(crate) type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
 
 /// Checks `args` against `signature` exactly as [`Stream::launch`](crate::Stream::launch) does before consuming
-/// anything (count, kind, dtype, device `device_ordinal`, writability of outputs, scalar range),
+/// anything (count, kind, dtype, device `device_ordinal`, writability of outputs, dense
+/// row-major layout unless the parameter is strided or an array, scalar range),
 /// without a stream or a driver. Nothing is consumed; `Unused` tensors are only peeked at.
 ///
 /// # Errors
 ///
 /// [`Error::ArgumentCount`], [`Error::ArgumentKind`], [`Error::DtypeMismatch`],
-/// [`Error::DeviceMismatch`], [`Error::Descriptor`], each naming the argument index.
+/// [`Error::DeviceMismatch`], [`Error::Descriptor`], [`Error::NotContiguous`], each naming the
+/// argument index.
 pub fn check_args(
     kernel_name: &str,
     signature: &Signature,
@@ -226,8 +248,16 @@ fn check_arg(
     ordinal: i32,
     out: &mut ParamValues,
 ) -> Result<()> {
-    let (dtype, intent, array) = match (arg, param) {
-        (Arg::Tensor(_), Param::Tensor { dtype, intent }) => (*dtype, *intent, None),
+    // `dense`: a plain pointer parameter, which the kernel indexes densely.
+    let (dtype, intent, array, dense) = match (arg, param) {
+        (
+            Arg::Tensor(_),
+            Param::Tensor {
+                dtype,
+                intent,
+                strided,
+            },
+        ) => (*dtype, *intent, None, !*strided),
         (
             Arg::Tensor(_),
             Param::Array {
@@ -237,7 +267,7 @@ fn check_arg(
                 index: ty,
                 assume,
             },
-        ) => (*dtype, *intent, Some((*ndim, *ty, assume))),
+        ) => (*dtype, *intent, Some((*ndim, *ty, assume)), false),
         (Arg::Scalar(s), Param::Scalar(ty)) => {
             return match s.encode(*ty) {
                 Some(value) => {
@@ -300,6 +330,13 @@ fn check_arg(
     if intent.writes() {
         view.check_writable()
             .map_err(|source| Error::Descriptor { index, source })?;
+    }
+    if dense && !view.is_contiguous() {
+        return Err(Error::NotContiguous {
+            index,
+            shape: view.shape().to_vec(),
+            strides: view.strides().to_vec(),
+        });
     }
     match array {
         None => {

@@ -233,23 +233,25 @@ impl Context {
         Ok(Some(device))
     }
 
-    /// The device that the memory at `ptr` belongs to (`cuPointerGetAttribute` with
-    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`), or `None` when there is no driver or the driver
-    /// does not know the address (plain host memory, say).
-    #[doc(alias = "cuPointerGetAttribute")]
+    /// The device that the memory at `ptr` belongs to, or `None` when there is no driver or the
+    /// driver does not know the address as device or managed memory (plain host memory, say).
+    /// Pinned host memory answers with the device of the context that registered it. The
+    /// [`PointerMemory::device`] of [`Context::memory_of_pointer`].
+    #[doc(alias = "cuPointerGetAttributes")]
     pub fn device_of_pointer(ptr: u64) -> Option<i32> {
+        Self::memory_of_pointer(ptr).and_then(|m| m.device)
+    }
+
+    /// What the driver knows about the memory at `ptr`: its [`MemoryKind`] and device. One
+    /// `cuPointerGetAttributes` call (`CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, `IS_MANAGED`,
+    /// `DEVICE_ORDINAL`), which answers for any address without a current context and does
+    /// not fail for an address it does not know. `None` when there is no driver, the call
+    /// fails, or the driver does not know the address (memory that is neither device, managed
+    /// nor page-locked host memory, e.g. a NumPy array's).
+    #[doc(alias = "cuPointerGetAttributes")]
+    pub fn memory_of_pointer(ptr: u64) -> Option<PointerMemory> {
         let d = driver().ok()?;
-        let mut ordinal: c_int = -1;
-        // SAFETY: out-pointer to a local `int`, which this attribute writes; an address the
-        // driver does not know is an error return, not a fault.
-        let r = unsafe {
-            (d.cuPointerGetAttribute)(
-                (&mut ordinal as *mut c_int).cast(),
-                cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                ptr as cuda_sys::CUdeviceptr,
-            )
-        };
-        (r == cuda_sys::CUresult::CUDA_SUCCESS && ordinal >= 0).then_some(ordinal)
+        memory_of_pointer_with(d, ptr)
     }
 
     /// The device ordinal this context belongs to.
@@ -406,4 +408,74 @@ impl Drop for ContextGuard<'_> {
             }
         }
     }
+}
+
+/// The kind of memory an address belongs to, as the driver reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemoryKind {
+    /// Device memory (`CU_MEMORYTYPE_DEVICE`, not managed).
+    Device,
+    /// Managed (unified) memory (`CU_POINTER_ATTRIBUTE_IS_MANAGED`).
+    Managed,
+    /// Page-locked host memory allocated or registered with CUDA (`CU_MEMORYTYPE_HOST`),
+    /// which kernels can address.
+    Host,
+}
+
+/// What [`Context::memory_of_pointer`] found out about an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct PointerMemory {
+    /// The kind of memory.
+    pub kind: MemoryKind,
+    /// The device ordinal the driver reports (`CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`): the
+    /// memory's device for device memory, the device of the registering context for host
+    /// memory; `None` when the driver reports none.
+    pub device: Option<i32>,
+}
+
+/// [`Context::memory_of_pointer`] with the driver at hand.
+pub(crate) fn memory_of_pointer_with(d: &Driver, ptr: u64) -> Option<PointerMemory> {
+    let mut memory_type: u32 = 0;
+    // `IS_MANAGED` writes a C `bool` (one byte); a zeroed wider slot reads the same.
+    let mut managed: u64 = 0;
+    let mut ordinal: c_int = -1;
+    let mut attributes = [
+        cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+        cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    ];
+    let mut data: [*mut std::ffi::c_void; 3] = [
+        (&raw mut memory_type).cast(),
+        (&raw mut managed).cast(),
+        (&raw mut ordinal).cast(),
+    ];
+    // SAFETY: three attributes, each with an out-pointer to a local at least as large as what
+    // the driver writes for it (a `CUmemorytype`, a `bool`, an `int`). For an address the driver
+    // does not know, it writes null values and returns success.
+    let r = unsafe {
+        (d.cuPointerGetAttributes)(
+            attributes.len() as u32,
+            attributes.as_mut_ptr(),
+            data.as_mut_ptr(),
+            ptr as cuda_sys::CUdeviceptr,
+        )
+    };
+    if r != cuda_sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let kind = if managed != 0 {
+        MemoryKind::Managed
+    } else if memory_type == cuda_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE.0 {
+        MemoryKind::Device
+    } else if memory_type == cuda_sys::CUmemorytype::CU_MEMORYTYPE_HOST.0 {
+        MemoryKind::Host
+    } else {
+        return None;
+    };
+    Some(PointerMemory {
+        kind,
+        device: (ordinal >= 0).then_some(ordinal),
+    })
 }

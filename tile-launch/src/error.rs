@@ -107,6 +107,24 @@ pub enum Error {
         rule: String,
     },
 
+    /// A tensor bound to a plain (not strided) pointer parameter is not dense row-major: the
+    /// kernel indexes the pointer densely and would read or write the wrong elements. Declare
+    /// the parameter strided ([`Param::strided`](crate::Param::strided)) to pass any layout.
+    #[error(
+        "argument {index}: tensor is not dense row-major (shape {shape:?}, strides {strides:?} \
+         in elements), but its parameter is a plain pointer the kernel indexes densely; pass a \
+         contiguous tensor (e.g. `.contiguous()`), or declare the parameter strided and pass \
+         the strides to the kernel"
+    )]
+    NotContiguous {
+        /// Zero-based argument index.
+        index: usize,
+        /// The tensor's shape.
+        shape: Vec<i64>,
+        /// The tensor's strides, in elements.
+        strides: Vec<i64>,
+    },
+
     /// A tensor lives on a device the launch stream cannot use.
     #[error(
         "argument {index}: tensor is on {tensor}, but the launch stream is on cuda:{stream_device}"
@@ -135,6 +153,23 @@ pub enum Error {
         pointer_device: i32,
         /// The device ordinal of the launch stream.
         stream_device: i32,
+    },
+
+    /// A tensor's data pointer is not memory the driver knows as device, managed or page-locked
+    /// host memory (`cuPointerGetAttributes`): plain host memory labelled as device memory,
+    /// which a kernel cannot address (it would fault and poison the context).
+    #[error(
+        "argument {index}: tensor says it is on {tensor}, but the driver does not know its data \
+         pointer {address:#x} as device, managed or page-locked host memory (host memory \
+         labelled as device memory?); a kernel would fault on it"
+    )]
+    NotDeviceMemory {
+        /// Zero-based argument index.
+        index: usize,
+        /// The tensor's DLPack device.
+        tensor: Device,
+        /// The tensor's data pointer (`data + byte_offset`).
+        address: u64,
     },
 
     /// The launch was captured into a CUDA graph: it runs each time the graph is launched, and

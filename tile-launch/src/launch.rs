@@ -19,9 +19,12 @@ impl Stream {
     /// Launches `kernel` on this stream (`cuLaunchKernelEx`).
     ///
     /// Every argument is checked against the kernel's [`Signature`](crate::Signature) (count,
-    /// kind, dtype, device, writability of outputs, scalar range) and the configuration against
-    /// the device's limits before any tensor is consumed; nothing is consumed or launched when a
-    /// check fails. Then the tensors are consumed, the stream is made to wait for the streams
+    /// kind, dtype, device, writability of outputs, dense row-major layout for plain pointer
+    /// parameters, scalar range) and the configuration against the device's limits before any
+    /// tensor is consumed; so is each tensor's memory: unless it is
+    /// [trusted](crate::TensorArg::trust_memory), the driver must know its data pointer as
+    /// device, managed or page-locked host memory (one `cuPointerGetAttributes` per tensor).
+    /// Nothing is consumed or launched when a check fails. Then the tensors are consumed, the stream is made to wait for the streams
     /// their data is ready on, and the kernel is launched. The returned handle owns the tensors
     /// until the work is done.
     ///
@@ -29,7 +32,8 @@ impl Stream {
     ///
     /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
     /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
-    /// [`Error::Descriptor`] from the checks (nothing consumed, nothing launched);
+    /// [`Error::NotDeviceMemory`], [`Error::NotContiguous`], [`Error::Descriptor`] from the
+    /// checks (nothing consumed, nothing launched);
     /// [`Error::Cuda`] from a driver call made by the checks (e.g.
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when the stream's capture was invalidated: nothing
     /// consumed), or if a wait or the launch fails (the consumed tensors are released before the
@@ -133,9 +137,7 @@ impl Stream {
         if !bound && (config.shared_mem_bytes > 0 || config.cooperative) {
             kernel.prepare_launch(d, ctx, config)?;
         }
-        if self.checks_pointer_devices() {
-            check_pointer_devices(d, &args, ctx.ordinal())?;
-        }
+        check_pointer_memory(d, &args, ctx.ordinal(), self.checks_pointer_devices())?;
         let capture = crate::capture_state::capturing_graph(d, self.raw())?;
         if let Some((_, ours)) = capture
             && let Err(e) = check_capture_joins(d, self.raw(), ours, &args)
@@ -298,14 +300,31 @@ fn check_capture_joins(
     Ok(())
 }
 
-/// Checks that the memory of every non-empty device tensor (`kDLCUDA`) is on device `ordinal`
-/// (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, one call per tensor).
-/// A pointer the driver does not know is let through: the descriptor's device was checked.
-/// Pinned host memory (`kDLCUDAHost`) is usable from every device and managed memory
-/// (`kDLCUDAManaged`) migrates, so neither is asked about.
-fn check_pointer_devices(d: &cuda_sys::Driver, args: &[Arg<'_>], ordinal: i32) -> Result<()> {
+/// Checks the memory of every non-empty CUDA-accessible tensor (`kDLCUDA`, `kDLCUDAHost`,
+/// `kDLCUDAManaged`) before anything is consumed:
+///
+/// - unless the tensor's memory is trusted ([`TensorArg::trust_memory`](crate::TensorArg::trust_memory)),
+///   the driver must know its data pointer as device, managed or page-locked host memory
+///   (one `cuPointerGetAttributes`), else [`Error::NotDeviceMemory`]: plain host memory
+///   labelled as device memory would make the kernel fault and poison the context. Device
+///   memory of another device than `ordinal` is [`Error::PointerDeviceMismatch`];
+/// - a trusted `kDLCUDA` tensor is checked against `ordinal` only when `devices` is set
+///   (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); a pointer the
+///   driver does not know is then let through (the descriptor's device was checked). Pinned
+///   host memory is usable from every device and managed memory migrates, so neither is asked
+///   about there.
+fn check_pointer_memory(
+    d: &cuda_sys::Driver,
+    args: &[Arg<'_>],
+    ordinal: i32,
+    devices: bool,
+) -> Result<()> {
+    use tile_dlpack::ffi::DLDeviceType;
     for (index, arg) in args.iter().enumerate() {
         let Arg::Tensor(t) = arg else { continue };
+        if t.memory_trusted && !devices {
+            continue;
+        }
         let view = match &t.source {
             TensorSource::Unused(u) => u
                 .peek()
@@ -313,8 +332,35 @@ fn check_pointer_devices(d: &cuda_sys::Driver, args: &[Arg<'_>], ordinal: i32) -
             TensorSource::Used(u) => u.view(),
         };
         let tensor = view.device();
-        if tensor.device_type != tile_dlpack::ffi::DLDeviceType::CUDA || view.nbytes_spanned() == 0
-        {
+        let accessible = matches!(
+            tensor.device_type,
+            DLDeviceType::CUDA | DLDeviceType::CUDAHOST | DLDeviceType::CUDAMANAGED
+        );
+        if !accessible || view.nbytes_spanned() == 0 {
+            continue;
+        }
+        if !t.memory_trusted {
+            let Some(memory) = crate::context::memory_of_pointer_with(d, view.data_ptr()) else {
+                return Err(Error::NotDeviceMemory {
+                    index,
+                    tensor,
+                    address: view.data_ptr(),
+                });
+            };
+            if memory.kind == crate::MemoryKind::Device
+                && let Some(on) = memory.device
+                && on != ordinal
+            {
+                return Err(Error::PointerDeviceMismatch {
+                    index,
+                    tensor,
+                    pointer_device: on,
+                    stream_device: ordinal,
+                });
+            }
+            continue;
+        }
+        if tensor.device_type != DLDeviceType::CUDA {
             continue;
         }
         let mut on: std::ffi::c_int = -1;

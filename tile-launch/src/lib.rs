@@ -57,8 +57,13 @@
 //! - A tensor whose data is written on another stream is ordered with
 //!   [`TensorArg::ready_on`]: the launch stream waits on the device, the host never blocks.
 //! - The stream's context is made current for the launch and restored afterwards. Every tensor's
-//!   DLPack device must be the stream's device; with several devices visible, each device
-//!   tensor's data pointer is checked too ([`Stream::checks_pointer_devices`]).
+//!   DLPack device must be the stream's device, and the driver must know its data pointer as
+//!   device, managed or page-locked host memory (one `cuPointerGetAttributes` per tensor,
+//!   [`Context::memory_of_pointer`]; skipped for tensors the caller vouches for with
+//!   [`TensorArg::trust_memory`], whose device ordinal is checked only with several devices
+//!   visible, [`Stream::checks_pointer_devices`]).
+//! - A plain pointer parameter takes a dense row-major tensor; a parameter declared
+//!   [`Param::strided`] takes any layout.
 //! - A launch on a stream that is capturing a CUDA graph becomes part of the graph, which owns
 //!   its tensors through a CUDA user object until the last graph, clone or executable graph
 //!   holding it is destroyed; the tensors are then released by a dedicated thread, never on a
@@ -100,7 +105,7 @@ pub use array::{ArrayAssumptions, ArrayField, IndexType, MAX_ASSUMED_DIMS};
 pub use bound::BoundLaunch;
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
 pub use config::{Dim3, LaunchConfig};
-pub use context::{Context, ContextGuard, DeviceLimits};
+pub use context::{Context, ContextGuard, DeviceLimits, MemoryKind, PointerMemory};
 pub use error::{Error, LayoutError, Result};
 pub use guard::{Guard, HandOff};
 pub use handle::LaunchHandle;

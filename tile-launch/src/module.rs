@@ -106,6 +106,12 @@ pub enum Param {
         dtype: DType,
         /// Whether the kernel reads, writes or does both.
         intent: Intent,
+        /// Whether the kernel takes the tensor's layout into account (it is passed the strides
+        /// as separate parameters). When `false` (the default), the kernel indexes the pointer
+        /// densely, and a tensor that is not dense row-major
+        /// ([`TensorView::is_contiguous`](tile_dlpack::TensorView::is_contiguous)) is refused
+        /// with [`Error::NotContiguous`].
+        strided: bool,
     },
     /// A scalar passed by value.
     Scalar(ScalarType),
@@ -135,6 +141,7 @@ impl Param {
         Param::Tensor {
             dtype,
             intent: Intent::Read,
+            strided: false,
         }
     }
     /// A tensor the kernel writes.
@@ -142,6 +149,7 @@ impl Param {
         Param::Tensor {
             dtype,
             intent: Intent::Write,
+            strided: false,
         }
     }
     /// A tensor the kernel reads and writes.
@@ -149,11 +157,25 @@ impl Param {
         Param::Tensor {
             dtype,
             intent: Intent::ReadWrite,
+            strided: false,
         }
     }
     /// A scalar passed by value.
     pub fn scalar(ty: ScalarType) -> Param {
         Param::Scalar(ty)
+    }
+
+    /// This tensor parameter, declared strided: any layout is accepted (the kernel is passed
+    /// the strides separately). A scalar is returned unchanged.
+    pub fn strided(self) -> Param {
+        match self {
+            Param::Tensor { dtype, intent, .. } => Param::Tensor {
+                dtype,
+                intent,
+                strided: true,
+            },
+            p => p,
+        }
     }
 
     /// An array parameter ([`Param::Array`]): `ndim` dimensions, extents and strides in `index`.
@@ -217,13 +239,18 @@ impl Param {
 impl fmt::Display for Param {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Param::Tensor { dtype, intent } => {
+            Param::Tensor {
+                dtype,
+                intent,
+                strided,
+            } => {
                 let how = match intent {
                     Intent::Read => "input",
                     Intent::Write => "output",
                     Intent::ReadWrite => "in-out",
                 };
-                write!(f, "{how} tensor of {dtype}")
+                let layout = if *strided { "strided " } else { "" };
+                write!(f, "{how} {layout}tensor of {dtype}")
             }
             Param::Scalar(t) => write!(f, "scalar {t}"),
             Param::Array {

@@ -438,3 +438,88 @@ fn pointer_device_mismatch_names_both_devices() {
     assert!(text.starts_with("argument 2:"), "{text}");
     assert!(text.contains("cuda:1") && text.contains("cuda:0"), "{text}");
 }
+
+#[test]
+fn copied_output_is_refused_before_consuming_and_copied_input_accepted() {
+    let spec = TensorSpec::new(&[4], DType::F32);
+    let copied = spec
+        .clone()
+        .flags(tile_dlpack::dlpark::DlpackFlags::IS_COPIED.bits());
+    let (a, ca) = counted_tensor(&copied);
+    let (b, cb) = counted_tensor(&spec);
+    let (c, cc) = counted_tensor(&copied);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 4u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Descriptor {
+                index: 2,
+                source: tile_dlpack::DescriptorError::Copied
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("IS_COPIED"), "{e}");
+    drop(args);
+    assert_eq!((ca.get(), cb.get(), cc.get()), (0, 0, 0));
+}
+
+#[test]
+fn non_contiguous_tensor_is_refused_for_a_plain_pointer_and_accepted_when_strided() {
+    // A transposed 64 x 64 view: strides (1, 64) in elements.
+    let t = TensorSpec::new(&[64, 64], DType::F32).strides(&[1, 64]);
+    for (index, sig) in [
+        (
+            0,
+            Signature::new([Param::input(DType::F32), Param::output(DType::F32)]),
+        ),
+        (
+            1,
+            Signature::new([Param::input(DType::F32).strided(), Param::inout(DType::F32)]),
+        ),
+    ] {
+        let (a, ca) = counted_tensor(&t);
+        let (b, cb) = counted_tensor(&t);
+        let args: Vec<Arg<'_>> = vec![a.into(), b.into()];
+        let e = check_args("k", &sig, &args, 0).unwrap_err();
+        match &e {
+            Error::NotContiguous {
+                index: i,
+                shape,
+                strides,
+            } => {
+                assert_eq!(
+                    (*i, shape.as_slice(), strides.as_slice()),
+                    (index, &[64i64, 64][..], &[1i64, 64][..])
+                );
+            }
+            other => panic!("expected NotContiguous, got {other}"),
+        }
+        assert!(e.to_string().contains("strides [1, 64]"), "{e}");
+        drop(args);
+        assert_eq!((ca.get(), cb.get()), (0, 0));
+    }
+    let sig = Signature::new([
+        Param::input(DType::F32).strided(),
+        Param::output(DType::F32).strided(),
+    ]);
+    let (a, _) = counted_tensor(&t);
+    let (b, _) = counted_tensor(&t);
+    check_args("k", &sig, &[a.into(), b.into()], 0).unwrap();
+    // Dimensions of size 1 and empty tensors count as dense whatever their strides.
+    let ones = TensorSpec::new(&[1, 8], DType::F32).strides(&[999, 1]);
+    let empty = TensorSpec::new(&[0, 8], DType::F32).strides(&[1, 5]);
+    let (a, _) = counted_tensor(&ones);
+    let (b, _) = counted_tensor(&empty);
+    let sig = Signature::new([Param::input(DType::F32), Param::output(DType::F32)]);
+    check_args("k", &sig, &[a.into(), b.into()], 0).unwrap();
+    assert_eq!(
+        Param::input(DType::F32).strided().to_string(),
+        "input strided tensor of float32"
+    );
+    assert_eq!(
+        Param::scalar(ScalarType::U32).strided(),
+        Param::scalar(ScalarType::U32)
+    );
+}

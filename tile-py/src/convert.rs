@@ -32,6 +32,7 @@ use tile_dlpack::{DType, Unused};
 use tile_launch::{Arg, Dim3, LaunchConfig, Param, Scalar, ScalarType, TensorArg};
 
 use crate::errors::{Kind, arg_err, err, show, with_note};
+use crate::producers::{self, Checked, Family};
 use crate::release::{COUNTERS, PyGuard, defer_release};
 
 /// What the launch tells producers and the stream it launches on.
@@ -223,6 +224,11 @@ fn convert_each(
                     // stream's device; producers' streams live in the device's primary context.
                     arg = unsafe { arg.ready_on(s as CUstream) };
                 }
+                if t.memory_trusted {
+                    // SAFETY: set only for PyTorch's C exchange API, whose exports describe
+                    // memory of torch's own allocators as it is.
+                    arg = unsafe { arg.trust_memory() };
+                }
                 out.args.push(Arg::Tensor(arg));
                 out.claims.push(Some(t.claim));
                 if let Some(o) = t.owner {
@@ -240,6 +246,9 @@ struct Tensor {
     claim: Claim,
     ready_on: Option<usize>,
     owner: Option<Py<PyAny>>,
+    /// Whether the producer is trusted to describe its memory (see
+    /// [`TensorArg::trust_memory`](tile_launch::TensorArg::trust_memory)).
+    memory_trusted: bool,
 }
 
 fn expected_tensor(param: &Param) -> String {
@@ -256,12 +265,28 @@ fn convert_tensor(
     if let Ok(cap) = obj.cast::<PyCapsule>() {
         return claim_capsule(py, index, cap.as_any());
     }
-    if let Some(api) = exchange_api(py, obj) {
-        return from_exchange_api(py, index, obj, api, hs);
+    let family = producers::family(obj);
+    let api = exchange_api(py, obj);
+    let detached;
+    let obj = match producers::check(index, obj, family, param, api.is_none())? {
+        Checked::AsIs => obj,
+        Checked::Detached(d) => {
+            detached = d;
+            &detached
+        }
+    };
+    if let Some(api) = api {
+        let mut t = from_exchange_api(py, index, obj, api, hs)?;
+        // PyTorch's exchange API exports its own allocator's memory, described as it is: the
+        // launch's pointer-memory query (one driver call per tensor) is skipped for it.
+        t.memory_trusted = family == Family::Torch;
+        return Ok(t);
     }
     if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
-        let cap = call_dlpack(py, index, obj, &method, hs)?;
-        return claim_capsule(py, index, &cap);
+        let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs)?;
+        let mut t = claim_capsule(py, index, &cap)?;
+        t.ready_on = ready_on;
+        return Ok(t);
     }
     if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
         return from_cai(py, index, obj, hs);
@@ -359,6 +384,7 @@ fn claim_capsule(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResu
         },
         ready_on: None,
         owner: None,
+        memory_trusted: false,
     })
 }
 
@@ -376,80 +402,157 @@ fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &'static CSt
 
 // ---- __dlpack__ handshake -----------------------------------------------------------------
 
-/// Whether `e` is the `TypeError` CPython (or a C / Cython / PyO3 method) raises when a call's
-/// arguments do not bind: an unexpected keyword, keywords to a method that takes none,
-/// positional-only parameters passed by keyword, too many positional arguments. Any other
-/// `TypeError` is the producer's own and is not retried.
-fn is_keyword_type_error(py: Python<'_>, e: &PyErr) -> bool {
-    if !e.is_instance_of::<PyTypeError>(py) {
-        return false;
-    }
-    let m = e.value(py).to_string();
-    [
-        "unexpected keyword",
-        "takes no keyword",
-        "positional",
-        "takes no arguments",
-    ]
-    .iter()
-    .any(|w| m.contains(w))
+/// The keywords tile_py passes to `__dlpack__`; the only ones whose rejection is retried.
+const OUR_KEYWORDS: [&str; 4] = ["max_version", "dl_device", "copy", "stream"];
+
+/// What a `TypeError` raised by a `__dlpack__` call says about the call's own arguments.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Rejection {
+    /// The call did not bind because of `max_version` (a producer older than DLPack 1.0).
+    MaxVersion,
+    /// The call did not bind because of a keyword `stream` (a method that takes no keywords,
+    /// or a positional-only `stream`).
+    StreamKeyword,
+    /// The call did not bind at all: too many positional arguments (`__dlpack__(self)`).
+    Positional,
+    /// The call did not bind, without saying which argument: pybind11's and nanobind's
+    /// "incompatible function arguments".
+    Binding,
+    /// Anything else, the producer's own error: never retried.
+    Producer,
 }
 
-/// The ways `__dlpack__` is called, most keywords first.
+/// The number of frames in `e`'s traceback. An argument-binding `TypeError` is raised before
+/// the called function's frame runs: none for a call from here into a Python function, one
+/// when a wrapper's `__dlpack__(*args, **kwargs)` forwards to the real one, or for the frame
+/// Cython adds to its own binding errors.
+fn traceback_depth(py: Python<'_>, e: &PyErr) -> usize {
+    let mut depth = 0;
+    let mut tb = e.traceback(py).map(Bound::into_any);
+    while let Some(t) = tb {
+        depth += 1;
+        tb = t
+            .getattr(intern!(py, "tb_next"))
+            .ok()
+            .filter(|n| !n.is_none());
+    }
+    depth
+}
+
+/// Classifies a `__dlpack__` call's exception. Only a `TypeError` raised at the call boundary
+/// (traceback at most one frame deep: see [`traceback_depth`]) whose message is CPython's /
+/// Cython's / PyO3's binding error about a keyword tile_py passed (`... got an unexpected
+/// keyword argument 'max_version'`, `... takes no keyword arguments`, `... positional-only
+/// arguments passed as keyword arguments: 'stream'`, pybind11's / nanobind's `incompatible
+/// function arguments`) is a rejection of our call; a `TypeError` from deeper in the producer,
+/// or naming another keyword, is the producer's own.
+fn rejection(py: Python<'_>, e: &PyErr) -> Rejection {
+    if !e.is_instance_of::<PyTypeError>(py) || traceback_depth(py, e) > 1 {
+        return Rejection::Producer;
+    }
+    let m = e.value(py).to_string();
+    let names = |k: &str| m.contains(&format!("'{k}'")) || m.contains(&format!("\"{k}\""));
+    let about_keyword = m.contains("unexpected keyword argument")
+        || m.contains("positional-only arguments passed as keyword");
+    if about_keyword {
+        return match OUR_KEYWORDS.iter().find(|k| names(k)) {
+            Some(&"stream") => Rejection::StreamKeyword,
+            Some(_) => Rejection::MaxVersion,
+            None => Rejection::Producer,
+        };
+    }
+    if m.contains("takes no keyword arguments") {
+        return Rejection::StreamKeyword;
+    }
+    if m.contains("positional argument") && m.contains("were given") {
+        return Rejection::Positional;
+    }
+    if m.contains("incompatible function arguments") {
+        return Rejection::Binding;
+    }
+    Rejection::Producer
+}
+
+/// The ways `__dlpack__` is called, most keywords first. Each passes the stream: a call
+/// without it would export with no ordering after the producer's pending work.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Keywords {
     /// `stream=..., max_version=(1, 3)`.
     StreamAndVersion,
     /// `stream=...` only (DLPack before 1.0).
     Stream,
-    /// `__dlpack__(stream)`, for a positional-only `stream` parameter.
+    /// `__dlpack__(stream)`, for a method that takes no keywords or a positional-only `stream`.
     Positional,
-    /// None: the legacy `__dlpack__()`.
-    Legacy,
 }
 
 impl Keywords {
-    fn fewer(self) -> Option<Keywords> {
-        match self {
-            Keywords::StreamAndVersion => Some(Keywords::Stream),
-            Keywords::Stream => Some(Keywords::Positional),
-            Keywords::Positional => Some(Keywords::Legacy),
-            Keywords::Legacy => None,
+    /// The next way to call after `rejection`, if any.
+    fn after(self, rejection: Rejection) -> Option<Keywords> {
+        match (self, rejection) {
+            (Keywords::StreamAndVersion, Rejection::MaxVersion | Rejection::Binding) => {
+                Some(Keywords::Stream)
+            }
+            (Keywords::StreamAndVersion | Keywords::Stream, Rejection::StreamKeyword)
+            | (Keywords::Stream, Rejection::Binding) => Some(Keywords::Positional),
+            _ => None,
         }
     }
 }
 
+/// The `stream=` value offered to a `__dlpack__` producer for the launch, and the stream the
+/// export is then ordered on (`ready_on`, a raw handle), when that is not the launch stream.
+///
+/// The per-thread default stream (2) is optional for producers, and PyTorch refuses it
+/// (`BufferError`): the export is asked for on the legacy default stream (1) instead, which
+/// every CUDA producer supports, and the launch stream waits for the legacy stream on the
+/// device (an event, through [`TensorArg::ready_on`](tile_launch::TensorArg::ready_on)).
+fn offered_stream(hs: &Handshake) -> (i64, Option<usize>) {
+    if hs.sync && hs.dlpack_stream == 2 {
+        (1, Some(0))
+    } else {
+        (hs.dlpack_stream, None)
+    }
+}
+
 /// `obj.__dlpack__(stream=..., max_version=(1, 3))` (`method` is `obj.__dlpack__`), retried
-/// with fewer keywords when the producer does not accept them (`stream=` alone, then the stream
-/// positionally, then the legacy `__dlpack__()`). Every call starts with all keywords: what one
+/// only when the producer rejected a keyword tile_py passed (see [`rejection`]): without
+/// `max_version` for a producer older than DLPack 1.0, then with the stream positionally for a
+/// method that takes no keywords. The stream is never dropped: a `__dlpack__` that takes no
+/// stream is refused (`TypeError`), since its export could not be ordered after the producer's
+/// work. Any other exception (a `TypeError` of the producer's own included) propagates after
+/// that one call, with nothing exported. Every call starts with all keywords: what one
 /// instance accepted says nothing about the next (a wrapper type forwards to objects of any
 /// age), and a producer never offered `max_version` returns a legacy capsule without the
 /// read-only flag. The common case, a producer that takes all keywords, is one call.
 ///
-/// The launch stream is offered first, without asking `__dlpack_device__()` (a Python call per
-/// tensor on the hot path): the consumer reads the device from the returned tensor anyway. A
-/// host (CPU) producer must refuse a stream (DLPack allows only `stream=None` there; NumPy
-/// raises `RuntimeError`), so only when `__dlpack__` raises is `__dlpack_device__()` asked: if
-/// it says CPU the argument is refused as host memory (tile_py passes no host-visible
-/// parameters) without calling `__dlpack__` again, the producer's exception as the cause;
-/// otherwise the producer's exception propagates. A CPU producer that accepts the stream
-/// returns a capsule that the device check refuses and the rollback gives back, unconsumed.
+/// The launch stream is offered first (see [`offered_stream`] for the per-thread default
+/// stream), without asking `__dlpack_device__()` (a Python call per tensor on the hot path):
+/// the consumer reads the device from the returned tensor anyway. A host (CPU) producer must
+/// refuse a stream (DLPack allows only `stream=None` there; NumPy raises `RuntimeError`), so
+/// only when `__dlpack__` raises is `__dlpack_device__()` asked: if it says CPU the argument
+/// is refused as host memory (tile_py passes no host-visible parameters) without calling
+/// `__dlpack__` again, the producer's exception as the cause; otherwise the producer's
+/// exception propagates. A CPU producer that accepts the stream returns a capsule that the
+/// device check refuses and the rollback gives back, unconsumed.
+///
+/// Returns the capsule and the stream its export is ordered on, when that is not the launch
+/// stream.
 fn call_dlpack<'py>(
     py: Python<'py>,
     index: usize,
     obj: &Bound<'py, PyAny>,
     method: &Bound<'py, PyAny>,
     hs: &Handshake,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<(Bound<'py, PyAny>, Option<usize>)> {
     static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+    let (stream, ready_on) = offered_stream(hs);
     let mut kw = Keywords::StreamAndVersion;
     let r = loop {
         let r = match kw {
-            Keywords::Legacy => method.call0(),
-            Keywords::Positional => method.call1((hs.dlpack_stream,)),
+            Keywords::Positional => method.call1((stream,)),
             _ => {
                 let kwargs = PyDict::new(py);
-                kwargs.set_item(intern!(py, "stream"), hs.dlpack_stream)?;
+                kwargs.set_item(intern!(py, "stream"), stream)?;
                 if kw == Keywords::StreamAndVersion {
                     let v = MAX_VERSION.get_or_try_init(py, || {
                         PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind)
@@ -459,9 +562,32 @@ fn call_dlpack<'py>(
                 method.call((), Some(&kwargs))
             }
         };
-        match (r, kw.fewer()) {
-            (Err(e), Some(fewer)) if is_keyword_type_error(py, &e) => kw = fewer,
-            (r, _) => break r,
+        match r {
+            Err(e) => {
+                let why = rejection(py, &e);
+                match kw.after(why) {
+                    Some(next) => kw = next,
+                    None if kw == Keywords::Positional
+                        && matches!(why, Rejection::Positional | Rejection::Binding) =>
+                    {
+                        let refused = arg_err(
+                            Kind::Type,
+                            index,
+                            format!(
+                                "{}.__dlpack__ takes no stream argument, so its export could not \
+                                 be ordered after the producer's pending work (tile_py always \
+                                 passes the launch stream); synchronize the producer and pass \
+                                 the capsule of its __dlpack__() instead",
+                                show(obj)
+                            ),
+                        );
+                        refused.set_cause(py, Some(e));
+                        return Err(refused);
+                    }
+                    None => break Err(e),
+                }
+            }
+            ok => break ok,
         }
     };
     let cap = match r {
@@ -478,7 +604,7 @@ fn call_dlpack<'py>(
             ),
         ));
     }
-    Ok(cap)
+    Ok((cap, ready_on))
 }
 
 /// The error for a `__dlpack__` call that raised `e`: when the producer's `__dlpack_device__()`
@@ -664,6 +790,7 @@ fn from_exchange_api(
         claim: Claim::Owned(out),
         ready_on,
         owner: None,
+        memory_trusted: false,
     })
 }
 
@@ -697,13 +824,36 @@ fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
     // Byte-wise: a typestr is ASCII; anything else (a multi-byte character included) is refused
     // here rather than sliced.
     let b = s.as_bytes();
-    if b.len() < 3 || b[0] == b'>' || !b.is_ascii() {
+    if b.len() < 3 || !b.is_ascii() {
         return Err(bad());
     }
     let size: u32 = std::str::from_utf8(&b[2..])
         .ok()
+        .filter(|d| d.bytes().all(|c| c.is_ascii_digit()))
         .and_then(|d| d.parse().ok())
         .ok_or_else(bad)?;
+    // The byte order, as NumPy's array interface defines it: '<' little-endian, '>'
+    // big-endian, '=' native, '|' not applicable (one-byte items only). Kernels read
+    // little-endian data, so '<' and, on a little-endian machine, '=' are accepted for any item
+    // size, '|' for one-byte items only, and anything else is refused.
+    let order_ok = match b[0] {
+        b'<' => true,
+        b'=' => cfg!(target_endian = "little"),
+        b'|' => size == 1,
+        _ => false,
+    };
+    if !order_ok {
+        return Err(arg_err(
+            Kind::Type,
+            index,
+            format!(
+                "unsupported __cuda_array_interface__ typestr {s:?}: byte order {:?} for \
+                 {size}-byte items (accepted: '<', '=' on a little-endian machine, '|' for \
+                 one-byte items)",
+                b[0] as char
+            ),
+        ));
+    }
     Ok(match (b[1], size) {
         (b'b', 1) => DType::BOOL,
         (b'i', 1) => DType::I8,
@@ -902,6 +1052,7 @@ fn from_cai(
         claim: Claim::Owned(ptr),
         ready_on,
         owner: Some(obj.clone().unbind()),
+        memory_trusted: false,
     })
 }
 

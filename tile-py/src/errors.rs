@@ -3,7 +3,7 @@
 //! | tile error | Python exception |
 //! |---|---|
 //! | wrong kind, dtype, argument count, scalar type, capsule name, stream type, kernel signature | `TypeError` |
-//! | bad value: device, grid/block, read-only or overlapping output, null data, ndim, consumed capsule, NUL in a kernel name; (`cudarc` only, not reachable from Python) layout, context | `ValueError` |
+//! | bad value: device, host memory labelled as device memory, grid/block, read-only, copied (`IS_COPIED`) or overlapping output, a tensor that is not dense row-major for a plain pointer parameter, an output that requires grad or is an immutable (JAX) array, a lazy conjugate / negative view, null data, ndim, consumed capsule, NUL in a kernel name; (`cudarc` only, not reachable from Python) layout, context | `ValueError` |
 //! | unsupported DLPack major version | `BufferError` |
 //! | size, address or scalar overflow | `OverflowError` |
 //! | a library file that cannot be read (`Library.from_file`) | `OSError`, as `open()` raises it (`FileNotFoundError`, `PermissionError`, ...; `.errno`, `.filename`) |
@@ -105,6 +105,8 @@ pub(crate) fn launch_err(
         | Error::DtypeMismatch { .. }
         | Error::NdimMismatch { .. } => PyTypeError::new_err(e.to_string()),
         Error::DeviceMismatch { .. }
+        | Error::NotDeviceMemory { .. }
+        | Error::NotContiguous { .. }
         | Error::InvalidConfig { .. }
         | Error::KernelName { .. }
         | Error::Layout(_)

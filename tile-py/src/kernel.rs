@@ -25,8 +25,17 @@ pub(crate) struct PyParam {
 impl PyParam {
     fn __repr__(&self) -> String {
         match self.inner {
-            Param::Tensor { dtype, intent } => {
-                format!("tile_py.{}({:?})", intent_fn(intent), dtype.to_string())
+            Param::Tensor {
+                dtype,
+                intent,
+                strided,
+            } => {
+                let strided = if strided { ", strided=True" } else { "" };
+                format!(
+                    "tile_py.{}({:?}{strided})",
+                    intent_fn(intent),
+                    dtype.to_string()
+                )
             }
             Param::Scalar(t) => format!("tile_py.Scalar({:?})", t.name()),
             Param::Array {
@@ -264,10 +273,18 @@ fn tensor_param(
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
     assume: Option<&Bound<'_, PyDict>>,
+    strided: bool,
 ) -> PyResult<PyParam> {
     let dtype = parse_dtype(dtype)?;
     let inner = match (ndim, index) {
-        (None, None) if assume.is_none() => Param::Tensor { dtype, intent },
+        (None, None) if assume.is_none() => {
+            let p = match intent {
+                Intent::Read => Param::input(dtype),
+                Intent::Write => Param::output(dtype),
+                Intent::ReadWrite => Param::inout(dtype),
+            };
+            if strided { p.strided() } else { p }
+        }
         (None, _) => {
             return Err(err(
                 Kind::Type,
@@ -295,43 +312,48 @@ fn tensor_param(
     Ok(PyParam { inner })
 }
 
-/// A tensor the kernel reads. With `ndim`, an array parameter: the pointer, `ndim` extents and
+/// A tensor the kernel reads. Without `ndim`, a pointer the kernel indexes densely: a tensor
+/// that is not dense row-major is refused, unless `strided=True` (the kernel is passed the
+/// strides itself). With `ndim`, an array parameter (any layout): the pointer, `ndim` extents and
 /// `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`), with
 /// the layout assumptions of `assume` checked at each launch.
 #[pyfunction(name = "In")]
-#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None))]
+#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None, strided = false))]
 pub(crate) fn input(
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
     assume: Option<&Bound<'_, PyDict>>,
+    strided: bool,
 ) -> PyResult<PyParam> {
-    tensor_param(Intent::Read, dtype, ndim, index, assume)
+    tensor_param(Intent::Read, dtype, ndim, index, assume, strided)
 }
 
 /// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
 /// `index` as for `In`.
 #[pyfunction(name = "Out")]
-#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None))]
+#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None, strided = false))]
 pub(crate) fn output(
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
     assume: Option<&Bound<'_, PyDict>>,
+    strided: bool,
 ) -> PyResult<PyParam> {
-    tensor_param(Intent::Write, dtype, ndim, index, assume)
+    tensor_param(Intent::Write, dtype, ndim, index, assume, strided)
 }
 
 /// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
 #[pyfunction(name = "InOut")]
-#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None))]
+#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None, strided = false))]
 pub(crate) fn inout(
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
     assume: Option<&Bound<'_, PyDict>>,
+    strided: bool,
 ) -> PyResult<PyParam> {
-    tensor_param(Intent::ReadWrite, dtype, ndim, index, assume)
+    tensor_param(Intent::ReadWrite, dtype, ndim, index, assume, strided)
 }
 
 /// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.

@@ -7,14 +7,19 @@
 //! - **Checks before consuming.** `tile_py.launch` checks the stream, the launch configuration
 //!   and the argument count before touching any argument, then converts every argument (the
 //!   DLPack handshake, see [`convert`]) and has tile-launch check them all (dtype, device,
-//!   writability, scalar ranges) before any tensor is consumed. When a check fails, every
+//!   writability, dense row-major layout for plain pointer parameters, the memory behind each
+//!   data pointer, scalar ranges) before any tensor is consumed; torch's lazy views, torch
+//!   outputs that require grad and JAX outputs are refused before anything is exported (see
+//!   [`producers`]). When a check fails, every
 //!   claimed capsule gets its name back and every tensor tile-py already owned is released:
 //!   nothing is lost, nothing is launched.
 //! - **The stream handshake.** Producers are always told the launch stream:
 //!   `__dlpack__(stream=<handle>, max_version=(1, 3))`, retried (per call, never cached per
-//!   type) with fewer keywords when the call's arguments do not bind, then with the stream
-//!   positionally, then as `__dlpack__()`. Handles must be below 2**63. The legacy default stream is sent as 1,
-//!   never 0; -1 only when the caller passes `sync=False`. Producers whose type has the DLPack C
+//!   type) only when the call did not bind because of a keyword tile_py passed: without
+//!   `max_version`, then with the stream positionally; never without the stream (a producer's
+//!   own `TypeError` propagates after one call). Handles must be below 2**63. The legacy
+//!   default stream is sent as 1, never 0; the per-thread default stream (2) is sent as 1 and
+//!   the launch stream waits for the legacy stream; -1 only when the caller passes `sync=False`. Producers whose type has the DLPack C
 //!   exchange API (`__dlpack_c_exchange_api__`) are converted through it, and the launch stream
 //!   waits on the producer's current stream when the two differ.
 //! - **Releasing.** A consumed tensor belongs to the launch's handle until the work is done;
@@ -34,6 +39,7 @@ mod bound;
 mod convert;
 mod errors;
 mod kernel;
+mod producers;
 mod release;
 mod streams;
 
@@ -222,8 +228,9 @@ impl Drop for LaunchHandle {
 /// Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
 ///
 /// - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
-///   `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or an int
-///   handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
+///   `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
+///   an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
+///   asked to order their work before through the legacy default stream; 0 and None are refused).
 /// - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
 /// - `args`: one per declared parameter: DLPack producers, capsules,
 ///   `__cuda_array_interface__` objects, Python or NumPy scalars.
@@ -239,8 +246,11 @@ impl Drop for LaunchHandle {
 /// released (their deleters run) only after an event shows the work has finished: at
 /// `LaunchHandle.wait()` or `done()`, or, for a dropped handle, at a later call into tile_py.
 ///
-/// Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
-/// overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
+/// Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
+/// `ValueError` (devices, host memory labelled as device memory, read-only, copied or
+/// overlapping outputs, tensors that are not dense row-major for plain pointer parameters,
+/// lazy conjugate / negative torch views, outputs that require grad or are JAX arrays,
+/// grid/block limits), `BufferError` (DLPack version), `OverflowError`
 /// (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call), and its subclass
 /// `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
 #[pyfunction]

@@ -333,6 +333,7 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
                 ),
             ));
         }
+        check_cuda_stream_protocol(t, &v)?;
         handle_from_int(&t.get_item(1)?, "__cuda_stream__()[1]", true)?
     } else if let Ok(ptr) = obj.getattr(intern!(py, "ptr")) {
         // CuPy streams; `ptr == 0` is CuPy's null (legacy default) stream.
@@ -407,6 +408,34 @@ fn torch_generic_to_cuda<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<
             r
         })?;
     Ok(Some(cuda))
+}
+
+/// The `__cuda_stream__` protocol (version 0): a `(0, handle)` tuple of Python ints. A bool
+/// (an `int` subclass) is neither: `(0, True)` would otherwise read as stream 1.
+fn check_cuda_stream_protocol(t: &Bound<'_, PyTuple>, v: &Bound<'_, PyAny>) -> PyResult<()> {
+    let (version, handle) = (t.get_item(0)?, t.get_item(1)?);
+    let is_int = |x: &Bound<'_, PyAny>| x.cast::<PyInt>().is_ok() && x.cast::<PyBool>().is_err();
+    if !is_int(&version) || !version.eq(0)? {
+        return Err(err(
+            Kind::Value,
+            format!(
+                "__cuda_stream__ returned {}: protocol version {} is not supported (0 expected)",
+                show(v),
+                show(&version)
+            ),
+        ));
+    }
+    if !is_int(&handle) {
+        return Err(err(
+            Kind::Type,
+            format!(
+                "__cuda_stream__ returned {}: the handle must be an int, got {}",
+                show(v),
+                show(&handle)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {

@@ -44,6 +44,18 @@ class CudaProducer:
         return _new_capsule(self._key, _VERSIONED, None)
 
 
+# A class of this name and module stands in for `torch._C.TensorBase`: tile_py then makes the
+# checks it makes for every PyTorch tensor (conjugate bit, negative bit, and requires_grad for an
+# output), here through C-level callables, as torch's own methods are.
+_TensorBase = type("TensorBase", (), {"__module__": "torch._C"})
+
+
+class TorchLikeProducer(_TensorBase, CudaProducer):
+    is_conj = False.__bool__
+    is_neg = False.__bool__
+    requires_grad = False
+
+
 class FakeDevice:
     __slots__ = ("index",)
 
@@ -118,11 +130,19 @@ def main():
 
         rows["stream: 2 alternating torch-like Stream objects"] = per_call_us(torch_alternating, calls)
 
+    outs8 = [Out("f32")] * 8
+    plain8 = tuple(CudaProducer() for _ in range(8))
+    torch8 = tuple(TorchLikeProducer() for _ in range(8))
+    rows["8 Python CUDA producers as Out"] = per_call_us(lambda: check(outs8, plain8, stream=stream), calls)
+    rows["8 torch-like producers as Out (+ torch checks)"] = per_call_us(lambda: check(outs8, torch8, stream=stream), calls)
+
     base = rows["baseline: 1 scalar, int stream"]
     for name, v in rows.items():
         print(f"{name:<52} {v:7.3f} us")
     added = rows["3 Python CUDA producers + 1 scalar"] - base - rows["3 x __dlpack__(stream=..., max_version=...) alone"]
     print(f"{'tile_py adds for 3 producers (row 2 - row 1 - row 3)':<52} {added:7.3f} us")
+    checks = (rows["8 torch-like producers as Out (+ torch checks)"] - rows["8 Python CUDA producers as Out"]) / 8
+    print(f"{'torch checks per Out tensor (is_conj, is_neg, requires_grad)':<52} {checks * 1000:7.0f} ns")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ def test_scalars_accept_python_and_numpy(counters):
 def test_input_may_be_read_only_or_broadcast(counters):
     ro, c1 = make_capsule(flags=READ_ONLY)
     bc, c2 = make_capsule(shape=(4, 4), strides=(0, 1))
-    check([In("float32"), In("float32")], (ro, bc))
+    # A broadcast is not dense row-major: its parameter is declared strided.
+    check([In("float32"), In("float32", strided=True)], (ro, bc))
     assert (c1.calls, c2.calls) == (1, 1)
 
 
@@ -490,7 +491,7 @@ class CupyLikeStream:
     [
         (0x1234, True, 0x1234),
         (1, True, 1),
-        (2, True, 2),
+        (2, True, 1),  # the per-thread default stream is asked on the legacy stream (row 20)
         (CudaStream(0), True, 1),  # torch's default stream: handle 0 is sent as 1, never 0
         (CudaStream(0xBEEF), True, 0xBEEF),
         (CupyLikeStream(0), True, 1),
@@ -608,11 +609,14 @@ def test_keyword_retry_stream_only_producer(counters):
     assert p.deleted == 1
 
 
-def test_keyword_retry_legacy_producer(counters):
+def test_producer_without_a_stream_parameter_is_refused(counters):
+    # The stream is never dropped: an export made without it is not ordered after the
+    # producer's work (row 19).
     p = LegacyProducer(versioned=False)
-    check([In("float32")], (p,))
-    assert p.calls == [{}]
-    assert p.deleted == 1
+    with pytest.raises(TypeError, match=r"argument 0: .*__dlpack__ takes no stream argument"):
+        check([In("float32")], (p,))
+    assert p.calls == []
+    assert p.deleted == 0
 
 
 # ---- partial conversion and rollback -----------------------------------------------------------
@@ -710,7 +714,9 @@ def test_cai_object_is_held_then_released(counters):
 
 
 def test_cai_strided(counters):
-    check([In("float32")], (CAI(strides=(4, 16)),))
+    check([In("float32", strided=True)], (CAI(strides=(4, 16)),))
+    with pytest.raises(ValueError, match=r"argument 0: tensor is not dense row-major"):
+        check([In("float32")], (CAI(strides=(4, 16)),))
 
 
 @pytest.mark.parametrize(

@@ -84,10 +84,10 @@ def test_torch_stream_objects_are_read_from_two_attributes():
     assert fts.READS == {"cuda_stream": 4, "device_index": 4, "__cuda_stream__": 0, "device": 0}
 
 
-@pytest.mark.parametrize("handle, seen", [(0, 1), (1, 1), (2, 2), (0xD100, 0xD100)])
+@pytest.mark.parametrize("handle, seen", [(0, 1), (1, 1), (2, 1), (0xD100, 0xD100)])
 def test_torch_stream_handle_values(handle, seen):
     _seen(fts.TorchLikeStream(0xD000, 0))
-    assert _seen(fts.TorchLikeStream(handle, 0)) == seen  # the legacy default stream is 1, never 0
+    assert _seen(fts.TorchLikeStream(handle, 0)) == seen  # the legacy default stream is 1, never 0; 2 is offered as 1
 
 
 def test_torch_stream_same_handle_other_device():
@@ -341,7 +341,7 @@ def test_cuda_stream_bool_handle_is_refused(value):
     s = CudaStream(0)
     s.__cuda_stream__ = lambda: value
     p = Producer()
-    with pytest.raises(TypeError, match=r"__cuda_stream__\(\)\[1\] must be an int stream handle, got (True|False)"):
+    with pytest.raises(TypeError, match=r"__cuda_stream__ returned \(0, (True|False)\).*the handle must be an int, got (True|False)"):
         check([In("float32")], (p,), stream=s)
     assert p.calls == [] and p.deleted == 0
 

@@ -16,6 +16,7 @@ from tile_py import In, Out, Scalar
 from dlpack_ctypes import (
     READ_ONLY,
     LegacyProducer,
+    StreamOnlyProducer,
     Producer,
     capsule_name,
     make_capsule,
@@ -139,13 +140,13 @@ class Proxy:
         return self.inner.__dlpack__(*a, **kw)
 
 
-def test_legacy_instance_does_not_downgrade_later_instances_of_its_type():
+def test_old_instance_does_not_downgrade_later_instances_of_its_type():
     class P(Proxy):
         pass
 
-    old = LegacyProducer(versioned=False)
+    old = StreamOnlyProducer(versioned=False)
     check([In("float32")], (P(old),))
-    assert old.calls == [{}] and old.deleted == 1
+    assert old.calls == [{"stream": STREAM}] and old.deleted == 1
     ro = FaithfulProducer(flags=READ_ONLY)
     with pytest.raises(ValueError, match="read-only"):
         check([Out("float32")], (P(ro),))
@@ -154,9 +155,14 @@ def test_legacy_instance_does_not_downgrade_later_instances_of_its_type():
     check([In("float32")], (P(m),), stream=0xABC)
     assert m.calls == [{"stream": 0xABC, "max_version": (1, 3)}]
     # And the old one still works after the modern ones.
-    old2 = LegacyProducer(versioned=False)
+    old2 = StreamOnlyProducer(versioned=False)
     check([In("float32")], (P(old2),))
-    assert old2.calls == [{}] and old2.deleted == 1
+    assert old2.calls == [{"stream": STREAM}] and old2.deleted == 1
+    # A producer whose __dlpack__ takes no stream is refused, behind a proxy too (row 19).
+    legacy = LegacyProducer(versioned=False)
+    with pytest.raises(TypeError, match="takes no stream argument"):
+        check([In("float32")], (P(legacy),))
+    assert legacy.calls == [] and legacy.deleted == 0
 
 
 def test_modern_producer_is_one_call():

@@ -88,9 +88,10 @@ def add_kernel(lib, dtype):
 
 
 def copy_kernel(lib, dtype, itemsize):
+    # The kernel takes each tensor's stride: its pointer parameters are declared strided.
     return lib.kernel(
         f"copy{itemsize}",
-        [In(dtype), Scalar("i64"), Out(dtype), Scalar("i64"), Scalar("u64")],
+        [In(dtype, strided=True), Scalar("i64"), Out(dtype, strided=True), Scalar("i64"), Scalar("u64")],
     )
 
 
@@ -214,7 +215,7 @@ def test_torch_transposed(torch, lib):
     y = torch.full((200, 300), -7.0, device="cuda")
     k = lib.kernel(
         "copy2d_f32",
-        [In("float32"), Scalar("i64"), Scalar("i64"), Out("float32"), Scalar("i64"), Scalar("i64"), Scalar("u64"), Scalar("u64")],
+        [In("float32", strided=True), Scalar("i64"), Scalar("i64"), Out("float32", strided=True), Scalar("i64"), Scalar("i64"), Scalar("u64"), Scalar("u64")],
     )
     n = x.numel()
     args = (x, x.stride(0), x.stride(1), y, y.stride(0), y.stride(1), 200, 300)

@@ -193,7 +193,7 @@ if [ "${1:-}" = "--sanitize" ]; then
     if [ "$part" = all ] || [ "$part" = rust ]; then
         tests=("$here"/tests/tile-launch-gpu "$here"/tests/tile-launch-gpu_capture "$here"/tests/tile-launch-gpu_config
                "$here"/tests/tile-launch-gpu_threads "$here"/tests/tile-launch-gpu_cudarc_edges
-               "$here"/tests/tile-launch-gpu_capture_edges)
+               "$here"/tests/tile-launch-gpu_capture_edges "$here"/tests/tile-launch-gpu_edges)
         if [ "${gpus:-0}" -ge 2 ]; then
             tests+=("$here"/tests/tile-launch-gpu_multi)
         else

@@ -405,6 +405,25 @@ fn row11_legacy_tensors_are_writable() {
     });
 }
 
+// Row 18: a private copy (IS_COPIED) bound to an output.
+
+#[test]
+fn row18_copied_output_is_refused_before_consuming() {
+    let copied = f32s(&[4]).flags(dlpark::DlpackFlags::IS_COPIED.bits());
+    let (unused, deleted) = crate::testing::counted_tensor(&copied);
+    let view = unused.peek().unwrap();
+    assert!(view.is_copied());
+    assert_eq!(view.check_writable(), Err(DescriptorError::Copied));
+    assert_eq!(deleted.get(), 0);
+    drop(unused.consume());
+    assert_eq!(deleted.get(), 1);
+    assert!(
+        DescriptorError::Copied
+            .to_string()
+            .contains("DLPACK_FLAG_BITMASK_IS_COPIED")
+    );
+}
+
 // Row 12: internal overlap.
 
 #[test]

@@ -44,14 +44,15 @@ pub fn vector_add_library(ctx: &Context) -> Result<Library> {
     Ok(Library::from_cuda_source(VECTOR_ADD, &[])?)
 }
 
-/// The parameters of `vector_add(a, stride, b, stride, c, stride, n)`.
+/// The parameters of `vector_add(a, stride, b, stride, c, stride, n)`; the kernel takes each
+/// tensor's stride, so its pointer parameters are declared strided.
 pub fn vector_add_signature() -> Signature {
     Signature::new([
-        Param::input(DType::F32),
+        Param::input(DType::F32).strided(),
         Param::scalar(ScalarType::I64),
-        Param::input(DType::F32),
+        Param::input(DType::F32).strided(),
         Param::scalar(ScalarType::I64),
-        Param::output(DType::F32),
+        Param::output(DType::F32).strided(),
         Param::scalar(ScalarType::I64),
         Param::scalar(ScalarType::U64),
     ])

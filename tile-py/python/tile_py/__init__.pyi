@@ -62,8 +62,14 @@ def In(
     ndim: Optional[int] = None,
     index: Optional[str] = None,
     assume: Optional[dict[str, Any]] = None,
+    strided: bool = False,
 ) -> Param:
     """A tensor the kernel reads: a pointer to its first element (data + byte_offset).
+
+    Unless ``strided=True`` (the kernel is passed the strides itself) or ``ndim`` is given, the
+    tensor must be dense row-major (``ValueError`` naming its shape and strides otherwise): the
+    kernel indexes the pointer densely. Lazy conjugate or negative torch views are refused
+    (``ValueError``).
 
     With ``ndim`` (0 to 32), an array parameter: ``1 + 2 * ndim`` kernel parameters, the
     pointer, then the ``ndim`` extents, then the ``ndim`` strides in elements, each in
@@ -86,9 +92,14 @@ def Out(
     ndim: Optional[int] = None,
     index: Optional[str] = None,
     assume: Optional[dict[str, Any]] = None,
+    strided: bool = False,
 ) -> Param:
-    """A tensor the kernel writes; read-only or self-overlapping tensors are refused. ``ndim``
-    and ``index`` as for In."""
+    """A tensor the kernel writes. ``ndim``, ``index``, ``assume`` and ``strided`` as for In.
+
+    Refused with ``ValueError``: read-only (``DLPACK_FLAG_BITMASK_READ_ONLY``), copied
+    (``DLPACK_FLAG_BITMASK_IS_COPIED``) or self-overlapping tensors, torch tensors that require
+    grad, JAX arrays (immutable), and, for a plain pointer parameter, tensors that are not dense
+    row-major."""
 
 def InOut(
     dtype: _DTypeLike,
@@ -96,8 +107,10 @@ def InOut(
     ndim: Optional[int] = None,
     index: Optional[str] = None,
     assume: Optional[dict[str, Any]] = None,
+    strided: bool = False,
 ) -> Param:
-    """A tensor the kernel reads and writes. ``ndim`` and ``index`` as for In."""
+    """A tensor the kernel reads and writes; refused as for ``Out``. ``ndim``, ``index``,
+    ``assume`` and ``strided`` as for In."""
 
 def Scalar(ty: str, /) -> Param:
     """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
@@ -214,14 +227,16 @@ def launch(
     """Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
 
     - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
-      `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or an int
-      handle (1: legacy default stream, 2: per-thread default stream; 0 and None are refused).
+      `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
+      an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
+      asked to order their work before through the legacy default stream; 0 and None are refused).
     - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
     - `args`: one per declared parameter: DLPack producers, capsules,
       `__cuda_array_interface__` objects, Python or NumPy scalars. A tensor's DLPack device must
       be device memory (`kDLCUDA`) or managed memory (`kDLCUDAManaged`) of the stream's device,
       or pinned host memory (`kDLCUDAHost`, any device id); host memory (`kDLCPU`) and other
-      devices are refused with a `ValueError`.
+      devices are refused with a `ValueError`, and so is a data pointer the driver does not know
+      as device, managed or page-locked host memory (host memory labelled as device memory).
     - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
     - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
     - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
@@ -234,8 +249,11 @@ def launch(
     released (their deleters run) only after an event shows the work has finished: at
     `LaunchHandle.wait()` or `done()`, or, for a dropped handle, at a later call into tile_py.
 
-    Raises `TypeError` (parameter kinds, dtypes, counts), `ValueError` (devices, read-only or
-    overlapping outputs, grid/block limits), `BufferError` (DLPack version), `OverflowError`
+    Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
+    `ValueError` (devices, host memory labelled as device memory, read-only, copied or
+    overlapping outputs, tensors that are not dense row-major for plain pointer parameters,
+    lazy conjugate / negative torch views, outputs that require grad or are JAX arrays,
+    grid/block limits), `BufferError` (DLPack version), `OverflowError`
     (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call), and its subclass
     `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
     """

@@ -42,7 +42,7 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from ._tile_py import Kernel, launch, stats
+from . import Kernel, launch, stats
 
 __all__ = ["custom_op"]
 
@@ -225,7 +225,7 @@ def _register(
     block: DimSpec,
     shared_mem: int | Callable[..., int],
 ) -> Any:
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
     def bind(a: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
         bound = sig.bind(*a, **kw)

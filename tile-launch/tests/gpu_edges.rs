@@ -1,0 +1,124 @@
+//! GPU tests of the pointer-memory check (bad-input table row 27): what
+//! `Context::memory_of_pointer` reports for device, managed, page-locked host and plain host
+//! memory, and its cost; a launch whose tensor is host memory labelled as device memory is
+//! refused before anything is consumed, and the context stays usable. Ignored unless asked for
+//! (`--include-ignored`), and then they fail on a machine without a CUDA device.
+
+mod gpu_common;
+
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, ensure};
+use cudarc::driver::DevicePtr;
+use gpu_common::{address, gpu, random, vector_add, vector_add_args, view};
+use tile_launch::{Context, Error, LaunchConfig, MemoryKind, Stream};
+
+const N: usize = 1 << 12;
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn memory_of_pointer_kinds_and_cost() -> Result<()> {
+    let g = gpu(0)?;
+    let dev = g.producer.alloc_zeros::<f32>(N)?;
+    let dev_ptr = address(&dev);
+    let m = Context::memory_of_pointer(dev_ptr).context("device memory not known")?;
+    ensure!(m.kind == MemoryKind::Device && m.device == Some(0), "{m:?}");
+    ensure!(Context::device_of_pointer(dev_ptr) == Some(0));
+    // Inside an allocation too (a view's data pointer).
+    let inner = Context::memory_of_pointer(dev_ptr + 4 * 100).context("inner address")?;
+    ensure!(inner.kind == MemoryKind::Device, "{inner:?}");
+
+    let host = vec![1.0f32; N];
+    let host_ptr = host.as_ptr() as u64;
+    ensure!(
+        Context::memory_of_pointer(host_ptr).is_none(),
+        "plain host memory reported as {:?}",
+        Context::memory_of_pointer(host_ptr)
+    );
+    ensure!(Context::device_of_pointer(host_ptr).is_none());
+
+    let cu = g.producer.context().clone();
+    // SAFETY: the memory is only asked about, never read.
+    let pinned = unsafe { cu.alloc_pinned::<f32>(N) }?;
+    let pinned_ptr = pinned.as_ptr()? as u64;
+    let p = Context::memory_of_pointer(pinned_ptr).context("pinned memory not known")?;
+    ensure!(p.kind == MemoryKind::Host, "{p:?}");
+
+    // SAFETY: the memory is only asked about, never read.
+    let managed = unsafe { cu.alloc_unified::<f32>(N, true) }?;
+    let (managed_ptr, sync) = managed.device_ptr(&g.producer);
+    drop(sync);
+    let u = Context::memory_of_pointer(managed_ptr).context("managed memory not known")?;
+    ensure!(u.kind == MemoryKind::Managed, "{u:?}");
+
+    // The cost of the check a launch makes per untrusted tensor: one cuPointerGetAttributes.
+    for (what, ptr) in [("device", dev_ptr), ("plain host", host_ptr)] {
+        let calls = 200_000u32;
+        let t = Instant::now();
+        let mut known = 0u32;
+        for _ in 0..calls {
+            known += u32::from(std::hint::black_box(Context::memory_of_pointer(ptr)).is_some());
+        }
+        let ns = t.elapsed().as_nanos() as f64 / f64::from(calls);
+        println!("memory_of_pointer on {what} memory: {ns:.1} ns per call ({known} known)");
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn host_memory_labelled_as_device_is_refused_before_consuming() -> Result<()> {
+    let g = gpu(0)?;
+    let add = vector_add(&g.ctx)?;
+    let stream = Stream::new(&g.ctx)?;
+    let a_host = random(N, 7);
+    let b = g.producer.clone_htod(&random(N, 8))?;
+    let out = g.producer.alloc_zeros::<f32>(N)?;
+    g.producer.synchronize()?;
+    // A NumPy-like host buffer described as `(kDLCUDA, 0)`.
+    let (ta, ca) = view(a_host.as_ptr() as u64, N, 0)?;
+    let (tb, cb) = view(address(&b), N, 0)?;
+    let (tc, cc) = view(address(&out), N, 0)?;
+    let e = stream
+        .launch(
+            &add,
+            &LaunchConfig::for_elements(N as u64, 256),
+            vector_add_args(ta, tb, tc, 1, N),
+        )
+        .err()
+        .context("host memory labelled as device memory was launched")?;
+    match &e {
+        Error::NotDeviceMemory { index, address, .. } => {
+            ensure!(*index == 0 && *address == a_host.as_ptr() as u64, "{e}");
+        }
+        other => anyhow::bail!("expected NotDeviceMemory, got {other}"),
+    }
+    ensure!(e.to_string().starts_with("argument 0: "), "{e}");
+    // The views were already owned (`Used`): released at once, exactly once, nothing launched.
+    ensure!((ca.get(), cb.get(), cc.get()) == (1, 1, 1));
+    let st = stream.stats();
+    ensure!(st.pending_guards == 0 && st.held_guards == 0, "{st:?}");
+
+    // The context is not poisoned: a correct launch on the same stream works.
+    let a = g.producer.clone_htod(&a_host)?;
+    g.producer.synchronize()?;
+    let (ta, _) = view(address(&a), N, 0)?;
+    let (tb, _) = view(address(&b), N, 0)?;
+    let (tc, _) = view(address(&out), N, 0)?;
+    stream
+        .launch(
+            &add,
+            &LaunchConfig::for_elements(N as u64, 256),
+            vector_add_args(ta, tb, tc, 1, N),
+        )?
+        .retire()?;
+    let got = g.producer.clone_dtoh(&out)?;
+    let hb = g.producer.clone_dtoh(&b)?;
+    ensure!(
+        got.iter()
+            .zip(a_host.iter().zip(&hb))
+            .all(|(c, (x, y))| *c == x + y),
+        "wrong sums after the refused launch"
+    );
+    Ok(())
+}

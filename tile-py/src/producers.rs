@@ -1,0 +1,209 @@
+//! Producers whose tensors carry state that a DLPack descriptor does not describe, and the
+//! checks that state needs before a tensor is taken:
+//!
+//! - **PyTorch** tensors can be lazy views: the conjugate bit (`x.conj()` of a complex tensor)
+//!   and the negative bit (`x.conj().imag`) change what the values are without touching the
+//!   memory, so a kernel reading the memory sees un-conjugated or un-negated values. torch's
+//!   `__dlpack__` refuses the conjugate bit; its C exchange API checks neither. Both are
+//!   refused here for every parameter.
+//! - A torch tensor that **requires grad** (a leaf, or a non-leaf that autograd may have saved
+//!   for backward) written by a kernel is changed behind autograd's back: its version counter
+//!   does not move, and `backward()` silently computes gradients from overwritten values. It is
+//!   refused for `Out` / `InOut`; reading it is harmless, so for `In` it is accepted (on the
+//!   `__dlpack__` path, which refuses tensors that require grad, through `detach()`, a view of
+//!   the same memory).
+//! - **JAX** arrays are immutable and their buffers may be shared between arrays, so they are
+//!   refused for `Out` / `InOut`.
+//!
+//! A producer type is classified once (its MRO is read) and cached; a tensor of an
+//! unclassified kind costs a thread-local pointer compare. The checks run before anything is
+//! exported or consumed, on every path (C exchange API, `__dlpack__`, capsule-less objects).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyTuple, PyType};
+use tile_launch::Param;
+
+use crate::errors::{Kind, arg_err, show};
+
+/// The family of a producer type.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Family {
+    /// Nothing beyond the DLPack descriptor to check.
+    Plain,
+    /// A PyTorch tensor (`torch._C.TensorBase` in its MRO).
+    Torch,
+    /// A JAX array (a class from the `jax` or `jaxlib` packages in its MRO).
+    Jax,
+}
+
+/// Per producer type: its family. Holds the type, so its address is not reused while cached.
+type FamilyMap = HashMap<usize, (Py<PyType>, Family)>;
+static FAMILIES: Mutex<Option<FamilyMap>> = Mutex::new(None);
+
+thread_local! {
+    /// The last producer type this thread classified, and its family: the common case (every
+    /// argument of one type) is a pointer compare. The type cannot be freed while it is cached:
+    /// [`FAMILIES`] holds it.
+    static LAST: Cell<(usize, Family)> = const { Cell::new((0, Family::Plain)) };
+}
+
+/// The family of `obj`'s type.
+pub(crate) fn family(obj: &Bound<'_, PyAny>) -> Family {
+    let key = obj.get_type_ptr() as usize;
+    let (last, f) = LAST.with(Cell::get);
+    if last == key {
+        return f;
+    }
+    let ty = obj.get_type();
+    let cached = FAMILIES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key).map(|e| e.1));
+    let f = match cached {
+        Some(f) => f,
+        None => {
+            let f = classify(&ty);
+            FAMILIES
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(HashMap::new)
+                .entry(key)
+                .or_insert((ty.unbind(), f));
+            f
+        }
+    };
+    LAST.with(|c| c.set((key, f)));
+    f
+}
+
+fn classify(ty: &Bound<'_, PyType>) -> Family {
+    let py = ty.py();
+    let Ok(mro) = ty.getattr(intern!(py, "__mro__")) else {
+        return Family::Plain;
+    };
+    let Ok(mro) = mro.cast_into::<PyTuple>() else {
+        return Family::Plain;
+    };
+    let text = |c: &Bound<'_, PyAny>, attr: &Bound<'_, pyo3::types::PyString>| {
+        c.getattr(attr)
+            .ok()
+            .and_then(|m| m.extract::<String>().ok())
+            .unwrap_or_default()
+    };
+    for c in mro.iter() {
+        let module = text(&c, intern!(py, "__module__"));
+        let name = text(&c, intern!(py, "__name__"));
+        if module == "torch._C" && (name == "TensorBase" || name == "_TensorBase") {
+            return Family::Torch;
+        }
+        if module == "jax" || module.starts_with("jax.") || module.starts_with("jaxlib") {
+            return Family::Jax;
+        }
+    }
+    Family::Plain
+}
+
+/// What the conversion does with a tensor that passed [`check`].
+#[derive(Debug)]
+pub(crate) enum Checked<'py> {
+    /// Convert the object as it is.
+    AsIs,
+    /// Convert this object instead: a torch tensor that requires grad, bound to an input and
+    /// exported through `__dlpack__` (which refuses it), replaced by its `detach()`.
+    Detached(Bound<'py, PyAny>),
+}
+
+/// Checks a tensor of family `f` against its parameter before anything is exported: refuses
+/// lazy conjugate / negative torch views, torch tensors that require grad bound to an output,
+/// and JAX arrays bound to an output (`ValueError`, naming the argument). `via_dlpack` says the
+/// tensor will be exported through `__dlpack__`.
+pub(crate) fn check<'py>(
+    index: usize,
+    obj: &Bound<'py, PyAny>,
+    f: Family,
+    param: &Param,
+    via_dlpack: bool,
+) -> PyResult<Checked<'py>> {
+    let writes = matches!(
+        param,
+        Param::Tensor { intent, .. } | Param::Array { intent, .. } if intent.writes()
+    );
+    match f {
+        Family::Plain => Ok(Checked::AsIs),
+        Family::Jax if writes => Err(arg_err(
+            Kind::Value,
+            index,
+            format!(
+                "{} is a JAX array, and JAX arrays are immutable (their buffers may be shared \
+                 with other arrays), so a kernel must not write it. Allocate the output with a \
+                 producer whose tensors are mutable (e.g. torch.empty or cupy.empty), launch, \
+                 then hand it to JAX with jax.dlpack.from_dlpack; or call the kernel from JAX \
+                 as a foreign function (jax.ffi.ffi_call), which lets JAX allocate the result",
+                show(obj)
+            ),
+        )),
+        Family::Jax => Ok(Checked::AsIs),
+        Family::Torch => torch_check(index, obj, writes, via_dlpack),
+    }
+}
+
+fn torch_check<'py>(
+    index: usize,
+    obj: &Bound<'py, PyAny>,
+    writes: bool,
+    via_dlpack: bool,
+) -> PyResult<Checked<'py>> {
+    let py = obj.py();
+    if obj.call_method0(intern!(py, "is_conj"))?.is_truthy()? {
+        return Err(arg_err(
+            Kind::Value,
+            index,
+            format!(
+                "{} has its conjugate bit set (a lazy view such as x.conj()): its memory holds \
+                 the un-conjugated values, which the kernel would read as they are; pass \
+                 x.resolve_conj() (a conjugated copy) instead",
+                show(obj)
+            ),
+        ));
+    }
+    if obj.call_method0(intern!(py, "is_neg"))?.is_truthy()? {
+        return Err(arg_err(
+            Kind::Value,
+            index,
+            format!(
+                "{} has its negative bit set (a lazy view such as x.conj().imag): its memory \
+                 holds the un-negated values, which the kernel would read as they are; pass \
+                 x.resolve_neg() (a negated copy) instead",
+                show(obj)
+            ),
+        ));
+    }
+    let needs_grad =
+        || -> PyResult<bool> { obj.getattr(intern!(py, "requires_grad"))?.is_truthy() };
+    if writes {
+        if needs_grad()? {
+            return Err(arg_err(
+                Kind::Value,
+                index,
+                format!(
+                    "{} requires grad, and a kernel writing it would change it behind \
+                     autograd's back (its version counter does not move, so backward() would \
+                     silently use the overwritten values); write into a tensor that does not \
+                     require grad, or pass t.detach() to write this one on purpose",
+                    show(obj)
+                ),
+            ));
+        }
+    } else if via_dlpack && needs_grad()? {
+        // Reading does not disturb autograd; torch's `__dlpack__` refuses such tensors, so its
+        // detached view (the same memory, no autograd) is exported instead.
+        return Ok(Checked::Detached(obj.call_method0(intern!(py, "detach"))?));
+    }
+    Ok(Checked::AsIs)
+}
