@@ -137,8 +137,14 @@ impl Stream {
         if !bound && (config.shared_mem_bytes > 0 || config.cooperative) {
             kernel.prepare_launch(d, ctx, config)?;
         }
-        check_pointer_memory(d, &args, ctx.ordinal(), self.checks_pointer_devices())?;
         let capture = crate::capture_state::capturing_graph(d, self.raw())?;
+        check_pointer_memory(
+            d,
+            &args,
+            ctx.ordinal(),
+            self.checks_pointer_devices(),
+            capture.is_some(),
+        )?;
         if let Some((_, ours)) = capture
             && let Err(e) = check_capture_joins(d, self.raw(), ours, &args)
         {
@@ -307,7 +313,9 @@ fn check_capture_joins(
 ///   the driver must know its data pointer as device, managed or page-locked host memory
 ///   (one `cuPointerGetAttributes`), else [`Error::NotDeviceMemory`]: plain host memory
 ///   labelled as device memory would make the kernel fault and poison the context. Device
-///   memory of another device than `ordinal` is [`Error::PointerDeviceMismatch`];
+///   memory of another device than `ordinal` is [`Error::PointerDeviceMismatch`]. While the
+///   stream is `capturing`, a pointer the driver does not know is let through: memory that an
+///   allocation node of the capture allocates has no backing until the graph runs;
 /// - a trusted `kDLCUDA` tensor is checked against `ordinal` only when `devices` is set
 ///   (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); a pointer the
 ///   driver does not know is then let through (the descriptor's device was checked). Pinned
@@ -318,6 +326,7 @@ fn check_pointer_memory(
     args: &[Arg<'_>],
     ordinal: i32,
     devices: bool,
+    capturing: bool,
 ) -> Result<()> {
     use tile_dlpack::ffi::DLDeviceType;
     for (index, arg) in args.iter().enumerate() {
@@ -341,6 +350,11 @@ fn check_pointer_memory(
         }
         if !t.memory_trusted {
             let Some(memory) = crate::context::memory_of_pointer_with(d, view.data_ptr()) else {
+                if capturing {
+                    // Memory a graph allocates (an allocation node of the capture in progress)
+                    // has no backing the driver can describe until the graph runs.
+                    continue;
+                }
                 return Err(Error::NotDeviceMemory {
                     index,
                     tensor,

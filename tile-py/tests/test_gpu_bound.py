@@ -154,7 +154,9 @@ def test_bound_launch_checks_each_call_and_consumes_nothing_on_error(torch, lib)
     with pytest.raises(OverflowError, match=r"argument 3: -1 \(int\) does not fit scalar u64"):
         bound(a, a, c, -1)
     settle(torch)
-    assert counts["consumed"] == 0 and counts["launches_issued"] == 0
+    # Nothing launched; an export made for a refused call (the exchange API's) is released once.
+    assert counts["launches_issued"] == 0
+    assert counts["consumed"] == counts["released"], (counts["consumed"], counts["released"])
     assert (c == -1.0).all(), "nothing was launched"
     # The same binding still launches.
     bound(a, a, c, n).wait()
