@@ -151,6 +151,15 @@ pub trait Timeline: Send + Sync + 'static {
         true
     }
 
+    /// Whether a marker can be recorded now. `false` while the stream is capturing a CUDA graph
+    /// (an event recorded then would become a node of the graph): a non-blocking poll or the
+    /// amortised marker policy then records nothing and stores no error (the queued work is
+    /// covered by a marker once the capture has ended). Blocking waits still record and report.
+    /// The default is `true`.
+    fn can_record_now(&self) -> bool {
+        true
+    }
+
     /// The total memory of the stream's device, in bytes, if known (`cuDeviceTotalMem`, read
     /// once per context). [`PendingBytes::ShareOfDevice`] is resolved against it when the
     /// tracker is created. The default is `None` (the bound then falls back to

@@ -228,6 +228,17 @@ impl Timeline for CudaTimeline {
             .push(marker);
     }
 
+    fn can_record_now(&self) -> bool {
+        if !self.reachable_here() {
+            return true; // `record` reports that itself
+        }
+        let Ok(_bound) = self.ctx.bind_with(self.d) else {
+            return true;
+        };
+        // On a query error, `record` is tried and reports.
+        !crate::capture_state::is_capturing(self.d, self.raw).unwrap_or(false)
+    }
+
     fn thread_bound(&self) -> bool {
         self.kind == HandleKind::PerThread
     }

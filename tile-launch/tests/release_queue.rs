@@ -979,6 +979,31 @@ fn shutdown_releases_the_queue_after_synchronizing() {
     assert_eq!(h.tracker.last_error(), None);
 }
 
+/// While the stream captures a graph, a poll records no marker and stores no error (an event
+/// recorded then would become part of the graph); once the capture has ended the queued work
+/// is covered and released as usual.
+#[test]
+fn poll_during_a_capture_records_nothing_and_reports_nothing() {
+    let h = Harness::new(config(1000));
+    for _ in 0..3 {
+        h.launch(2).defer();
+    }
+    h.fake.set_capturing(true);
+    let records = h.fake.calls().record;
+    assert_eq!(h.tracker.poll(), 0);
+    assert_eq!(h.fake.calls().record, records);
+    assert_eq!(h.tracker.last_error(), None);
+    assert_eq!(h.stats().errors, 0);
+    assert_eq!(h.dropped(), 0);
+    h.fake.set_capturing(false);
+    h.tracker.poll(); // records the marker covering the three launches
+    h.fake.complete_all();
+    h.tracker.poll();
+    assert_eq!(h.dropped(), 6);
+    assert_eq!(h.stats().errors, 0);
+    h.assert_sound();
+}
+
 /// A queue with nothing deferred makes no call on its stream at shutdown (the stream may have
 /// been destroyed once its work was released), even after launches that were all retired.
 #[test]

@@ -108,6 +108,9 @@ struct FakeState {
     owner: Option<std::thread::ThreadId>,
     /// What [`Timeline::device_memory`] answers.
     device_memory: Option<u64>,
+    /// Whether the stream is "capturing": [`Timeline::can_record_now`] answers `false`, and
+    /// `record` fails.
+    capturing: bool,
 }
 
 impl FakeState {
@@ -180,6 +183,7 @@ impl FakeTimeline {
                     calls: FakeCalls::default(),
                     owner: None,
                     device_memory: None,
+                    capturing: false,
                 }),
                 progressed: Condvar::new(),
             }),
@@ -279,6 +283,12 @@ impl FakeTimeline {
         self.with(|st| st.blocking = blocking);
     }
 
+    /// With `true`, the stream is "capturing a graph": [`can_record_now`](Timeline::can_record_now)
+    /// answers `false` and [`record`](Timeline::record) fails (counted in [`FakeCalls::record`]).
+    pub fn set_capturing(&self, capturing: bool) {
+        self.with(|st| st.capturing = capturing);
+    }
+
     /// Makes the next `times` calls of `op` fail.
     pub fn fail_next(&self, op: FakeOp, times: u32) {
         self.with(|st| st.failures[op.index()] = times.min(ALWAYS - 1));
@@ -326,6 +336,9 @@ impl Timeline for FakeTimeline {
         self.with(|st| {
             st.calls.record += 1;
             st.refuse_if_foreign(FakeOp::Record)?;
+            if st.capturing {
+                return Err(FakeError { op: FakeOp::Record });
+            }
             st.should_fail(FakeOp::Record)?;
             st.markers.push(st.enqueued);
             Ok(FakeMarker {
@@ -376,5 +389,9 @@ impl Timeline for FakeTimeline {
 
     fn device_memory(&self) -> Option<u64> {
         self.with(|st| st.device_memory)
+    }
+
+    fn can_record_now(&self) -> bool {
+        self.with(|st| !st.capturing)
     }
 }

@@ -421,6 +421,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     pub fn poll(&self) -> usize {
         let mut st = self.lock();
         if st.has_uncovered()
+            && self.timeline.can_record_now()
             && let Err(e) = self.record_locked(&mut st)
         {
             st.note_error(e, format_args!("recording a completion marker in poll"));
@@ -661,6 +662,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     fn maybe_record(&self, st: &mut State<T, G>) {
         if st.launches_since_marker >= self.config.marker_every.max(1)
             && st.has_uncovered()
+            && self.timeline.can_record_now()
             && let Err(e) = self.record_locked(st)
         {
             st.note_error(e, format_args!("recording an amortised completion marker"));
