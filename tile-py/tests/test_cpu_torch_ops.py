@@ -120,3 +120,33 @@ def test_valid_spec_reaches_pytorch():
             define(SCALE, scale, args=("x", "out", "alpha", numel), outputs={"out": like})
     else:
         pytest.skip("PyTorch is installed: registration is tested on the GPU")
+
+
+class FakeCuTileKernel:
+    """Stands for a cuTile kernel (``@ct.kernel``): a type from the ``cuda.tile`` package, no
+    declared parameters."""
+
+
+FakeCuTileKernel.__module__ = "cuda.tile._fake"
+
+
+def test_cutile_kernel_needs_mutates_args():
+    def axpy(x, y, alpha): ...
+
+    with pytest.raises(ValueError, match="a cuTile kernel does not declare which arrays it writes: pass mutates_args"):
+        define(FakeCuTileKernel(), axpy, args=("x", "y", "out", "alpha"), outputs={"out": like})
+
+
+@pytest.mark.parametrize(
+    "args, outputs, mutates, message",
+    [
+        (("x", "y", "nope", "alpha"), {}, (), "args\\[2\\] names 'nope', which is neither an input nor an output"),
+        (("x", "y", "x", "alpha"), {"out": like}, (), "output 'out' is not passed to the kernel"),
+        (("x", "y", "out", "alpha"), {"out": like}, ("z",), "mutates_args names 'z', which is not an input"),
+    ],
+)
+def test_cutile_kernel_spec_checks(args, outputs, mutates, message):
+    def axpy(x, y, alpha): ...
+
+    with pytest.raises(ValueError, match=message):
+        define(FakeCuTileKernel(), axpy, args=args, outputs=outputs, mutates_args=mutates)

@@ -339,3 +339,39 @@ def test_bench_burst_tile_cutile_vs_ct_launch(torch, ct, tc, K):
     sig_us = (time.perf_counter() - t0) / (reps // 10) * 1e6
     print(f"per launch: specialization_key {key_us:.2f} us, "
           f"KernelSignature.from_kernel_args {sig_us:.2f} us")
+
+
+# ---- a cuTile kernel as a PyTorch custom operator (tile_py.torch) ------------------------------
+
+
+def test_cutile_kernel_as_a_torch_custom_operator(torch, ct, tc, K):
+    import tile_py.torch as tt
+
+    @tt.custom_op(
+        "tile_cutile_test::axpy",
+        K.axpy,
+        args=("x", "y", "out", "alpha"),
+        outputs={"out": lambda x, **_: torch.empty_like(x)},
+        grid=lambda x, **_: (x.numel() // 16,),
+        mutates_args=(),
+    )
+    def axpy(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor: ...
+
+    n = 1 << 16
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    expected = poisoned(torch, (n,))
+    ct.launch(torch.cuda.current_stream(), (n // 16,), K.axpy, (x, y, expected, 1.5))
+    got = axpy(x, y, 1.5)
+    settle(torch)
+    assert torch.equal(got, expected), "the operator differs from ct.launch"
+    torch.library.opcheck(axpy, (x, y, 1.5))
+
+    def f(x, y):
+        return axpy(x, y, 1.5) * 2.0
+
+    for backend in ("eager", "aot_eager", "inductor"):
+        torch._dynamo.reset()
+        out = torch.compile(f, backend=backend, fullgraph=True)(x, y)
+        settle(torch)
+        assert torch.equal(out, expected * 2.0), backend
+    print("cuTile kernel as a torch custom operator: eager, opcheck and torch.compile (eager, aot_eager, inductor, fullgraph) right")

@@ -55,7 +55,7 @@ DimSpec = Union[int, Sequence[int], Callable[..., Any]]
 
 def custom_op(
     name: str,
-    kernel: Kernel,
+    kernel: Any,
     *,
     args: Sequence[ArgSpec],
     grid: DimSpec,
@@ -65,7 +65,8 @@ def custom_op(
     shared_mem: int | Callable[..., int] = 0,
 ) -> Callable[[Callable[..., Any]], Any]:
     """Decorator: the PyTorch custom operator ``name`` (``"namespace::op"``) that launches
-    ``kernel``; the decorated stub gives the operator's signature.
+    ``kernel``, a ``tile_py.Kernel`` or a cuTile kernel (``@ct.kernel``, launched through
+    ``tile_py.cutile.launch``); the decorated stub gives the operator's signature.
 
     - ``args``: one entry per kernel parameter, in order. A tensor parameter (``In``, ``Out``,
       ``InOut``) must name an operator input or an entry of ``outputs``; a scalar parameter takes
@@ -78,7 +79,9 @@ def custom_op(
       with fake tensors too, so it doubles as the fake (meta) implementation.
     - ``mutates_args``: the inputs the operator writes. Derived from the kernel's ``Out`` and
       ``InOut`` parameters when omitted; when given, it must include every input bound to one
-      (``ValueError`` otherwise: a mutation is declared, never hidden).
+      (``ValueError`` otherwise: a mutation is declared, never hidden). A cuTile kernel does not
+      declare what it writes: for one, ``mutates_args`` is required (``()`` when the kernel
+      writes only outputs the operator allocates), and ``block`` is ignored.
 
     Raises ``ValueError`` or ``TypeError`` at definition for a spec that does not match the
     kernel's parameters or the stub's signature; ``ImportError`` without PyTorch.
@@ -88,10 +91,52 @@ def custom_op(
 
     def define(stub: Callable[..., Any]) -> Any:
         sig = inspect.signature(stub)
-        mutated = _check_spec(name, kernel, sig, arg_specs, outputs, mutates_args)
+        if _is_cutile(kernel):
+            mutated = _check_cutile_spec(name, sig, arg_specs, outputs, mutates_args)
+        else:
+            mutated = _check_spec(name, kernel, sig, arg_specs, outputs, mutates_args)
         return _register(name, kernel, stub, sig, arg_specs, outputs, mutated, grid, block, shared_mem)
 
     return define
+
+
+def _is_cutile(kernel: Any) -> bool:
+    """Whether ``kernel`` is a cuTile kernel rather than a ``tile_py.Kernel`` (read without
+    importing ``cuda.tile``)."""
+    if isinstance(kernel, Kernel) or hasattr(kernel, "params"):
+        return False
+    return type(kernel).__module__.split(".")[:2] == ["cuda", "tile"]
+
+
+def _check_cutile_spec(
+    name: str,
+    sig: inspect.Signature,
+    arg_specs: tuple[ArgSpec, ...],
+    outputs: dict[str, Callable[..., Any]],
+    mutates_args: Sequence[str] | None,
+) -> tuple[str, ...]:
+    """The checks of ``_check_spec`` that do not need the kernel's declared parameters."""
+    if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
+        raise ValueError(f"operator name must be 'namespace::name', got {name!r}")
+    if mutates_args is None:
+        raise ValueError(
+            f"{name}: a cuTile kernel does not declare which arrays it writes: pass mutates_args "
+            f"(the inputs it writes; () when it writes only the outputs the operator allocates)"
+        )
+    inputs = list(sig.parameters)
+    for out in outputs:
+        if out in inputs:
+            raise ValueError(f"{name}: output {out!r} has the name of an input")
+        if out not in arg_specs:
+            raise ValueError(f"{name}: output {out!r} is not passed to the kernel")
+    for i, spec in enumerate(arg_specs):
+        if isinstance(spec, str) and spec not in inputs and spec not in outputs:
+            raise ValueError(f"{name}: args[{i}] names {spec!r}, which is neither an input nor an output")
+    declared = tuple(mutates_args)
+    for m in declared:
+        if m not in inputs:
+            raise ValueError(f"{name}: mutates_args names {m!r}, which is not an input")
+    return declared
 
 
 def _check_spec(
@@ -215,7 +260,7 @@ def _dim(spec: Any, inputs: dict[str, Any]) -> Any:
 
 def _register(
     name: str,
-    kernel: Kernel,
+    kernel: Any,
     stub: Callable[..., Any],
     sig: inspect.Signature,
     arg_specs: tuple[ArgSpec, ...],
@@ -226,6 +271,8 @@ def _register(
     shared_mem: int | Callable[..., int],
 ) -> Any:
     import torch  # type: ignore[import-not-found, unused-ignore]
+
+    cutile_kernel = _is_cutile(kernel)
 
     def bind(a: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
         bound = sig.bind(*a, **kw)
@@ -251,11 +298,17 @@ def _register(
         )
         if device is None:
             raise ValueError(f"{name}: no CUDA tensor among the arguments to take the device from")
-        if torch.cuda.is_current_stream_capturing():
+        if not cutile_kernel and torch.cuda.is_current_stream_capturing():
             # Captured into a PyTorch CUDA graph: tile holds views, the graph's pool the memory
             # (see _CaptureView); launches of the warm-up runs are released first where done.
             stats()
             kernel_args = tuple(_capture_arg(torch, v) for v in kernel_args)
+        if cutile_kernel:
+            from . import cutile
+
+            # Tensors are passed as they are (cuTile picks its compiled variant from them).
+            cutile.launch(torch.cuda.current_stream(device), _dim(grid, inputs), kernel, kernel_args)
+            return results(list(made.values()))
         # The handle is dropped: tile's release queue keeps the tensors until the kernel is done.
         launch(
             torch.cuda.current_stream(device),
