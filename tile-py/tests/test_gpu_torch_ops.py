@@ -172,6 +172,7 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
     import tile_py.torch as tt
 
     views_before = tt._CaptureView.alive
+    errors_before = tile_py.stats()["errors"]
     g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
     n = 1 << 16
     static_x = torch.randn(n, device="cuda")
@@ -198,4 +199,6 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
     torch.cuda.synchronize()
     tile_py.synchronize()
     assert tt._CaptureView.alive == views_before, (views_before, tt._CaptureView.alive)
+    # Polls made while the graph was captured recorded nothing and reported no error.
+    assert tile_py.stats()["errors"] == errors_before
     print(f"reduce-overhead: 20 replays right; {held} captured tensor view(s) held by the graph, all released after it was freed")
