@@ -618,9 +618,19 @@ fn host_or(
     hs: &Handshake,
     e: PyErr,
 ) -> PyErr {
-    let cpu = obj
-        .call_method0(intern!(py, "__dlpack_device__"))
-        .ok()
+    // Only an ordinary exception can be a host producer refusing the stream: an interrupt, an
+    // exit or a memory error propagates as it is.
+    if !e.is_instance_of::<pyo3::exceptions::PyException>(py)
+        || e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py)
+    {
+        return e;
+    }
+    let device = match obj.call_method0(intern!(py, "__dlpack_device__")) {
+        Ok(d) => Some(d),
+        Err(d) if !d.is_instance_of::<pyo3::exceptions::PyException>(py) => return d,
+        Err(_) => None,
+    };
+    let cpu = device
         .and_then(|d| d.extract::<(i64, i64)>().ok())
         .is_some_and(|(t, _)| t == i64::from(DLDeviceType::CPU.0));
     if !cpu {
@@ -929,16 +939,29 @@ fn from_cai(
             "unsupported version {version} (2 or 3 expected)"
         )));
     }
-    let shape: Vec<i64> = get("shape")?
-        .ok_or_else(|| bad("no 'shape' entry".into()))?
-        .extract()
-        .map_err(|e| {
-            bad_field(
-                Kind::Value,
-                "'shape' must be a tuple of ints, each below 2**63".into(),
-                e,
-            )
-        })?;
+    // Python's bools are ints, but no extent, stride, pointer or stream of the protocol.
+    let no_bool = |field: &str, v: &Bound<'_, PyAny>| -> PyResult<()> {
+        let is_bool = |x: &Bound<'_, PyAny>| x.cast::<PyBool>().is_ok();
+        let inner = v
+            .cast::<PyTuple>()
+            .is_ok_and(|t| t.iter().any(|x| is_bool(&x)));
+        if is_bool(v) || inner {
+            return Err(bad(format!(
+                "'{field}' holds a bool ({}); ints expected",
+                show(v)
+            )));
+        }
+        Ok(())
+    };
+    let shape_obj = get("shape")?.ok_or_else(|| bad("no 'shape' entry".into()))?;
+    no_bool("shape", &shape_obj)?;
+    let shape: Vec<i64> = shape_obj.extract().map_err(|e| {
+        bad_field(
+            Kind::Value,
+            "'shape' must be a tuple of ints, each below 2**63".into(),
+            e,
+        )
+    })?;
     let typestr = get("typestr")?.ok_or_else(|| bad("no 'typestr' entry".into()))?;
     let typestr: String = typestr.extract().map_err(|e| {
         bad_field(
@@ -948,16 +971,19 @@ fn from_cai(
         )
     })?;
     let dtype = parse_typestr(index, &typestr)?;
-    let (data, readonly): (u64, bool) = get("data")?
-        .ok_or_else(|| bad("no 'data' entry".into()))?
-        .extract()
-        .map_err(|e| {
-            bad_field(
-                Kind::Value,
-                "'data' must be a (pointer, read_only) tuple".into(),
-                e,
-            )
-        })?;
+    let data_obj = get("data")?.ok_or_else(|| bad("no 'data' entry".into()))?;
+    if let Ok(t) = data_obj.cast::<PyTuple>()
+        && let Ok(first) = t.get_item(0)
+    {
+        no_bool("data[0]", &first)?;
+    }
+    let (data, readonly): (u64, bool) = data_obj.extract().map_err(|e| {
+        bad_field(
+            Kind::Value,
+            "'data' must be a (pointer, read_only) tuple".into(),
+            e,
+        )
+    })?;
     if let Some(mask) = get("mask")?
         && !mask.is_none()
     {
@@ -966,6 +992,7 @@ fn from_cai(
     let itemsize = dtype.itemsize() as i64;
     let strides: Vec<i64> = match get("strides")? {
         Some(s) if !s.is_none() => {
+            no_bool("strides", &s)?;
             let bytes: Vec<i64> = s.extract().map_err(|e| {
                 bad_field(
                     Kind::Value,
@@ -995,6 +1022,7 @@ fn from_cai(
     };
     let ready_on = match get("stream")? {
         Some(s) if !s.is_none() && version >= 3 => {
+            no_bool("stream", &s)?;
             let n: i64 = s
                 .extract()
                 .map_err(|_| bad(format!("'stream' must be an int, got {}", show(&s))))?;
@@ -1171,6 +1199,26 @@ fn convert_scalar(index: usize, obj: &Bound<'_, PyAny>, ty: ScalarType) -> PyRes
                     e
                 }
             })?;
+            // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
+            // converts to infinity: refused, as an int too large is. An infinity compares equal
+            // to the infinite double it converts to.
+            if x.is_infinite() && obj.cast::<PyFloat>().is_err() && !obj.eq(x).unwrap_or(false) {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty}", show(obj)),
+                ));
+            }
+            // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
+            // converts to infinity: refused, as an int too large is. An infinity compares equal
+            // to the infinite double it converts to.
+            if x.is_infinite() && obj.cast::<PyFloat>().is_err() && !obj.eq(x).unwrap_or(false) {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty}", show(obj)),
+                ));
+            }
             if ty == ScalarType::F32 && x.is_finite() && x.abs() > f64::from(f32::MAX) {
                 return Err(arg_err(
                     Kind::Overflow,

@@ -104,6 +104,21 @@ fn name_of(obj: &Bound<'_, PyAny>) -> PyResult<String> {
 
 /// Parses a dtype name: `float32`, `f32`, `torch.bfloat16`, `np.float16`, ...
 pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
+    // Python's own number types mean what NumPy and PyTorch make of them (`float` is a double,
+    // `int` a 64-bit integer), not the C types their names also spell.
+    let py = obj.py();
+    if obj.is(py.get_type::<pyo3::types::PyFloat>()) {
+        return Ok(DType::F64);
+    }
+    if obj.is(py.get_type::<pyo3::types::PyInt>()) {
+        return Ok(DType::I64);
+    }
+    if obj.is(py.get_type::<pyo3::types::PyBool>()) {
+        return Ok(DType::BOOL);
+    }
+    if obj.is(py.get_type::<pyo3::types::PyComplex>()) {
+        return Ok(DType::C128);
+    }
     let name = name_of(obj)?;
     let n = name.strip_prefix("torch.").unwrap_or(&name);
     Ok(match n {

@@ -335,10 +335,15 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
         }
         check_cuda_stream_protocol(t, &v)?;
         handle_from_int(&t.get_item(1)?, "__cuda_stream__()[1]", true)?
-    } else if let Ok(ptr) = obj.getattr(intern!(py, "ptr")) {
-        // CuPy streams; `ptr == 0` is CuPy's null (legacy default) stream.
+    } else if is_stream_of(obj, "cupy")
+        && let Ok(ptr) = obj.getattr(intern!(py, "ptr"))
+    {
+        // CuPy streams; `ptr == 0` is CuPy's null (legacy default) stream. Only CuPy's stream
+        // types: other objects with a `ptr` (a CuPy event, a memory pointer) are no stream.
         handle_from_int(&ptr, "stream.ptr", true)?
-    } else if let Ok(h) = obj.getattr(intern!(py, "cuda_stream")) {
+    } else if is_stream_of(obj, "torch")
+        && let Ok(h) = obj.getattr(intern!(py, "cuda_stream"))
+    {
         handle_from_int(&h, "stream.cuda_stream", true)?
     } else if let Some(cuda) = torch_generic_to_cuda(obj)? {
         // A device-generic `torch.Stream` of a CUDA device: parsed as the `torch.cuda.Stream`
@@ -355,6 +360,20 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
         raw,
         device,
         owner: Some(obj.clone().unbind()),
+    })
+}
+
+/// Whether a class of `obj`'s type named `...Stream` comes from package `package` (`cupy`,
+/// `torch`).
+fn is_stream_of(obj: &Bound<'_, PyAny>, package: &str) -> bool {
+    let py = obj.py();
+    obj.get_type().mro().iter().any(|c| {
+        c.getattr(intern!(py, "__module__")).is_ok_and(|m| {
+            m.extract::<String>()
+                .is_ok_and(|m| m == package || m.starts_with(&format!("{package}.")))
+        }) && c
+            .getattr(intern!(py, "__name__"))
+            .is_ok_and(|n| n.extract::<String>().is_ok_and(|n| n.ends_with("Stream")))
     })
 }
 

@@ -486,6 +486,25 @@ class CupyLikeStream:
         self.ptr = ptr
 
 
+CupyLikeStream.__module__ = "cupy.cuda.stream"  # what tile_py takes a `ptr` from
+
+
+class NotAStream:
+    """Has a `ptr` (as a CuPy event or memory pointer has), but is no CuPy stream."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+        self.cuda_stream = ptr
+
+
+@pytest.mark.parametrize("obj", [NotAStream(0x7F0000001000)])
+def test_objects_with_a_ptr_that_are_no_streams_are_refused(counters, obj):
+    p = Producer()
+    with pytest.raises(TypeError, match="unsupported stream type"):
+        check([In("float32")], (p,), stream=obj)
+    assert p.calls == [] and p.deleted == 0
+
+
 @pytest.mark.parametrize(
     "stream, sync, seen",
     [
@@ -820,3 +839,58 @@ def test_exchange_api_rollback_releases(counters):
     assert p2.deleted == 1
     # Exchange-API exports are ours from the start: taken over and released, never launched.
     assert counters["consumed"] == counters["released"] == 3
+
+
+# ---- found by trying to break it ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ty", ["f32", "f64"])
+def test_finite_scalar_too_large_for_a_double_is_refused(counters, ty):
+    import decimal
+
+    p = Producer()
+    with pytest.raises(OverflowError, match=r"argument 1: .*1E\+400.* does not fit scalar " + ty):
+        check([In("float32"), Scalar(ty)], (p, decimal.Decimal("1e400")))
+    assert p.deleted == 1  # the export made for the call, released once
+
+
+def test_infinite_scalars_are_still_accepted(counters):
+    import decimal
+
+    for v in (float("inf"), decimal.Decimal("Infinity"), np.float64("-inf")):
+        assert tile_py._pack_args([Scalar("f64")], (v,), stream=5)[0] in (0x7FF0000000000000, 0xFFF0000000000000)
+
+
+def test_python_number_types_declare_what_numpy_makes_of_them():
+    assert repr(tile_py.In(float)) == repr(tile_py.In("float64"))
+    assert repr(tile_py.In(int)) == repr(tile_py.In("int64"))
+    assert repr(tile_py.Out(bool)) == repr(tile_py.Out("bool"))
+    assert repr(tile_py.In(complex)) == repr(tile_py.In("complex128"))
+
+
+class _Interrupting:
+    def __dlpack__(self, **kw):
+        raise KeyboardInterrupt
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_interrupt_in_a_host_producer_propagates(counters):
+    with pytest.raises(KeyboardInterrupt):
+        check([In("float32")], (_Interrupting(),))
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("stream", True), ("data", (True, False)), ("shape", (True,)), ("strides", (True,))],
+)
+def test_cai_bools_are_refused(counters, field, value):
+    d = {"shape": (4,), "typestr": "|u1", "data": (0x7F0000000000, False), "version": 3, "strides": None}
+    d[field] = value
+
+    class Cai:
+        __cuda_array_interface__ = d
+
+    with pytest.raises(ValueError, match=rf"argument 0: .*'{field}(\[0\])?' holds a bool"):
+        check([In("uint8", strided=True)], (Cai(),))

@@ -95,6 +95,14 @@ def test_bad_specs_are_refused(args, outputs, message):
         define(SCALE, scale, args=args, outputs=outputs)
 
 
+def test_output_bound_only_to_inputs_is_refused():
+    def op(x): ...
+
+    reads_only = FakeKernel([In("float32"), In("float32"), Scalar("u64")])
+    with pytest.raises(ValueError, match="output 'out' is bound only to parameters the kernel reads"):
+        define(reads_only, op, args=("x", "out", 4), outputs={"out": like})
+
+
 @pytest.mark.parametrize("name", ["scale", "a::b::c", "::b", "a::", 3])
 def test_operator_name_must_be_qualified(name):
     def scale(x, alpha): ...

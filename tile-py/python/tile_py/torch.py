@@ -188,6 +188,11 @@ def _check_spec(
     for out in outputs:
         if out not in arg_specs:
             raise ValueError(f"{name}: output {out!r} is not passed to the kernel")
+        if not any(p.writes and spec == out for p, spec in zip(params, arg_specs)):
+            raise ValueError(
+                f"{name}: output {out!r} is bound only to parameters the kernel reads (In): it "
+                f"would be returned unwritten; bind it to an Out or InOut parameter"
+            )
     if mutates_args is None:
         return tuple(written)
     declared = tuple(mutates_args)
