@@ -16,7 +16,7 @@ try:
 except ImportError as e:
     print(
         f"torch_vector_add: {e}; the example needs PyTorch and tile_py "
-        "(cargo xtask wheel, then pip install target/wheels/tile_py-*.whl)",
+        "(cargo xtask wheel, then pip install target/wheels/tile_py-*manylinux*.whl)",
         file=sys.stderr,
     )
     sys.exit(1)

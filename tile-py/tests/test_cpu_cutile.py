@@ -230,3 +230,13 @@ def test_test_kernels_export_for_sm_90_without_a_gpu(name):
     assert cubin[:4] == b"\x7fELF"
     assert sig.symbol.encode() in cubin
     tc.params_from_signature(sig)
+
+
+def test_a_plain_function_is_refused_as_a_kernel():
+    import tile_py.cutile as tc
+
+    def f(x):
+        return x
+
+    with pytest.raises(TypeError, match=r"kernel must be a cuTile kernel \(a function decorated with @ct.kernel\), got function"):
+        tc.launch(1, 1, f, (1,))

@@ -434,6 +434,11 @@ def launch(
     ``TypeError`` for an argument whose layout cannot be read, cuTile's own errors from
     compilation, and every error of ``tile_py.launch``; all before anything is consumed.
     """
+    if type(kernel).__module__.split(".")[:2] != ["cuda", "tile"]:
+        raise TypeError(
+            f"kernel must be a cuTile kernel (a function decorated with @ct.kernel), got "
+            f"{type(kernel).__name__} {kernel!r}"
+        )
     args = tuple(args)
     key = specialization_key(kernel, args)
     cc = tile_py.compute_capability(stream)
