@@ -53,9 +53,13 @@ fn check_view(view: &TensorView<'_>, want: &Expected) {
     assert_eq!(view.is_versioned(), want.versioned);
     assert!(view.dtype().is_supported());
     match view.check_writable() {
-        Ok(()) => assert!(!want.read_only),
+        Ok(()) => assert!(!want.read_only && !want.copied),
         Err(DescriptorError::ReadOnly) => assert!(want.read_only),
-        Err(DescriptorError::InternalOverlap { axis }) => assert!(axis < want.shape.len()),
+        Err(DescriptorError::Copied) => assert!(want.copied && !want.read_only),
+        Err(DescriptorError::InternalOverlap { axis }) => {
+            assert!(!want.read_only && !want.copied);
+            assert!(axis < want.shape.len());
+        }
         Err(other) => panic!("check_writable: unexpected {other:?}"),
     }
     let _ = view.is_contiguous();

@@ -39,8 +39,14 @@ fuzz_target!(|input: Input| {
                 sorted.sort_unstable();
                 let distinct = sorted.windows(2).all(|w| w[0] != w[1]);
                 match view.check_writable() {
-                    Ok(()) => assert!(distinct && !view.is_read_only(), "{view:?}"),
+                    Ok(()) => assert!(
+                        distinct && !view.is_read_only() && !view.is_copied(),
+                        "{view:?}"
+                    ),
                     Err(DescriptorError::ReadOnly) => assert!(view.is_read_only()),
+                    Err(DescriptorError::Copied) => {
+                        assert!(view.is_copied() && !view.is_read_only());
+                    }
                     Err(DescriptorError::InternalOverlap { .. }) => {
                         // Conservative: a broadcast or a compact layout is always judged right.
                         assert!(!row_major, "{view:?}");
