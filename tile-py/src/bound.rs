@@ -47,10 +47,7 @@ pub(crate) fn bind(
     )?;
     let kernel = as_kernel(kernel)?;
     let stream_value = spec.dlpack_value();
-    let s = match cached {
-        Some(s) => s,
-        None => streams::get_and_cache(py, stream, spec)?,
-    };
+    let s = streams::resolve(py, stream, spec, cached)?;
     let inner = s
         .bind(&kernel.get().inner, &config)
         .map_err(|e| launch_err(py, e, |_| None))?;

@@ -286,10 +286,7 @@ fn launch(
     let args = arg_list(args)?;
     check_count(kernel.inner.name(), &kernel.params, args.len())?;
     let stream_value = spec.dlpack_value();
-    let s = match cached {
-        Some(s) => s,
-        None => streams::get_and_cache(py, stream, spec)?,
-    };
+    let s = streams::resolve(py, stream, spec, cached)?;
     launch_on(
         py,
         &Target {
@@ -470,20 +467,13 @@ fn _check_args(
         false,
         false,
     )?;
-    let params = kernel::parse_params(params)?;
-    let args = arg_list(args)?;
-    check_count("_check_args", &params, args.len())?;
-    let hs = Handshake {
-        dlpack_stream: if sync { spec.dlpack_value() } else { -1 },
-        sync,
-        device: spec.device.unwrap_or(device),
-    };
-    COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
+    let (params, hs, converted) =
+        convert_declared(py, "_check_args", &spec, params, args, device, sync, true)?;
     let Converted {
         args,
         claims,
         owners,
-    } = convert_args(py, &params, &args, &hs)?;
+    } = converted;
     let sig = tile_launch::Signature::new(params.iter().copied());
     let checked = tile_launch::check_args("_check_args", &sig, &args, hs.device);
     let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
@@ -538,6 +528,36 @@ fn _check_args(
     r
 }
 
+/// What `_check_args` and `_pack_args` share: the declared parameters parsed, the argument
+/// count checked, and the arguments converted with the handshake a launch on `spec` (device
+/// `device` when the stream does not say) would make; with `count`, the attempt is counted as
+/// a launch's is.
+#[allow(clippy::too_many_arguments)]
+fn convert_declared(
+    py: Python<'_>,
+    what: &str,
+    spec: &streams::StreamSpec,
+    params: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    device: i32,
+    sync: bool,
+    count: bool,
+) -> PyResult<(Vec<Param>, Handshake, Converted)> {
+    let params = kernel::parse_params(params)?;
+    let args = arg_list(args)?;
+    check_count(what, &params, args.len())?;
+    let hs = Handshake {
+        dlpack_stream: if sync { spec.dlpack_value() } else { -1 },
+        sync,
+        device: spec.device.unwrap_or(device),
+    };
+    if count {
+        COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
+    }
+    let converted = convert_args(py, &params, &args, &hs)?;
+    Ok((params, hs, converted))
+}
+
 /// The kernel parameter values a launch with `params` and `args` would pass, one int per
 /// kernel parameter (an array parameter gives its pointer, extents and strides), after the
 /// conversion and checks of `_check_args` (device `device`); nothing is consumed (every claim is
@@ -554,19 +574,13 @@ fn _pack_args(
     drain(py);
     let none = py.None().into_bound(py);
     let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
-    let params = kernel::parse_params(params)?;
-    let args = arg_list(args)?;
-    check_count("_pack_args", &params, args.len())?;
-    let hs = Handshake {
-        dlpack_stream: spec.dlpack_value(),
-        sync: true,
-        device: spec.device.unwrap_or(device),
-    };
+    let (params, hs, converted) =
+        convert_declared(py, "_pack_args", &spec, params, args, device, true, false)?;
     let Converted {
         args,
         claims,
         owners,
-    } = convert_args(py, &params, &args, &hs)?;
+    } = converted;
     let sig = tile_launch::Signature::new(params.iter().copied());
     let packed = tile_launch::pack_args("_pack_args", &sig, &args, hs.device);
     drop(args);
@@ -580,10 +594,7 @@ fn _pack_args(
 #[pyfunction]
 fn compute_capability(py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<(u32, u32)> {
     let (spec, cached) = streams::parse_stream_cached(stream)?;
-    let s = match cached {
-        Some(s) => s,
-        None => streams::get_and_cache(py, stream, spec)?,
-    };
+    let s = streams::resolve(py, stream, spec, cached)?;
     Ok(s.context().limits().compute_capability)
 }
 

@@ -277,6 +277,20 @@ pub(crate) fn get_and_cache(
     Ok(s)
 }
 
+/// The cached [`Stream`] for a stream argument: the one [`parse_stream_cached`] found, or
+/// [`get_and_cache`]'s.
+pub(crate) fn resolve(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    spec: StreamSpec,
+    cached: Option<Stream>,
+) -> PyResult<Stream> {
+    match cached {
+        Some(s) => Ok(s),
+        None => get_and_cache(py, obj, spec),
+    }
+}
+
 /// Parses the `stream` argument of `launch`.
 pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
     let py = obj.py();
