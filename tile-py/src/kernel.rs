@@ -218,7 +218,17 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
     let dims = usize::from(ndim).min(MAX_ASSUMED_DIMS);
     let bad = |key: &str, what: String| err(Kind::Value, format!("assume[{key:?}]: {what}"));
     for (k, v) in d.iter() {
-        let key: String = k.extract()?;
+        let key: String = k.extract().map_err(|_| {
+            err(
+                Kind::Type,
+                format!("assume's keys are names (str), got {}", show(&k)),
+            )
+        })?;
+        let flag = |v: &Bound<'_, PyAny>| -> PyResult<bool> {
+            v.cast::<pyo3::types::PyBool>()
+                .map(|b| b.is_true())
+                .map_err(|_| bad(&key, format!("expected True or False, got {}", show(v))))
+        };
         let per_dim = |v: &Bound<'_, PyAny>| -> PyResult<[u32; MAX_ASSUMED_DIMS]> {
             let xs: Vec<u32> = v.extract().map_err(|_| {
                 bad(
@@ -265,8 +275,8 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
             "shape_divisible_by" => a.shape_divisible_by = per_dim(&v)?,
             "unit_stride" => a.unit_stride = mask(&v)?,
             "unit_shape" => a.unit_shape = mask(&v)?,
-            "nonnegative_strides" => a.nonnegative_strides = v.is_truthy()?,
-            "disjoint" => a.disjoint = v.is_truthy()?,
+            "nonnegative_strides" => a.nonnegative_strides = flag(&v)?,
+            "disjoint" => a.disjoint = flag(&v)?,
             _ => {
                 return Err(err(
                     Kind::Value,
@@ -307,12 +317,17 @@ fn tensor_param(
             ));
         }
         (Some(n), index) => {
-            let ndim = n.extract::<u8>().ok().filter(|&n| n <= 32).ok_or_else(|| {
-                err(
-                    Kind::Value,
-                    format!("ndim must be an int from 0 to 32, got {}", show(n)),
-                )
-            })?;
+            let not_bool = n.cast::<pyo3::types::PyBool>().is_err();
+            let ndim = n
+                .extract::<u8>()
+                .ok()
+                .filter(|&n| n <= 32 && not_bool)
+                .ok_or_else(|| {
+                    err(
+                        Kind::Value,
+                        format!("ndim must be an int from 0 to 32, got {}", show(n)),
+                    )
+                })?;
             let index = match index {
                 Some(i) => parse_index_type(i)?,
                 None => IndexType::I64,

@@ -894,3 +894,17 @@ def test_cai_bools_are_refused(counters, field, value):
 
     with pytest.raises(ValueError, match=rf"argument 0: .*'{field}(\[0\])?' holds a bool"):
         check([In("uint8", strided=True)], (Cai(),))
+
+
+@pytest.mark.parametrize(
+    "kw, exc, message",
+    [
+        ({"ndim": True}, ValueError, "ndim must be an int from 0 to 32, got True"),
+        ({"ndim": 1, "assume": {1: 2}}, TypeError, "assume's keys are names \\(str\\), got 1"),
+        ({"ndim": 1, "assume": {"disjoint": "no"}}, ValueError, "assume\\[\"disjoint\"\\]: expected True or False, got 'no'"),
+        ({"ndim": 1, "assume": {"nonnegative_strides": 1}}, ValueError, "expected True or False, got 1"),
+    ],
+)
+def test_array_declarations_refuse_values_that_only_look_right(kw, exc, message):
+    with pytest.raises(exc, match=message):
+        tile_py.In("float32", **kw)

@@ -158,3 +158,17 @@ def test_cutile_kernel_spec_checks(args, outputs, mutates, message):
 
     with pytest.raises(ValueError, match=message):
         define(FakeCuTileKernel(), axpy, args=args, outputs=outputs, mutates_args=mutates)
+
+
+def test_names_given_as_one_str_are_refused():
+    def op(x): ...
+
+    with pytest.raises(TypeError, match="mutates_args must be a sequence of names, not the str 'x'"):
+        define(ADD_, op, args=("x", "x", numel), mutates_args="x")
+
+
+def test_a_kernel_that_is_neither_kind_is_refused():
+    def op(x): ...
+
+    with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel or a cuTile kernel"):
+        define(None, op, args=("x",))

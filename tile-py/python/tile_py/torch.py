@@ -87,6 +87,9 @@ def custom_op(
     kernel's parameters or the stub's signature; ``ImportError`` without PyTorch.
     """
     outputs = dict(outputs or {})
+    if isinstance(args, str) or isinstance(mutates_args, str):
+        which = "args" if isinstance(args, str) else "mutates_args"
+        raise TypeError(f"{name}: {which} must be a sequence of names, not the str {args if which == 'args' else mutates_args!r}")
     arg_specs = tuple(args)
 
     def define(stub: Callable[..., Any]) -> Any:
@@ -151,6 +154,11 @@ def _check_spec(
     mutated inputs. Runs before PyTorch is imported."""
     if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
         raise ValueError(f"operator name must be 'namespace::name', got {name!r}")
+    if not hasattr(kernel, "params"):
+        raise TypeError(
+            f"{name}: kernel must be a tile_py.Kernel or a cuTile kernel (@ct.kernel), got "
+            f"{type(kernel).__name__} {kernel!r}"
+        )
     params = list(kernel.params)
     if len(arg_specs) != len(params):
         raise ValueError(
