@@ -1,0 +1,102 @@
+//! Capsules: claiming a DLPack capsule (renamed `used_dltensor[_versioned]` at once) and giving a claim back.
+
+use super::*;
+
+/// Checks the capsule's name, takes its pointer and renames it `used_*`, atomically with
+/// respect to other threads doing the same.
+pub(crate) fn claim_capsule(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+) -> PyResult<Tensor> {
+    let claimed = with_critical_section(
+        cap,
+        || -> PyResult<(bool, *mut c_void, &'static CStr)> {
+            // SAFETY: `cap` is a capsule (checked by the caller); the name pointer stays valid
+            // while the capsule keeps this name, and we are inside the capsule's critical section.
+            let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
+            if name_ptr.is_null() {
+                let _ = PyErr::take(py);
+                return Err(arg_err(
+                    Kind::Type,
+                    index,
+                    "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a \
+                 capsule with no name",
+                ));
+            }
+            // SAFETY: non-null capsule names are NUL-terminated C strings.
+            let name = unsafe { CStr::from_ptr(name_ptr) };
+            let (versioned, used, restore): (bool, &'static CStr, &'static CStr) = match name
+                .to_bytes()
+            {
+                b"dltensor" => (false, c"used_dltensor", c"dltensor"),
+                b"dltensor_versioned" => (true, c"used_dltensor_versioned", c"dltensor_versioned"),
+                b"used_dltensor" | b"used_dltensor_versioned" => {
+                    return Err(arg_err(
+                        Kind::Value,
+                        index,
+                        format!(
+                            "DLPack capsule already consumed (its name is {:?})",
+                            name.to_string_lossy()
+                        ),
+                    ));
+                }
+                other => {
+                    return Err(arg_err(
+                        Kind::Type,
+                        index,
+                        format!(
+                            "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got \
+                         a capsule named {:?}",
+                            String::from_utf8_lossy(other)
+                        ),
+                    ));
+                }
+            };
+            // SAFETY: `cap` is a capsule whose name is `name_ptr`.
+            let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name_ptr) };
+            if ptr.is_null() {
+                return Err(PyErr::take(py).unwrap_or_else(|| {
+                    arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
+                }));
+            }
+            // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
+            if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
+                return Err(PyErr::fetch(py));
+            }
+            Ok((versioned, ptr, restore))
+        },
+    )?;
+    let (versioned, ptr, restore) = claimed;
+    let unused = if versioned {
+        // SAFETY: the capsule was named `dltensor_versioned`, so it holds a
+        // `DLManagedTensorVersioned` the producer keeps valid until its deleter runs; we renamed
+        // it, so nobody else consumes it while we hold the claim.
+        unsafe { Unused::from_versioned(ptr.cast()) }
+    } else {
+        // SAFETY: as above, for a legacy `DLManagedTensor` (`dltensor`).
+        unsafe { Unused::from_legacy(ptr.cast()) }
+    };
+    Ok(Tensor {
+        unused,
+        claim: Claim::Capsule {
+            capsule: cap.clone().unbind(),
+            restore,
+        },
+        ready_on: None,
+        owner: None,
+        memory_trusted: false,
+    })
+}
+
+/// Gives a claimed capsule its original name back (the tensor was not consumed).
+pub(crate) fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &'static CStr) {
+    with_critical_section(cap, || {
+        // SAFETY: `cap` is a capsule we renamed; `restore` is a 'static C string.
+        if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), restore.as_ptr()) } != 0 {
+            // Cannot fail for a valid capsule; if it did, the capsule stays marked consumed
+            // and its tensor leaks rather than being freed twice.
+            let _ = PyErr::take(py);
+        }
+    });
+}

@@ -1,0 +1,152 @@
+//! The DLPack C exchange API (`__dlpack_c_exchange_api__`): exports without a Python call, ordered after the producer's current stream.
+
+use super::*;
+
+#[derive(Clone, Copy)]
+pub(crate) struct ApiPtr(*const DLPackExchangeAPI);
+// SAFETY: the exchange API table is immutable and lives for the whole process (DLPack 1.3).
+unsafe impl Send for ApiPtr {}
+
+/// Per producer type: its exchange API, if any. Holds the type so its address is not reused.
+pub(crate) type ApiCache = HashMap<usize, (Py<PyType>, Option<ApiPtr>)>;
+pub(crate) static EXCHANGE_APIS: Mutex<Option<ApiCache>> = Mutex::new(None);
+
+thread_local! {
+    /// The last producer type this thread converted and its exchange API: a pointer compare
+    /// answers the common case (every argument of the same type) without a lock or a hash.
+    /// The type's address cannot be reused while it is cached: [`EXCHANGE_APIS`] holds it.
+    static LAST_API: Cell<(usize, Option<ApiPtr>)> = const { Cell::new((0, None)) };
+}
+
+/// The exchange API of `obj`'s type; the common case (the same type as this thread's last) is
+/// a pointer compare, without touching the type's reference count.
+pub(crate) fn exchange_api(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<ApiPtr> {
+    let key = obj.get_type_ptr() as usize;
+    let (last, api) = LAST_API.with(Cell::get);
+    if last == key {
+        return api;
+    }
+    let api = exchange_api_slow(py, &obj.get_type());
+    LAST_API.with(|c| c.set((key, api)));
+    api
+}
+
+pub(crate) fn exchange_api_slow(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
+    let key = ty.as_ptr() as usize;
+    if let Some(map) = EXCHANGE_APIS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        && let Some((_, api)) = map.get(&key)
+    {
+        return *api;
+    }
+    let api = lookup_exchange_api(py, ty);
+    EXCHANGE_APIS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(key, (ty.clone().unbind(), api));
+    api
+}
+
+pub(crate) fn lookup_exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
+    let attr = ty
+        .getattr_opt(intern!(py, "__dlpack_c_exchange_api__"))
+        .ok()
+        .flatten()?;
+    let cap = attr.cast::<PyCapsule>().ok()?;
+    // SAFETY: `cap` is a capsule; a wrong name makes `PyCapsule_GetPointer` fail with an
+    // exception, which we clear.
+    let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), c"dlpack_exchange_api".as_ptr()) };
+    if ptr.is_null() {
+        let _ = PyErr::take(py);
+        return None;
+    }
+    let api = ptr.cast::<DLPackExchangeAPI>();
+    // SAFETY: a capsule named `dlpack_exchange_api` holds a `DLPackExchangeAPI*` valid for the
+    // whole process; the header (version) is ABI-stable across versions.
+    let version: DLPackVersion = unsafe { (*api).header.version };
+    // SAFETY: as above; the layout is that of major version 1, checked first.
+    let complete = version.major == 1
+        && unsafe {
+            (*api).managed_tensor_from_py_object_no_sync.is_some()
+                && (*api).current_work_stream.is_some()
+        };
+    complete.then_some(ApiPtr(api))
+}
+
+pub(crate) fn from_exchange_api(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    api: ApiPtr,
+    hs: &Handshake,
+) -> PyResult<Tensor> {
+    let note = |e: PyErr| with_note(py, e, format!("while converting argument {index}"));
+    // SAFETY: `api` was checked to be a major-version-1 table with these entries non-null.
+    let (from_obj, current_stream) = unsafe {
+        (
+            (*api.0).managed_tensor_from_py_object_no_sync,
+            (*api.0).current_work_stream,
+        )
+    };
+    // Checked when the table was cached; a producer that cleared an entry since gets an error
+    // (before anything is exported), not a panic.
+    let (Some(from_obj), Some(current_stream)) = (from_obj, current_stream) else {
+        return Err(arg_err(
+            Kind::Buffer,
+            index,
+            "the producer's DLPack exchange API table lost an entry after it was first read \
+             (managed_tensor_from_py_object_no_sync or current_work_stream is now null)",
+        ));
+    };
+    let mut out: *mut DLManagedTensorVersioned = std::ptr::null_mut();
+    // SAFETY: `obj` is an instance of the type the table came from; `out` is a valid out
+    // pointer. The function returns an owning tensor or sets a Python exception.
+    let rc = unsafe { from_obj(obj.as_ptr().cast(), &mut out) };
+    if rc != 0 || out.is_null() {
+        let e = PyErr::take(py).unwrap_or_else(|| {
+            arg_err(
+                Kind::Buffer,
+                index,
+                "the producer's DLPack exchange API export failed",
+            )
+        });
+        return Err(note(e));
+    }
+    let mut ready_on = None;
+    // SAFETY: `out` is a live managed tensor we own; the version field is ABI-stable.
+    let major = unsafe { (*out).version.major };
+    if hs.sync && major == 1 {
+        // SAFETY: major version 1: the layout is `DLManagedTensorVersioned`.
+        let dev: DLDevice = unsafe { (*out).dl_tensor.device };
+        if dev.device_type == DLDeviceType::CUDA || dev.device_type == DLDeviceType::ROCM {
+            let mut s: *mut c_void = std::ptr::null_mut();
+            // SAFETY: plain values and a valid out pointer.
+            let rc = unsafe { current_stream(dev.device_type, dev.device_id, &mut s) };
+            if rc != 0 {
+                let e = PyErr::take(py).unwrap_or_else(|| {
+                    arg_err(
+                        Kind::Buffer,
+                        index,
+                        "the producer's current_work_stream failed",
+                    )
+                });
+                release_owned(out);
+                return Err(note(e));
+            }
+            ready_on = Some(s as usize);
+        }
+    }
+    // SAFETY: `out` is an owning export from the producer, valid until its deleter runs, and
+    // nobody else holds it.
+    let unused = unsafe { Unused::from_versioned(out) };
+    Ok(Tensor {
+        unused,
+        claim: Claim::Owned(out),
+        ready_on,
+        owner: None,
+        memory_trusted: false,
+    })
+}

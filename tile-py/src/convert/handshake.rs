@@ -1,0 +1,254 @@
+//! The `__dlpack__` handshake: asking a producer for an export ordered on the launch stream, the keyword retries, and host producers refusing the stream.
+
+use super::*;
+
+/// The keywords tile_py passes to `__dlpack__`; the only ones whose rejection is retried.
+pub(crate) const OUR_KEYWORDS: [&str; 4] = ["max_version", "dl_device", "copy", "stream"];
+
+/// What a `TypeError` raised by a `__dlpack__` call says about the call's own arguments.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Rejection {
+    /// The call did not bind because of `max_version` (a producer older than DLPack 1.0).
+    MaxVersion,
+    /// The call did not bind because of a keyword `stream` (a method that takes no keywords,
+    /// or a positional-only `stream`).
+    StreamKeyword,
+    /// The call did not bind at all: too many positional arguments (`__dlpack__(self)`).
+    Positional,
+    /// The call did not bind, without saying which argument: pybind11's and nanobind's
+    /// "incompatible function arguments".
+    Binding,
+    /// Anything else, the producer's own error: never retried.
+    Producer,
+}
+
+/// The number of frames in `e`'s traceback. An argument-binding `TypeError` is raised before
+/// the called function's frame runs: none for a call from here into a Python function, one
+/// when a wrapper's `__dlpack__(*args, **kwargs)` forwards to the real one, or for the frame
+/// Cython adds to its own binding errors.
+pub(crate) fn traceback_depth(py: Python<'_>, e: &PyErr) -> usize {
+    let mut depth = 0;
+    let mut tb = e.traceback(py).map(Bound::into_any);
+    while let Some(t) = tb {
+        depth += 1;
+        tb = t
+            .getattr(intern!(py, "tb_next"))
+            .ok()
+            .filter(|n| !n.is_none());
+    }
+    depth
+}
+
+/// Classifies a `__dlpack__` call's exception. Only a `TypeError` raised at the call boundary
+/// (traceback at most one frame deep: see [`traceback_depth`]) whose message is CPython's /
+/// Cython's / PyO3's binding error about a keyword tile_py passed (`... got an unexpected
+/// keyword argument 'max_version'`, `... takes no keyword arguments`, `... positional-only
+/// arguments passed as keyword arguments: 'stream'`, pybind11's / nanobind's `incompatible
+/// function arguments`) is a rejection of our call; a `TypeError` from deeper in the producer,
+/// or naming another keyword, is the producer's own.
+pub(crate) fn rejection(py: Python<'_>, e: &PyErr) -> Rejection {
+    if !e.is_instance_of::<PyTypeError>(py) || traceback_depth(py, e) > 1 {
+        return Rejection::Producer;
+    }
+    let m = e.value(py).to_string();
+    let names = |k: &str| m.contains(&format!("'{k}'")) || m.contains(&format!("\"{k}\""));
+    let about_keyword = m.contains("unexpected keyword argument")
+        || m.contains("positional-only arguments passed as keyword");
+    if about_keyword {
+        return match OUR_KEYWORDS.iter().find(|k| names(k)) {
+            Some(&"stream") => Rejection::StreamKeyword,
+            Some(_) => Rejection::MaxVersion,
+            None => Rejection::Producer,
+        };
+    }
+    if m.contains("takes no keyword arguments") {
+        return Rejection::StreamKeyword;
+    }
+    if m.contains("positional argument") && m.contains("were given") {
+        return Rejection::Positional;
+    }
+    if m.contains("incompatible function arguments") {
+        return Rejection::Binding;
+    }
+    Rejection::Producer
+}
+
+/// The ways `__dlpack__` is called, most keywords first. Each passes the stream: a call
+/// without it would export with no ordering after the producer's pending work.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Keywords {
+    /// `stream=..., max_version=(1, 3)`.
+    StreamAndVersion,
+    /// `stream=...` only (DLPack before 1.0).
+    Stream,
+    /// `__dlpack__(stream)`, for a method that takes no keywords or a positional-only `stream`.
+    Positional,
+}
+
+impl Keywords {
+    /// The next way to call after `rejection`, if any.
+    fn after(self, rejection: Rejection) -> Option<Keywords> {
+        match (self, rejection) {
+            (Keywords::StreamAndVersion, Rejection::MaxVersion | Rejection::Binding) => {
+                Some(Keywords::Stream)
+            }
+            (Keywords::StreamAndVersion | Keywords::Stream, Rejection::StreamKeyword)
+            | (Keywords::Stream, Rejection::Binding) => Some(Keywords::Positional),
+            _ => None,
+        }
+    }
+}
+
+/// The `stream=` value offered to a `__dlpack__` producer for the launch, and the stream the
+/// export is then ordered on (`ready_on`, a raw handle), when that is not the launch stream.
+///
+/// The per-thread default stream (2) is optional for producers, and PyTorch refuses it
+/// (`BufferError`): the export is asked for on the legacy default stream (1) instead, which
+/// every CUDA producer supports, and the launch stream waits for the legacy stream on the
+/// device (an event, through [`TensorArg::ready_on`](tile_launch::TensorArg::ready_on)).
+pub(crate) fn offered_stream(hs: &Handshake) -> (i64, Option<usize>) {
+    if hs.sync && hs.dlpack_stream == 2 {
+        (1, Some(0))
+    } else {
+        (hs.dlpack_stream, None)
+    }
+}
+
+/// `obj.__dlpack__(stream=..., max_version=(1, 3))` (`method` is `obj.__dlpack__`), retried
+/// only when the producer rejected a keyword tile_py passed (see [`rejection`]): without
+/// `max_version` for a producer older than DLPack 1.0, then with the stream positionally for a
+/// method that takes no keywords. The stream is never dropped: a `__dlpack__` that takes no
+/// stream is refused (`TypeError`), since its export could not be ordered after the producer's
+/// work. Any other exception (a `TypeError` of the producer's own included) propagates after
+/// that one call, with nothing exported. Every call starts with all keywords: what one
+/// instance accepted says nothing about the next (a wrapper type forwards to objects of any
+/// age), and a producer never offered `max_version` returns a legacy capsule without the
+/// read-only flag. The common case, a producer that takes all keywords, is one call.
+///
+/// The launch stream is offered first (see [`offered_stream`] for the per-thread default
+/// stream), without asking `__dlpack_device__()` (a Python call per tensor on the hot path):
+/// the consumer reads the device from the returned tensor anyway. A host (CPU) producer must
+/// refuse a stream (DLPack allows only `stream=None` there; NumPy raises `RuntimeError`), so
+/// only when `__dlpack__` raises is `__dlpack_device__()` asked: if it says CPU the argument
+/// is refused as host memory (tile_py passes no host-visible parameters) without calling
+/// `__dlpack__` again, the producer's exception as the cause; otherwise the producer's
+/// exception propagates. A CPU producer that accepts the stream returns a capsule that the
+/// device check refuses and the rollback gives back, unconsumed.
+///
+/// Returns the capsule and the stream its export is ordered on, when that is not the launch
+/// stream.
+pub(crate) fn call_dlpack<'py>(
+    py: Python<'py>,
+    index: usize,
+    obj: &Bound<'py, PyAny>,
+    method: &Bound<'py, PyAny>,
+    hs: &Handshake,
+) -> PyResult<(Bound<'py, PyAny>, Option<usize>)> {
+    static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+    let (stream, ready_on) = offered_stream(hs);
+    let mut kw = Keywords::StreamAndVersion;
+    let r = loop {
+        let r = match kw {
+            Keywords::Positional => method.call1((stream,)),
+            _ => {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item(intern!(py, "stream"), stream)?;
+                if kw == Keywords::StreamAndVersion {
+                    let v = MAX_VERSION.get_or_try_init(py, || {
+                        PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind)
+                    })?;
+                    kwargs.set_item(intern!(py, "max_version"), v.bind(py))?;
+                }
+                method.call((), Some(&kwargs))
+            }
+        };
+        match r {
+            Err(e) => {
+                let why = rejection(py, &e);
+                match kw.after(why) {
+                    Some(next) => kw = next,
+                    None if kw == Keywords::Positional
+                        && matches!(why, Rejection::Positional | Rejection::Binding) =>
+                    {
+                        let refused = arg_err(
+                            Kind::Type,
+                            index,
+                            format!(
+                                "{}.__dlpack__ takes no stream argument, so its export could not \
+                                 be ordered after the producer's pending work (tile_py always \
+                                 passes the launch stream); synchronize the producer and pass \
+                                 the capsule of its __dlpack__() instead",
+                                show(obj)
+                            ),
+                        );
+                        refused.set_cause(py, Some(e));
+                        return Err(refused);
+                    }
+                    None => break Err(e),
+                }
+            }
+            ok => break ok,
+        }
+    };
+    let cap = match r {
+        Ok(cap) => cap,
+        Err(e) => return Err(host_or(py, index, obj, hs, e)),
+    };
+    if cap.cast::<PyCapsule>().is_err() {
+        return Err(arg_err(
+            Kind::Type,
+            index,
+            format!(
+                "__dlpack__() returned {}, expected a DLPack capsule",
+                show(&cap)
+            ),
+        ));
+    }
+    Ok((cap, ready_on))
+}
+
+/// The error for a `__dlpack__` call that raised `e`: when the producer's `__dlpack_device__()`
+/// says host memory (`kDLCPU`), the host-memory refusal (the same `ValueError` as for a CPU
+/// tensor that was exported), with `e` as its cause; otherwise `e` itself, with a note naming
+/// the argument. A `__dlpack_device__` that is missing or raises leaves `e` as it is.
+pub(crate) fn host_or(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    hs: &Handshake,
+    e: PyErr,
+) -> PyErr {
+    // Only an ordinary exception can be a host producer refusing the stream: an interrupt, an
+    // exit or a memory error propagates as it is.
+    if !e.is_instance_of::<pyo3::exceptions::PyException>(py)
+        || e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py)
+    {
+        return e;
+    }
+    let device = match obj.call_method0(intern!(py, "__dlpack_device__")) {
+        Ok(d) => Some(d),
+        Err(d) if !d.is_instance_of::<pyo3::exceptions::PyException>(py) => return d,
+        Err(_) => None,
+    };
+    let cpu = device
+        .and_then(|d| d.extract::<(i64, i64)>().ok())
+        .is_some_and(|(t, _)| t == i64::from(DLDeviceType::CPU.0));
+    if !cpu {
+        return with_note(py, e, format!("while converting argument {index}"));
+    }
+    let mismatch = tile_launch::Error::DeviceMismatch {
+        index,
+        tensor: tile_dlpack::Device::CPU,
+        stream_device: hs.device,
+    };
+    let refused = err(
+        Kind::Value,
+        format!(
+            "{mismatch}; {} is host memory (its __dlpack__ refused the launch stream): tile_py \
+             accepts device, managed or pinned memory only",
+            show(obj)
+        ),
+    );
+    refused.set_cause(py, Some(e));
+    refused
+}

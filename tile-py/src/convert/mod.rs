@@ -1,0 +1,318 @@
+//! Turning Python arguments into tile-launch arguments: the DLPack stream handshake, capsule
+//! consumption, the DLPack C exchange API, `__cuda_array_interface__`, scalars, and the launch
+//! configuration.
+//!
+//! Everything here runs before anything is launched. A tensor argument is *claimed* when it is
+//! converted: a capsule is renamed `used_dltensor[_versioned]` at once (inside a critical section,
+//! so that two threads cannot both take it), an exchange-API or `__cuda_array_interface__`
+//! tensor is owned outright. When the launch does not go ahead, [`Converted::rollback`] undoes
+//! every claim that tile-launch did not consume: a capsule gets its name back (so a caller's
+//! capsule can be used again, and a capsule made by `__dlpack__` for us runs its deleter through
+//! its destructor when we drop it), an owned tensor is released.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{CStr, c_void};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+use cuda_sys::CUstream;
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::critical_section::with_critical_section;
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use smallvec::SmallVec;
+use tile_dlpack::ffi::{
+    DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackVersion,
+    DLTensor,
+};
+use tile_dlpack::{DType, Unused};
+use tile_launch::{Arg, Dim3, LaunchConfig, Param, Scalar, ScalarType, TensorArg};
+
+use crate::errors::{Kind, arg_err, err, show, with_note};
+use crate::producers::{self, Checked, Family};
+use crate::release::{COUNTERS, PyGuard, defer_release};
+
+mod cai;
+mod capsule;
+mod config;
+mod exchange;
+mod handshake;
+mod scalar;
+
+pub(crate) use cai::*;
+pub(crate) use capsule::*;
+pub(crate) use config::*;
+pub(crate) use exchange::*;
+pub(crate) use handshake::*;
+pub(crate) use scalar::*;
+
+/// What the launch tells producers and the stream it launches on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Handshake {
+    /// The value passed as `__dlpack__(stream=...)` to CUDA producers: the launch stream's
+    /// handle, 1 for the legacy default stream, 2 for the per-thread default stream, or -1 when
+    /// the caller opted out of synchronisation (`sync=False`).
+    pub dlpack_stream: i64,
+    /// Whether to order the launch after the producers' pending work.
+    pub sync: bool,
+    /// The launch stream's device ordinal.
+    pub device: i32,
+}
+
+/// How one tensor argument was taken.
+pub(crate) enum Claim {
+    /// A capsule we renamed; on rollback its name is restored.
+    Capsule {
+        capsule: Py<PyAny>,
+        restore: &'static CStr,
+    },
+    /// A tensor we own outright (exchange API, or built from `__cuda_array_interface__`);
+    /// on rollback it is released.
+    Owned(*mut DLManagedTensorVersioned),
+}
+
+// SAFETY: `Owned` holds a managed tensor we own exclusively; DLPack deleters may be called from
+// any thread. The capsule is a `Py`, which is `Send`.
+unsafe impl Send for Claim {}
+
+/// Per-argument state held inline (no allocation) for up to this many arguments.
+const INLINE: usize = 8;
+
+/// Per-argument claims of one launch.
+pub(crate) type Claims = SmallVec<[Option<Claim>; INLINE]>;
+
+/// The converted argument list of one launch.
+pub(crate) struct Converted {
+    pub args: SmallVec<[Arg<'static>; INLINE]>,
+    /// Per argument: how a tensor was claimed (`None` for scalars).
+    pub claims: Claims,
+    /// Python objects the launch must keep alive (`__cuda_array_interface__` exporters).
+    pub owners: Vec<Py<PyAny>>,
+}
+
+impl Converted {
+    /// Undoes every claim whose tensor was not consumed (`consumed[i]` is false), after the
+    /// `Unused` values have been dropped. Owners are released through the release queue.
+    pub(crate) fn rollback(claims: Claims, owners: Vec<Py<PyAny>>, consumed: &[bool]) {
+        for (i, claim) in claims.into_iter().enumerate() {
+            if consumed.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            match claim {
+                None => {}
+                Some(Claim::Capsule { capsule, restore }) => {
+                    Python::attach(|py| unclaim_capsule(py, capsule.bind(py), restore));
+                }
+                Some(Claim::Owned(ptr)) => release_owned(ptr),
+            }
+        }
+        for o in owners {
+            defer_release(crate::release::Release::Object(o));
+        }
+    }
+}
+
+/// Takes over and releases (through the queue) a tensor we own outright.
+fn release_owned(ptr: *mut DLManagedTensorVersioned) {
+    // SAFETY: `ptr` is a managed tensor we own exclusively (exchange API export or our own
+    // `__cuda_array_interface__` descriptor), not consumed yet, valid until its deleter runs.
+    let unused = unsafe { Unused::from_versioned(ptr) };
+    // On `Err` the deleter has already run (tile-dlpack's contract); on `Ok` it runs when the
+    // queue is drained.
+    if let Ok(used) = unused.consume() {
+        COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+        drop(PyGuard::tensor(used));
+    }
+}
+
+/// Converts `args` against the declared `params`. On error, everything claimed so far is
+/// rolled back before returning.
+pub(crate) fn convert_args(
+    py: Python<'_>,
+    params: &[Param],
+    args: &[Bound<'_, PyAny>],
+    hs: &Handshake,
+) -> PyResult<Converted> {
+    let mut out = Converted {
+        args: SmallVec::new(),
+        claims: SmallVec::new(),
+        owners: Vec::new(),
+    };
+    // A panic while converting (a bug in tile-py or a dependency) must not skip the rollback:
+    // it would leave earlier capsules renamed `used_*` forever and leak owned tensors. It is
+    // caught here, everything claimed so far is rolled back, and it becomes a `RuntimeError`.
+    // `catch_unwind` costs nothing unless a panic happens.
+    let mut at = 0usize;
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        convert_each(py, params, args, hs, &mut out, &mut at)
+    }));
+    let e = match r {
+        Ok(Ok(())) => return Ok(out),
+        Ok(Err(e)) => match same_capsule_as(args, at) {
+            // Claimed by an earlier argument of this call, which is rolled back below: say so,
+            // rather than "already consumed".
+            Some(earlier) => arg_err(
+                Kind::Value,
+                at,
+                format!(
+                    "the same DLPack capsule as argument {earlier}; a capsule can be consumed \
+                     only once, so pass a tensor once per launch or export it again"
+                ),
+            ),
+            None => noted(py, e, at),
+        },
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            arg_err(
+                Kind::Runtime,
+                at,
+                format!("internal error in tile_py while converting it (a bug): {what}"),
+            )
+        }
+    };
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = out;
+    drop(args);
+    Converted::rollback(claims, owners, &[]);
+    crate::release::drain(py);
+    Err(e)
+}
+
+/// The earlier argument that is the very capsule object `args[at]`, if any. Error path only.
+fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
+    let obj = args.get(at)?;
+    if obj.cast::<PyCapsule>().is_err() {
+        return None;
+    }
+    args[..at].iter().position(|earlier| earlier.is(obj))
+}
+
+/// `e` with the note `while converting argument {index}`, unless it already names the argument
+/// (its message starts with `argument {index}:`, or it has that note). Error path only.
+fn noted(py: Python<'_>, e: PyErr, index: usize) -> PyErr {
+    let note = format!("while converting argument {index}");
+    let value = e.value(py);
+    let named = value
+        .str()
+        .is_ok_and(|m| m.to_string().starts_with(&format!("argument {index}:")))
+        || value
+            .getattr("__notes__")
+            .ok()
+            .and_then(|n| n.extract::<Vec<String>>().ok())
+            .is_some_and(|n| n.contains(&note));
+    if named { e } else { with_note(py, e, note) }
+}
+
+/// The loop of [`convert_args`]: converts each argument into `out`; `at` is the index being
+/// converted (for the error). Returns at the first error, leaving the rollback to the caller.
+fn convert_each(
+    py: Python<'_>,
+    params: &[Param],
+    args: &[Bound<'_, PyAny>],
+    hs: &Handshake,
+    out: &mut Converted,
+    at: &mut usize,
+) -> PyResult<()> {
+    for (index, (obj, param)) in args.iter().zip(params).enumerate() {
+        *at = index;
+        let r = match param {
+            Param::Scalar(ty) => convert_scalar(index, obj, *ty).map(|s| {
+                out.args.push(Arg::Scalar(s));
+                out.claims.push(None);
+            }),
+            _ => convert_tensor(py, index, obj, param, hs).map(|t| {
+                let mut arg = TensorArg::from(t.unused);
+                if let Some(s) = t.ready_on {
+                    // SAFETY: `s` is a stream handle the producer reported (its current stream,
+                    // or the `__cuda_array_interface__` `stream` entry) for memory on the launch
+                    // stream's device; producers' streams live in the device's primary context.
+                    arg = unsafe { arg.ready_on(s as CUstream) };
+                }
+                if t.memory_trusted {
+                    // SAFETY: set only for PyTorch's C exchange API, whose exports describe
+                    // memory of torch's own allocators as it is.
+                    arg = unsafe { arg.trust_memory() };
+                }
+                out.args.push(Arg::Tensor(arg));
+                out.claims.push(Some(t.claim));
+                if let Some(o) = t.owner {
+                    out.owners.push(o);
+                }
+            }),
+        };
+        r?;
+    }
+    Ok(())
+}
+
+pub(crate) struct Tensor {
+    unused: Unused<'static>,
+    claim: Claim,
+    ready_on: Option<usize>,
+    owner: Option<Py<PyAny>>,
+    /// Whether the producer is trusted to describe its memory (see
+    /// [`TensorArg::trust_memory`](tile_launch::TensorArg::trust_memory)).
+    memory_trusted: bool,
+}
+
+fn expected_tensor(param: &Param) -> String {
+    format!("a tensor ({param})")
+}
+
+fn convert_tensor(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    param: &Param,
+    hs: &Handshake,
+) -> PyResult<Tensor> {
+    if let Ok(cap) = obj.cast::<PyCapsule>() {
+        return claim_capsule(py, index, cap.as_any());
+    }
+    let family = producers::family(obj);
+    let api = exchange_api(py, obj);
+    let detached;
+    let obj = match producers::check(index, obj, family, param, api.is_none())? {
+        Checked::AsIs => obj,
+        Checked::Detached(d) => {
+            detached = d;
+            &detached
+        }
+    };
+    if let Some(api) = api {
+        let mut t = from_exchange_api(py, index, obj, api, hs)?;
+        // PyTorch's exchange API exports its own allocator's memory, described as it is: the
+        // launch's pointer-memory query (one driver call per tensor) is skipped for it.
+        t.memory_trusted = family == Family::Torch;
+        return Ok(t);
+    }
+    if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
+        let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs)?;
+        let mut t = claim_capsule(py, index, &cap)?;
+        t.ready_on = ready_on;
+        return Ok(t);
+    }
+    if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
+        return from_cai(py, index, obj, hs);
+    }
+    Err(arg_err(
+        Kind::Type,
+        index,
+        format!(
+            "expected {} (an object with __dlpack__ or __cuda_array_interface__, or a DLPack \
+             capsule), got {}",
+            expected_tensor(param),
+            show(obj)
+        ),
+    ))
+}

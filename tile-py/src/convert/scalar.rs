@@ -1,0 +1,192 @@
+//! Scalars: Python and NumPy numbers checked against the declared scalar type and range.
+
+use super::*;
+
+/// An `int`'s value. Values that fit `i64` (all but the largest `u64` handles and scalars) are
+/// read with one `PyLong_AsLongLongAndOverflow` call; the others by pyo3's `i128` extraction,
+/// which under the stable ABI costs a shift and a temporary `int`.
+pub(crate) fn int_value(obj: &Bound<'_, PyAny>) -> PyResult<i128> {
+    if obj.cast::<PyInt>().is_ok() {
+        let mut overflow: std::os::raw::c_int = 0;
+        // SAFETY: `obj` is an `int`; `overflow` is a valid out-pointer. -1 with `overflow == 0`
+        // and an exception set is an error; with no exception it is the value -1.
+        let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj.as_ptr(), &mut overflow) };
+        if overflow == 0 {
+            if v == -1
+                && let Some(e) = PyErr::take(obj.py())
+            {
+                return Err(e);
+            }
+            return Ok(i128::from(v));
+        }
+    }
+    obj.extract()
+}
+
+pub(crate) fn int_range(ty: ScalarType) -> (i128, i128) {
+    match ty {
+        ScalarType::I8 => (i8::MIN.into(), i8::MAX.into()),
+        ScalarType::I16 => (i16::MIN.into(), i16::MAX.into()),
+        ScalarType::I32 => (i32::MIN.into(), i32::MAX.into()),
+        ScalarType::I64 => (i64::MIN.into(), i64::MAX.into()),
+        ScalarType::U8 => (0, u8::MAX.into()),
+        ScalarType::U16 => (0, u16::MAX.into()),
+        ScalarType::U32 => (0, u32::MAX.into()),
+        _ => (0, u64::MAX.into()),
+    }
+}
+
+/// Exact Python `int`s and `float`s (the common case) without the probes of
+/// [`convert_scalar`]: the same result, no attribute lookup and no exception.
+pub(crate) fn exact_scalar(obj: &Bound<'_, PyAny>, ty: ScalarType) -> Option<Scalar> {
+    match ty {
+        ScalarType::Bool => None,
+        ScalarType::F32 | ScalarType::F64 => {
+            if !obj.is_exact_instance_of::<PyFloat>() {
+                return None;
+            }
+            let x = obj.cast::<PyFloat>().ok()?.value();
+            if ty == ScalarType::F32 && x.is_finite() && x.abs() > f64::from(f32::MAX) {
+                return None; // the error comes from the general path
+            }
+            Some(Scalar::Float(x))
+        }
+        _ => {
+            if !obj.is_exact_instance_of::<PyInt>() {
+                return None;
+            }
+            let v = int_value(obj).ok()?;
+            let (lo, hi) = int_range(ty);
+            if v < lo || v > hi {
+                return None;
+            }
+            Some(Scalar::Int(v))
+        }
+    }
+}
+
+pub(crate) fn convert_scalar(
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    ty: ScalarType,
+) -> PyResult<Scalar> {
+    if let Some(v) = exact_scalar(obj, ty) {
+        return Ok(v);
+    }
+    let py = obj.py();
+    let wrong = |what: &str| {
+        arg_err(
+            Kind::Type,
+            index,
+            format!("expected {what} for scalar {ty}, got {}", show(obj)),
+        )
+    };
+    if obj.hasattr(intern!(py, "__dlpack__"))? || obj.cast::<PyCapsule>().is_ok() {
+        return Err(wrong("a number"));
+    }
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default();
+    let is_bool = obj.cast::<PyBool>().is_ok() || type_name == "bool_" || type_name == "bool";
+    match ty {
+        ScalarType::Bool => {
+            if is_bool {
+                Ok(Scalar::Bool(obj.is_truthy()?))
+            } else {
+                Err(wrong("a bool"))
+            }
+        }
+        ScalarType::F32 | ScalarType::F64 => {
+            if is_bool || obj.cast::<pyo3::types::PyString>().is_ok() {
+                return Err(wrong("a float"));
+            }
+            let is_number = obj.cast::<PyFloat>().is_ok()
+                || obj.cast::<PyInt>().is_ok()
+                || obj.hasattr(intern!(py, "__float__"))?;
+            if !is_number || is_complex(obj)? {
+                return Err(wrong("a float"));
+            }
+            let x: f64 = obj.extract().map_err(|e: PyErr| {
+                if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                    arg_err(
+                        Kind::Overflow,
+                        index,
+                        format!("{} does not fit scalar {ty}", show(obj)),
+                    )
+                } else {
+                    e
+                }
+            })?;
+            // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
+            // converts to infinity: refused, as an int too large is. An infinity compares equal
+            // to the infinite double it converts to.
+            if x.is_infinite() && obj.cast::<PyFloat>().is_err() && !obj.eq(x).unwrap_or(false) {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty}", show(obj)),
+                ));
+            }
+            // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
+            // converts to infinity: refused, as an int too large is. An infinity compares equal
+            // to the infinite double it converts to.
+            if x.is_infinite() && obj.cast::<PyFloat>().is_err() && !obj.eq(x).unwrap_or(false) {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty}", show(obj)),
+                ));
+            }
+            if ty == ScalarType::F32 && x.is_finite() && x.abs() > f64::from(f32::MAX) {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!(
+                        "{} does not fit scalar f32 (largest finite {:e})",
+                        show(obj),
+                        f32::MAX
+                    ),
+                ));
+            }
+            Ok(Scalar::Float(x))
+        }
+        _ => {
+            if is_bool || obj.cast::<PyFloat>().is_ok() {
+                return Err(wrong("an integer"));
+            }
+            let i = match obj.cast::<PyInt>() {
+                Ok(i) => i.clone().into_any(),
+                // `operator.index`: refuses an `__index__` that returns a non-int (TypeError).
+                // SAFETY: `obj` is a live object; a new reference or null with an exception.
+                Err(_) => match unsafe {
+                    Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr()))
+                } {
+                    Ok(i) => i,
+                    Err(e) => {
+                        let w = wrong("an integer");
+                        w.set_cause(py, Some(e));
+                        return Err(w);
+                    }
+                },
+            };
+            let (lo, hi) = int_range(ty);
+            let v: i128 = i.extract().map_err(|_| {
+                arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty} (range {lo}..={hi})", show(obj)),
+                )
+            })?;
+            if v < lo || v > hi {
+                return Err(arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty} (range {lo}..={hi})", show(obj)),
+                ));
+            }
+            Ok(Scalar::Int(v))
+        }
+    }
+}
