@@ -94,10 +94,7 @@ def custom_op(
 
     def define(stub: Callable[..., Any]) -> Any:
         sig = inspect.signature(stub)
-        if _is_cutile(kernel):
-            mutated = _check_cutile_spec(name, sig, arg_specs, outputs, mutates_args)
-        else:
-            mutated = _check_spec(name, kernel, sig, arg_specs, outputs, mutates_args)
+        mutated = _check_spec(name, kernel, sig, arg_specs, outputs, mutates_args)
         return _register(name, kernel, stub, sig, arg_specs, outputs, mutated, grid, block, shared_mem)
 
     return define
@@ -111,37 +108,6 @@ def _is_cutile(kernel: Any) -> bool:
     return type(kernel).__module__.split(".")[:2] == ["cuda", "tile"]
 
 
-def _check_cutile_spec(
-    name: str,
-    sig: inspect.Signature,
-    arg_specs: tuple[ArgSpec, ...],
-    outputs: dict[str, Callable[..., Any]],
-    mutates_args: Sequence[str] | None,
-) -> tuple[str, ...]:
-    """The checks of ``_check_spec`` that do not need the kernel's declared parameters."""
-    if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
-        raise ValueError(f"operator name must be 'namespace::name', got {name!r}")
-    if mutates_args is None:
-        raise ValueError(
-            f"{name}: a cuTile kernel does not declare which arrays it writes: pass mutates_args "
-            f"(the inputs it writes; () when it writes only the outputs the operator allocates)"
-        )
-    inputs = list(sig.parameters)
-    for out in outputs:
-        if out in inputs:
-            raise ValueError(f"{name}: output {out!r} has the name of an input")
-        if out not in arg_specs:
-            raise ValueError(f"{name}: output {out!r} is not passed to the kernel")
-    for i, spec in enumerate(arg_specs):
-        if isinstance(spec, str) and spec not in inputs and spec not in outputs:
-            raise ValueError(f"{name}: args[{i}] names {spec!r}, which is neither an input nor an output")
-    declared = tuple(mutates_args)
-    for m in declared:
-        if m not in inputs:
-            raise ValueError(f"{name}: mutates_args names {m!r}, which is not an input")
-    return declared
-
-
 def _check_spec(
     name: str,
     kernel: Any,
@@ -150,20 +116,30 @@ def _check_spec(
     outputs: dict[str, Callable[..., Any]],
     mutates_args: Sequence[str] | None,
 ) -> tuple[str, ...]:
-    """Checks the spec against the kernel's parameters and the stub's signature; returns the
+    """Checks the spec against the stub's signature and, for a ``tile_py.Kernel``, its declared
+    parameters (a cuTile kernel declares none: its ``mutates_args`` must be given); returns the
     mutated inputs. Runs before PyTorch is imported."""
     if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
         raise ValueError(f"operator name must be 'namespace::name', got {name!r}")
-    if not hasattr(kernel, "params"):
+    params: list[Any] | None = None
+    if _is_cutile(kernel):
+        if mutates_args is None:
+            raise ValueError(
+                f"{name}: a cuTile kernel does not declare which arrays it writes: pass "
+                f"mutates_args (the inputs it writes; () when it writes only the outputs the "
+                f"operator allocates)"
+            )
+    elif not hasattr(kernel, "params"):
         raise TypeError(
             f"{name}: kernel must be a tile_py.Kernel or a cuTile kernel (@ct.kernel), got "
             f"{type(kernel).__name__} {kernel!r}"
         )
-    params = list(kernel.params)
-    if len(arg_specs) != len(params):
-        raise ValueError(
-            f"{name}: kernel {kernel.name!r} takes {len(params)} arguments, args has {len(arg_specs)}"
-        )
+    else:
+        params = list(kernel.params)
+        if len(arg_specs) != len(params):
+            raise ValueError(
+                f"{name}: kernel {kernel.name!r} takes {len(params)} arguments, args has {len(arg_specs)}"
+            )
     inputs = list(sig.parameters)
     for p in sig.parameters.values():
         if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -174,21 +150,22 @@ def _check_spec(
         if not callable(alloc):
             raise TypeError(f"{name}: outputs[{out!r}] must be a function of the inputs allocating the tensor")
     written: list[str] = []
-    for i, (param, spec) in enumerate(zip(params, arg_specs)):
-        if param.is_tensor:
+    for i, spec in enumerate(arg_specs):
+        param = params[i] if params is not None else None
+        if param is not None and param.is_tensor:
             if not isinstance(spec, str):
                 raise TypeError(
                     f"{name}: kernel argument {i} ({param}) is a tensor: args[{i}] must name an "
                     f"input or an output, got {spec!r}"
                 )
-            if spec not in inputs and spec not in outputs:
-                raise ValueError(f"{name}: args[{i}] names {spec!r}, which is neither an input nor an output")
             if param.writes and spec in inputs and spec not in written:
                 written.append(spec)
-        elif isinstance(spec, str):
-            if spec not in inputs:
+        if isinstance(spec, str):
+            if param is not None and not param.is_tensor and spec not in inputs:
                 raise ValueError(f"{name}: args[{i}] names {spec!r}, which is not an input")
-        elif not callable(spec) and not isinstance(spec, (int, float, bool)):
+            if spec not in inputs and spec not in outputs:
+                raise ValueError(f"{name}: args[{i}] names {spec!r}, which is neither an input nor an output")
+        elif param is not None and not callable(spec) and not isinstance(spec, (int, float, bool)):
             raise TypeError(
                 f"{name}: args[{i}] for scalar parameter {param} must be an input name, a function "
                 f"of the inputs or a constant, got {spec!r}"
@@ -196,7 +173,7 @@ def _check_spec(
     for out in outputs:
         if out not in arg_specs:
             raise ValueError(f"{name}: output {out!r} is not passed to the kernel")
-        if not any(p.writes and spec == out for p, spec in zip(params, arg_specs)):
+        if params is not None and not any(p.writes and spec == out for p, spec in zip(params, arg_specs)):
             raise ValueError(
                 f"{name}: output {out!r} is bound only to parameters the kernel reads (In): it "
                 f"would be returned unwritten; bind it to an Out or InOut parameter"
