@@ -40,6 +40,7 @@ mod convert;
 mod errors;
 mod kernel;
 mod producers;
+mod pytypes;
 mod release;
 mod streams;
 

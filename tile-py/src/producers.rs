@@ -25,10 +25,11 @@ use std::sync::Mutex;
 
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::PyType;
 use tile_launch::Param;
 
 use crate::errors::{Kind, arg_err, show};
+use crate::pytypes::{in_package, mro_any};
 
 /// The family of a producer type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -83,30 +84,19 @@ pub(crate) fn family(obj: &Bound<'_, PyAny>) -> Family {
 }
 
 fn classify(ty: &Bound<'_, PyType>) -> Family {
-    let py = ty.py();
-    let Ok(mro) = ty.getattr(intern!(py, "__mro__")) else {
-        return Family::Plain;
-    };
-    let Ok(mro) = mro.cast_into::<PyTuple>() else {
-        return Family::Plain;
-    };
-    let text = |c: &Bound<'_, PyAny>, attr: &Bound<'_, pyo3::types::PyString>| {
-        c.getattr(attr)
-            .ok()
-            .and_then(|m| m.extract::<String>().ok())
-            .unwrap_or_default()
-    };
-    for c in mro.iter() {
-        let module = text(&c, intern!(py, "__module__"));
-        let name = text(&c, intern!(py, "__name__"));
-        if module == "torch._C" && (name == "TensorBase" || name == "_TensorBase") {
-            return Family::Torch;
+    let torch = |m: &str, n: &str| m == "torch._C" && (n == "TensorBase" || n == "_TensorBase");
+    let jax = |m: &str, _: &str| in_package(m, "jax") || m.starts_with("jaxlib");
+    // The first class of either family in MRO order decides, as a walk would.
+    let mut found = Family::Plain;
+    mro_any(ty, |m, n| {
+        if torch(m, n) {
+            found = Family::Torch;
+        } else if jax(m, n) {
+            found = Family::Jax;
         }
-        if module == "jax" || module.starts_with("jax.") || module.starts_with("jaxlib") {
-            return Family::Jax;
-        }
-    }
-    Family::Plain
+        found != Family::Plain
+    });
+    found
 }
 
 /// What the conversion does with a tensor that passed [`check`].

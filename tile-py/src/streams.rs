@@ -12,6 +12,7 @@ use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
 use tile_launch::{Context, Stats, Stream, WeakStream};
 
 use crate::errors::{Kind, err, launch_err, show};
+use crate::pytypes::{in_package, mro_any};
 
 /// A stream as the caller gave it.
 pub(crate) struct StreamSpec {
@@ -138,19 +139,7 @@ fn fast_kind(ty: &Bound<'_, PyType>) -> Option<Fast> {
 /// MRO, and its `__cuda_stream__`, if any, is torch's own (not overridden outside torch).
 fn is_torch_stream_type(ty: &Bound<'_, PyType>) -> bool {
     let py = ty.py();
-    let named = |c: &Bound<'_, PyAny>, module: &str, name: &str| {
-        c.getattr(intern!(py, "__module__"))
-            .is_ok_and(|m| m.extract::<String>().is_ok_and(|m| m == module))
-            && c.getattr(intern!(py, "__name__"))
-                .is_ok_and(|n| n.extract::<String>().is_ok_and(|n| n == name))
-    };
-    let Ok(mro) = ty.getattr(intern!(py, "__mro__")) else {
-        return false;
-    };
-    let Ok(mro) = mro.cast_into::<PyTuple>() else {
-        return false;
-    };
-    if !mro.iter().any(|c| named(&c, "torch._C", "_CudaStreamBase")) {
+    if !mro_any(ty, |m, n| m == "torch._C" && n == "_CudaStreamBase") {
         return false;
     }
     match ty.getattr_opt(intern!(py, "__cuda_stream__")) {
@@ -380,14 +369,8 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
 /// Whether a class of `obj`'s type named `...Stream` comes from package `package` (`cupy`,
 /// `torch`).
 fn is_stream_of(obj: &Bound<'_, PyAny>, package: &str) -> bool {
-    let py = obj.py();
-    obj.get_type().mro().iter().any(|c| {
-        c.getattr(intern!(py, "__module__")).is_ok_and(|m| {
-            m.extract::<String>()
-                .is_ok_and(|m| m == package || m.starts_with(&format!("{package}.")))
-        }) && c
-            .getattr(intern!(py, "__name__"))
-            .is_ok_and(|n| n.extract::<String>().is_ok_and(|n| n.ends_with("Stream")))
+    mro_any(&obj.get_type(), |m, n| {
+        in_package(m, package) && n.ends_with("Stream")
     })
 }
 
@@ -397,14 +380,7 @@ fn is_stream_of(obj: &Bound<'_, PyAny>, package: &str) -> bool {
 /// objects. A `torch.Stream` of another device type is refused.
 fn torch_generic_to_cuda<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
     let py = obj.py();
-    let ty = obj.get_type();
-    let is_torch_stream = ty.mro().iter().any(|c| {
-        c.getattr(intern!(py, "__module__"))
-            .is_ok_and(|m| m.extract::<String>().is_ok_and(|m| m == "torch"))
-            && c.getattr(intern!(py, "__name__"))
-                .is_ok_and(|n| n.extract::<String>().is_ok_and(|n| n == "Stream"))
-    });
-    if !is_torch_stream {
+    if !mro_any(&obj.get_type(), |m, n| m == "torch" && n == "Stream") {
         return Ok(None);
     }
     let device_type = obj
