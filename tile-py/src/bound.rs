@@ -4,7 +4,6 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::convert::parse_config;
 use crate::errors::launch_err;
 use crate::kernel::Kernel;
 use crate::{LaunchHandle, Target, arg_list, as_kernel, check_count, check_usable, streams};
@@ -34,10 +33,9 @@ pub(crate) fn bind(
     cooperative: bool,
     programmatic_dependent_launch: bool,
 ) -> PyResult<BoundLaunch> {
-    crate::release::drain(py);
-    check_usable()?;
-    let (spec, cached) = streams::parse_stream_cached(stream)?;
-    let config = parse_config(
+    let (spec, cached, config) = crate::stream_and_config(
+        py,
+        stream,
         grid,
         block,
         shared_mem,
