@@ -12,6 +12,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares th
 import pytest
 
 import tile_py
+from gpu_support import BLOCK, Cloner, Counts, grid_for, settle
 from tile_py import In, Out, Scalar
 from producers import ViaDlpack
 
@@ -56,16 +57,11 @@ extern "C" __global__ void copy2d_f32(const float* x, i64 sx0, i64 sx1, float* y
 }
 """
 
-BLOCK = 256
 
 # Under compute-sanitizer (python/run_pytest.sh --sanitize sets TILE_UNDER_SANITIZER) every
 # memory access is instrumented, so the large tensors shrink 16-fold there; what those tests show
 # (a released block would be reused and overwritten) does not depend on the size.
 SHRINK = 16 if os.environ.get("TILE_UNDER_SANITIZER") else 1
-
-
-def grid_for(n):
-    return max(1, (n + BLOCK - 1) // BLOCK)
 
 
 @pytest.fixture(scope="module")
@@ -93,37 +89,6 @@ def copy_kernel(lib, dtype, itemsize):
         f"copy{itemsize}",
         [In(dtype, strided=True), Scalar("i64"), Out(dtype, strided=True), Scalar("i64"), Scalar("u64")],
     )
-
-
-def settle(torch):
-    torch.cuda.synchronize()
-    tile_py.synchronize()
-
-
-class Counts:
-    """Deltas of tile_py's debug counters."""
-
-    def __init__(self):
-        self.start = tile_py._debug_counters()
-
-    def __getitem__(self, k):
-        return tile_py._debug_counters()[k] - self.start[k]
-
-
-class Cloner:
-    """The cuTile scenario's producer: every export is a fresh copy, whose only owner is the
-    capsule. Releasing it early hands its memory back to the caching allocator."""
-
-    def __init__(self, t):
-        self.t = t
-        self.exports = 0
-
-    def __dlpack_device__(self):
-        return self.t.__dlpack_device__()
-
-    def __dlpack__(self, **kw):
-        self.exports += 1
-        return self.t.clone().__dlpack__(**kw)
 
 
 class OnlyCAI:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import tile_py
+from gpu_support import BLOCK, Cloner, Counts, grid_for, settle
 from tile_py import In, Out, Scalar
 
 pytestmark = pytest.mark.gpu
@@ -26,12 +27,6 @@ extern "C" __global__ void copy(const float* x, float* y, u64 n) {
     if (i < n) y[i] = x[i];
 }
 """
-
-BLOCK = 256
-
-
-def grid_for(n):
-    return max(1, (n + BLOCK - 1) // BLOCK)
 
 
 @pytest.fixture(scope="module")
@@ -50,35 +45,6 @@ def lib(torch):
 
 def add_kernel(lib):
     return lib.kernel("add", [In("float32"), In("float32"), Out("float32"), Scalar("u64")])
-
-
-def settle(torch):
-    torch.cuda.synchronize()
-    tile_py.synchronize()
-
-
-class Counts:
-    def __init__(self):
-        self.start = tile_py._debug_counters()
-
-    def __getitem__(self, k):
-        return tile_py._debug_counters()[k] - self.start[k]
-
-
-class Cloner:
-    """Every export is a fresh copy whose only owner is the capsule: releasing it early hands
-    its memory back to torch's caching allocator."""
-
-    def __init__(self, t):
-        self.t = t
-        self.exports = 0
-
-    def __dlpack_device__(self):
-        return self.t.__dlpack_device__()
-
-    def __dlpack__(self, **kw):
-        self.exports += 1
-        return self.t.clone().__dlpack__(**kw)
 
 
 @pytest.mark.parametrize("current", ["launch_stream", "other_stream"])

@@ -17,6 +17,8 @@ import time
 import pytest
 
 import tile_py
+import gpu_support
+from gpu_support import Counts, settle
 
 pytestmark = pytest.mark.gpu
 
@@ -66,19 +68,6 @@ def tc(ct):
     import tile_py.cutile
 
     return tile_py.cutile
-
-
-def settle(torch):
-    torch.cuda.synchronize()
-    tile_py.synchronize()
-
-
-class Counts:
-    def __init__(self):
-        self.start = tile_py._debug_counters()
-
-    def __getitem__(self, k):
-        return tile_py._debug_counters()[k] - self.start[k]
 
 
 def poisoned(torch, shape, dtype=None):
@@ -233,14 +222,12 @@ def test_same_key_means_same_cutile_signature(torch, ct, tc, K):
 # ---- the seed scenario ------------------------------------------------------------------------------
 
 
-class Cloner:
-    """The seed's producer: every export is a fresh copy whose only owner is the capsule, so
-    releasing it early hands its memory back to the caching allocator. Its layout attributes
-    are the source's (the copy has the same layout)."""
+class Cloner(gpu_support.Cloner):
+    """The seed's producer (`gpu_support.Cloner`), with the source's layout attributes (the copy
+    has the same layout), which tile_py.cutile reads to pick the compiled variant."""
 
     def __init__(self, t):
-        self.t = t
-        self.exports = 0
+        super().__init__(t)
         self.dtype, self.shape = t.dtype, t.shape
 
     def element_size(self):
@@ -251,13 +238,6 @@ class Cloner:
 
     def stride(self):
         return self.t.stride()
-
-    def __dlpack_device__(self):
-        return self.t.__dlpack_device__()
-
-    def __dlpack__(self, **kw):
-        self.exports += 1
-        return self.t.clone().__dlpack__(**kw)
 
 
 def _seed_run(torch, launch, K, n, src, y):

@@ -15,6 +15,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares th
 import pytest
 
 import tile_py
+from gpu_support import BLOCK, Counts, grid_for, settle
 from tile_py import In, Out, Scalar
 from producers import ViaDlpack
 from dlpack_ctypes import Producer, capsule_name, kDLCUDA, make_capsule
@@ -50,12 +51,6 @@ extern "C" __global__ void copy2d_f32(const float* x, i64 sx0, i64 sx1, float* y
 }
 """
 
-BLOCK = 256
-
-
-def grid_for(n):
-    return max(1, (n + BLOCK - 1) // BLOCK)
-
 
 @pytest.fixture(scope="module")
 def torch():
@@ -84,21 +79,6 @@ def NoExchange(torch):
 
 def copy_f32(lib, strided=False):
     return lib.kernel("copy_f32", [In("float32", strided=strided), Out("float32"), Scalar("u64")])
-
-
-class Counts:
-    """Deltas of tile_py's debug counters."""
-
-    def __init__(self):
-        self.start = tile_py._debug_counters()
-
-    def __getitem__(self, k):
-        return tile_py._debug_counters()[k] - self.start[k]
-
-
-def settle(torch):
-    torch.cuda.synchronize()
-    tile_py.synchronize()
 
 
 # ---- row 20: the per-thread default stream ---------------------------------------------------

@@ -1,0 +1,43 @@
+"""What the GPU tests share: launch sizing, settling the device and the release queues, deltas
+of tile_py's debug counters, and the cuTile scenario's producer."""
+
+import tile_py
+
+BLOCK = 256
+
+
+def grid_for(n, block=BLOCK):
+    """Blocks of `block` threads covering `n` elements (at least one)."""
+    return max(1, (n + block - 1) // block)
+
+
+def settle(torch):
+    """Waits for the device, then releases every tensor tile_py holds for finished work."""
+    torch.cuda.synchronize()
+    tile_py.synchronize()
+
+
+class Counts:
+    """Deltas of tile_py's debug counters since this object was made."""
+
+    def __init__(self):
+        self.start = tile_py._debug_counters()
+
+    def __getitem__(self, k):
+        return tile_py._debug_counters()[k] - self.start[k]
+
+
+class Cloner:
+    """The cuTile scenario's producer: every export is a fresh copy whose only owner is the
+    capsule, so releasing it early hands its memory back to the caching allocator."""
+
+    def __init__(self, t):
+        self.t = t
+        self.exports = 0
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, **kw):
+        self.exports += 1
+        return self.t.clone().__dlpack__(**kw)
