@@ -128,60 +128,13 @@ fn premature_release_is_not_possible() -> Result<()> {
     let n = 1usize << 24;
     for trial in 0..3 {
         let launch = Stream::new(&f.ctx)?;
-        let ha = random(n, 100 + trial);
-        let hb = random(n, 200 + trial);
-        let a = f.producer.clone_htod(&ha)?;
-        let b = f.producer.clone_htod(&hb)?;
-        let mut c = f.producer.alloc_zeros::<f32>(n)?;
-        f.producer.memcpy_htod(&vec![f32::NAN; n], &mut c)?;
-        let c_ptr = {
-            let (p, s) = c.device_ptr(&f.producer);
-            drop(s);
-            p
-        };
-        let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
-        let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
-        let (tc, cc) = view(c_ptr, n, 0)?;
-        // Hold the launch stream for 200 ms.
-        launch
-            .launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?
-            .defer();
-        let h = launch.launch(
-            &f.add,
-            &LaunchConfig::for_elements(n as u64, 256),
-            vector_add_args(ta, tb, tc, 1, n),
-        )?;
-        // Right after launch: the producer allocates and writes a sentinel on its own stream.
-        let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
-        let mut s2 = f.producer.alloc_zeros::<f32>(n)?;
-        f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s1)?;
-        f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s2)?;
-        f.producer.synchronize()?;
-        ensure!(!h.is_complete()?, "the spin kernel should still be running");
-        for _ in 0..100 {
-            launch.poll();
-        }
-        ensure!(
-            (ca.get(), cb.get(), cc.get()) == (0, 0, 0),
-            "released before the kernel finished"
-        );
-        h.retire()?;
-        ensure!(
-            (ca.get(), cb.get(), cc.get()) == (1, 1, 1),
-            "deleters after retire: {} {} {}",
-            ca.get(),
-            cb.get(),
-            cc.get()
-        );
-        let hc = f.producer.clone_dtoh(&c)?;
-        f.producer.synchronize()?;
-        let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
-        ensure!(wrong == 0, "trial {trial}: {wrong} of {n} elements wrong");
+        let wrong = gpu_common::premature_release_trial(&f, &launch, n, 100 + trial, |args| {
+            launch.launch(&f.add, &LaunchConfig::for_elements(n as u64, 256), args)
+        })?;
         println!(
             "premature release, trial {trial}: {wrong} of {n} elements wrong; deleters 0 while \
              the kernel was pending, 1 each after retire"
         );
-        drop((s1, s2));
     }
     Ok(())
 }

@@ -8,7 +8,6 @@ mod gpu_common;
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use cudarc::driver::DevicePtr;
 use gpu_common::{Layout, random, ready_tensor, vector_add_args, view};
 use tile_launch::{Error, LaunchConfig, Stream};
 
@@ -30,50 +29,9 @@ fn bound_launch_keeps_tensors_until_the_kernel_ran() -> Result<()> {
     let launch = Stream::new(&f.ctx)?;
     let bound = launch.bind(&f.add, &LaunchConfig::for_elements(n as u64, 256))?;
     for trial in 0..3u64 {
-        let ha = random(n, 500 + trial);
-        let hb = random(n, 600 + trial);
-        let a = f.producer.clone_htod(&ha)?;
-        let b = f.producer.clone_htod(&hb)?;
-        let mut c = f.producer.alloc_zeros::<f32>(n)?;
-        f.producer.memcpy_htod(&vec![f32::NAN; n], &mut c)?;
-        let c_ptr = {
-            let (p, s) = c.device_ptr(&f.producer);
-            drop(s);
-            p
-        };
-        let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
-        let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
-        let (tc, cc) = view(c_ptr, n, 0)?;
-        launch
-            .launch(&f.spin, &LaunchConfig::new(1, 1), [200_000_000u64.into()])?
-            .defer();
-        let h = bound.launch(vector_add_args(ta, tb, tc, 1, n))?;
-        let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
-        let mut s2 = f.producer.alloc_zeros::<f32>(n)?;
-        f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s1)?;
-        f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s2)?;
-        f.producer.synchronize()?;
-        ensure!(!h.is_complete()?, "the spin kernel should still be running");
-        for _ in 0..100 {
-            launch.poll();
-        }
-        ensure!(
-            (ca.get(), cb.get(), cc.get()) == (0, 0, 0),
-            "released before the kernel finished"
-        );
-        h.retire()?;
-        ensure!(
-            (ca.get(), cb.get(), cc.get()) == (1, 1, 1),
-            "deleters after retire: {} {} {}",
-            ca.get(),
-            cb.get(),
-            cc.get()
-        );
-        let hc = f.producer.clone_dtoh(&c)?;
-        f.producer.synchronize()?;
-        let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
-        ensure!(wrong == 0, "trial {trial}: {wrong} of {n} elements wrong");
-        drop((s1, s2));
+        gpu_common::premature_release_trial(&f, &launch, n, 500 + trial, |args| {
+            bound.launch(args)
+        })?;
     }
     Ok(())
 }

@@ -314,7 +314,11 @@ pub(crate) fn stream_and_config(
     cluster: Option<&Bound<'_, PyAny>>,
     cooperative: bool,
     programmatic_dependent_launch: bool,
-) -> PyResult<(streams::StreamSpec, Option<Stream>, tile_launch::LaunchConfig)> {
+) -> PyResult<(
+    streams::StreamSpec,
+    Option<Stream>,
+    tile_launch::LaunchConfig,
+)> {
     drain(py);
     check_usable()?;
     let (spec, cached) = streams::parse_stream_cached(stream)?;

@@ -357,3 +357,64 @@ pub fn kernels(ordinal: i32) -> Result<Kernels> {
         spin,
     })
 }
+
+/// One trial of premature release made visible (the cuTile failure): inputs whose deleters free
+/// their memory (stream-ordered on the producer stream), `launch` held busy for 200 ms by a
+/// spin kernel, the add launched by `launch_add` with `vector_add` arguments, and right after it
+/// returns an allocation and a sentinel write on the producer stream where the inputs were. The
+/// deleters must not run while the kernel is pending (0 each after 100 polls), must run once
+/// each at retire, and every output must be right. Returns the number of wrong outputs (0).
+pub fn premature_release_trial(
+    f: &Kernels,
+    launch: &tile_launch::Stream,
+    n: usize,
+    seed: u64,
+    launch_add: impl FnOnce([Arg<'static>; 7]) -> tile_launch::Result<tile_launch::LaunchHandle>,
+) -> Result<usize> {
+    let ha = random(n, seed);
+    let hb = random(n, seed + 100);
+    let a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let mut c = f.producer.alloc_zeros::<f32>(n)?;
+    f.producer.memcpy_htod(&vec![f32::NAN; n], &mut c)?;
+    let c_ptr = address(&c);
+    let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
+    let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
+    let (tc, cc) = view(c_ptr, n, 0)?;
+    launch
+        .launch(
+            &f.spin,
+            &tile_launch::LaunchConfig::new(1, 1),
+            [200_000_000u64.into()],
+        )?
+        .defer();
+    let h = launch_add(vector_add_args(ta, tb, tc, 1, n))?;
+    // Right after launch: the producer allocates and writes a sentinel on its own stream.
+    let mut s1 = f.producer.alloc_zeros::<f32>(n)?;
+    let mut s2 = f.producer.alloc_zeros::<f32>(n)?;
+    f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s1)?;
+    f.producer.memcpy_htod(&vec![-7.0f32; n], &mut s2)?;
+    f.producer.synchronize()?;
+    ensure!(!h.is_complete()?, "the spin kernel should still be running");
+    for _ in 0..100 {
+        launch.poll();
+    }
+    ensure!(
+        (ca.get(), cb.get(), cc.get()) == (0, 0, 0),
+        "released before the kernel finished"
+    );
+    h.retire()?;
+    ensure!(
+        (ca.get(), cb.get(), cc.get()) == (1, 1, 1),
+        "deleters after retire: {} {} {}",
+        ca.get(),
+        cb.get(),
+        cc.get()
+    );
+    let hc = f.producer.clone_dtoh(&c)?;
+    f.producer.synchronize()?;
+    let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
+    ensure!(wrong == 0, "seed {seed}: {wrong} of {n} elements wrong");
+    drop((s1, s2));
+    Ok(wrong)
+}
