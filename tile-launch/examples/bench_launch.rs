@@ -346,29 +346,31 @@ fn run() -> Result<()> {
     // A prepared launch: kernel, configuration and stream bound once.
     let bound = stream.bind(&add, &cfg)?;
     let prepared = || -> Result<()> { Ok(bound.launch_deferred(args(None)?)?) };
+    // The floor: the kernel launched with plain driver calls (one closure for both modes).
+    let raw_launch = || -> Result<()> {
+        // SAFETY: `params` point at live values of the kernel's parameter types.
+        unsafe {
+            (d.cuLaunchKernel)(
+                f,
+                grid,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                raw,
+                params_ptr,
+                std::ptr::null_mut(),
+            )
+        }
+        .check("cuLaunchKernel")?;
+        Ok(())
+    };
     let mut paths = vec![
         Path {
             name: "raw cuLaunchKernel (floor)",
-            body: Box::new(|| {
-                // SAFETY: `params` point at live values of the kernel's parameter types.
-                unsafe {
-                    (d.cuLaunchKernel)(
-                        f,
-                        grid,
-                        1,
-                        1,
-                        256,
-                        1,
-                        1,
-                        0,
-                        raw,
-                        params_ptr,
-                        std::ptr::null_mut(),
-                    )
-                }
-                .check("cuLaunchKernel")?;
-                Ok(())
-            }),
+            body: Box::new(raw_launch),
             sync: Box::new(sync),
             us: Vec::new(),
         },
@@ -469,26 +471,6 @@ fn run() -> Result<()> {
     let (fl, ex, de) = (med[0], med[2], med[3]);
 
     // Burst mode: the host's cost per launch, the launch queue never full.
-    let raw_launch = || -> Result<()> {
-        // SAFETY: `params` point at live values of the kernel's parameter types.
-        unsafe {
-            (d.cuLaunchKernel)(
-                f,
-                grid,
-                1,
-                1,
-                256,
-                1,
-                1,
-                0,
-                raw,
-                params_ptr,
-                std::ptr::null_mut(),
-            )
-        }
-        .check("cuLaunchKernel")?;
-        Ok(())
-    };
     let scalars = || -> Result<()> {
         let args: [Arg<'static>; 7] = [
             buf.a.into(),
