@@ -10,6 +10,7 @@ use crate::config::LaunchConfig;
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::handle::LaunchHandle;
+use crate::launch::Keep;
 use crate::module::Kernel;
 use crate::stream::Stream;
 
@@ -114,7 +115,7 @@ impl BoundLaunch {
                 args,
                 |_, used| Guard::Tensor(used),
                 [],
-                true,
+                Keep::Deferred,
                 true,
             )
             .map(drop)
@@ -134,7 +135,41 @@ impl BoundLaunch {
         owners: impl IntoIterator<Item = Guard>,
     ) -> Result<LaunchHandle> {
         self.stream
-            .launch_core(&self.kernel, &self.config, args, guard, owners, false, true)
+            .launch_core(
+                &self.kernel,
+                &self.config,
+                args,
+                guard,
+                owners,
+                Keep::Handle,
+                true,
+            )
             .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
+    }
+
+    /// As [`Stream::launch_queued_with`]: the tensors go straight to the stream's release queue
+    /// and the returned handle owns nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`launch`](BoundLaunch::launch).
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_queued_with<'a>(
+        &self,
+        args: impl IntoIterator<Item = Arg<'a>>,
+        guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+    ) -> Result<LaunchHandle> {
+        self.stream
+            .launch_core(
+                &self.kernel,
+                &self.config,
+                args,
+                guard,
+                owners,
+                Keep::Queued,
+                true,
+            )
+            .map(|handle| handle.expect("a queued launch returns its handle"))
     }
 }

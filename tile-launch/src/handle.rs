@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::release::{Pending, Retired};
+use crate::release::{Pending, Queued, Retired};
 use crate::stream::CudaTimeline;
 
 /// The work of one launch and everything it keeps alive.
@@ -31,6 +31,10 @@ pub struct LaunchHandle {
 pub(crate) enum HandleInner {
     /// On the stream's release queue.
     Tracked(Pending<CudaTimeline, Guard>),
+    /// Its guards went straight to the stream's release queue
+    /// ([`Stream::launch_queued_with`](crate::Stream::launch_queued_with)): the handle owns
+    /// nothing, and can wait for the launch or ask about it.
+    Queued(Queued<CudaTimeline, Guard>),
     /// Captured into a graph, which owns this many guards.
     Captured { guards: usize },
 }
@@ -40,6 +44,7 @@ impl fmt::Debug for LaunchHandle {
         let mut d = f.debug_struct("LaunchHandle");
         match &self.inner {
             HandleInner::Tracked(p) => d.field("seq", &p.seq()),
+            HandleInner::Queued(q) => d.field("queued_seq", &q.seq()),
             HandleInner::Captured { guards } => d.field("captured_guards", guards),
         }
         .finish()
@@ -65,6 +70,7 @@ impl LaunchHandle {
     pub fn is_complete(&self) -> Result<bool> {
         match &self.inner {
             HandleInner::Tracked(p) => Ok(p.is_complete()?),
+            HandleInner::Queued(q) => Ok(q.is_complete()?),
             HandleInner::Captured { .. } => Err(Error::CapturedLaunch),
         }
     }
@@ -84,6 +90,10 @@ impl LaunchHandle {
     pub fn retire(self) -> Result<Retired> {
         match self.inner {
             HandleInner::Tracked(p) => p.retire().map_err(|e| Error::Cuda(e.into_error())),
+            HandleInner::Queued(q) => {
+                let total = q.wait().map_err(|e| Error::Cuda(e.into_error()))?;
+                Ok(Retired::queued(q.guards(), total))
+            }
             HandleInner::Captured { .. } => Ok(Retired::nothing()),
         }
     }
@@ -95,6 +105,18 @@ impl LaunchHandle {
             HandleInner::Tracked(p) => p.try_retire().map_err(|pending| LaunchHandle {
                 inner: HandleInner::Tracked(pending),
             }),
+            HandleInner::Queued(q) => match q.try_release() {
+                Ok(Some(total)) => Ok(Retired::queued(q.guards(), total)),
+                Ok(None) => Err(LaunchHandle {
+                    inner: HandleInner::Queued(q),
+                }),
+                Err(e) => {
+                    log::error!("tile-launch: try_retire of queued launch #{}: {e}", q.seq());
+                    Err(LaunchHandle {
+                        inner: HandleInner::Queued(q),
+                    })
+                }
+            },
             HandleInner::Captured { .. } => Ok(Retired::nothing()),
         }
     }
@@ -104,7 +126,7 @@ impl LaunchHandle {
     pub fn defer(self) {
         match self.inner {
             HandleInner::Tracked(p) => p.defer(),
-            HandleInner::Captured { .. } => {}
+            HandleInner::Queued(_) | HandleInner::Captured { .. } => {}
         }
     }
 }

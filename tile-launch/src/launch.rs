@@ -78,7 +78,7 @@ impl Stream {
             args,
             |_, used| Guard::Tensor(used),
             [],
-            true,
+            Keep::Deferred,
             false,
         )
         .map(drop)
@@ -106,12 +106,36 @@ impl Stream {
         guard: impl FnMut(usize, Used) -> Guard,
         owners: impl IntoIterator<Item = Guard>,
     ) -> Result<LaunchHandle> {
-        self.launch_core(kernel, config, args, guard, owners, false, false)
+        self.launch_core(kernel, config, args, guard, owners, Keep::Handle, false)
             .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
     }
 
-    /// The launch path: with `defer`, the guards go to the release queue and no handle is
-    /// returned; otherwise the handle is. With `bound`, the configuration was checked and the
+    /// As [`Stream::launch_with`], but the tensors go straight to the stream's release queue,
+    /// as with [`Stream::launch_deferred`]: the returned handle owns nothing. Its
+    /// [`retire`](LaunchHandle::retire) waits for the launch and then releases every queued
+    /// launch known complete, [`try_retire`](LaunchHandle::try_retire) and
+    /// [`is_complete`](LaunchHandle::is_complete) ask without blocking, and dropping it does
+    /// nothing (the queue releases the tensors once a later call sees the work complete). One
+    /// lock of the release queue per launch instead of two for a handle that is deferred.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_queued_with<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+        guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+    ) -> Result<LaunchHandle> {
+        self.launch_core(kernel, config, args, guard, owners, Keep::Queued, false)
+            .map(|handle| handle.expect("a queued launch returns its handle"))
+    }
+
+    /// The launch path: `keep` says what holds the guards and whether a handle is returned.
+    /// With `bound`, the configuration was checked and the
     /// kernel prepared for it by [`Stream::bind`], and neither is done again.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_core<'a>(
@@ -121,7 +145,7 @@ impl Stream {
         args: impl IntoIterator<Item = Arg<'a>>,
         mut guard: impl FnMut(usize, Used) -> Guard,
         owners: impl IntoIterator<Item = Guard>,
-        defer: bool,
+        keep: Keep,
         bound: bool,
     ) -> Result<Option<LaunchHandle>> {
         let ctx = self.context();
@@ -261,19 +285,40 @@ impl Stream {
             // ending it destroys the graph).
             let guards = crate::capture::attach(d, graph, ctx, guards)?;
             enqueue()?;
-            return Ok((!defer).then_some(LaunchHandle {
+            return Ok((keep != Keep::Deferred).then_some(LaunchHandle {
                 inner: HandleInner::Captured { guards },
             }));
         }
-        if defer {
-            tracker.launch_deferred(guards, bytes, enqueue)?;
-            return Ok(None);
+        match keep {
+            Keep::Deferred => {
+                tracker.launch_deferred(guards, bytes, enqueue)?;
+                Ok(None)
+            }
+            Keep::Queued => {
+                let queued = tracker.launch_queued(guards, bytes, enqueue)?;
+                Ok(Some(LaunchHandle {
+                    inner: HandleInner::Queued(queued),
+                }))
+            }
+            Keep::Handle => {
+                let pending = tracker.launch(guards, bytes, enqueue)?;
+                Ok(Some(LaunchHandle {
+                    inner: HandleInner::Tracked(pending),
+                }))
+            }
         }
-        let pending = tracker.launch(guards, bytes, enqueue)?;
-        Ok(Some(LaunchHandle {
-            inner: HandleInner::Tracked(pending),
-        }))
     }
+}
+
+/// What holds a launch's guards until its work is done.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Keep {
+    /// The returned handle ([`HandleInner::Tracked`]).
+    Handle,
+    /// The release queue; no handle is returned.
+    Deferred,
+    /// The release queue; the returned handle can wait for the launch ([`HandleInner::Queued`]).
+    Queued,
 }
 
 /// While `stream` captures a graph, a tensor whose data is ready on another stream can be

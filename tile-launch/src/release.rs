@@ -63,7 +63,7 @@ mod tracker;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 
-pub use pending::{Pending, Retired};
+pub use pending::{Pending, Queued, Retired};
 pub use tracker::Tracker;
 
 /// One CUDA stream's ordering, seen abstractly: markers recorded on the stream complete in the

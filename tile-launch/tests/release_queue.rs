@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tile_launch::release::fake::{FakeError, FakeOp, FakeTimeline};
 use tile_launch::release::{
-    CompletionError, Pending, PendingBytes, ReleaseConfig, RetireError, Stats, Tracker,
+    CompletionError, Pending, PendingBytes, Queued, ReleaseConfig, RetireError, Stats, Tracker,
 };
 
 type Tr = Tracker<FakeTimeline, Guard>;
@@ -136,6 +136,18 @@ impl Harness {
         let fake = self.fake.clone();
         self.tracker
             .launch_deferred(guards, bytes, move || {
+                work.set(fake.enqueue()).expect("enqueue runs once");
+                Ok::<(), Infallible>(())
+            })
+            .unwrap()
+    }
+
+    /// Launches `n` guards, `100 * n` bytes, straight into the queue, keeping a `Queued`.
+    fn launch_queued(&self, n: usize) -> Queued<FakeTimeline, Guard> {
+        let (_, work, guards) = self.guards(n);
+        let fake = self.fake.clone();
+        self.tracker
+            .launch_queued(guards, 100 * n as u64, move || {
                 work.set(fake.enqueue()).expect("enqueue runs once");
                 Ok::<(), Infallible>(())
             })
@@ -1428,5 +1440,64 @@ fn thread_bound_timeline_is_answered_from_launch_time_markers() {
     );
     assert_eq!(calls.synchronize, 0);
     assert_eq!(calls.record, 3);
+    assert_eq!(h.stats().leaked, 0);
+}
+
+#[test]
+fn queued_launch_owns_nothing_and_waits_then_releases_in_launch_order() {
+    let h = Harness::new(config(1000));
+    let a = h.launch_queued(2);
+    let b = h.launch_queued(1);
+    assert_eq!((a.seq(), b.seq(), a.guards()), (0, 1, 2));
+    // The guards are queued at once: pending, not held.
+    let stats = h.stats();
+    assert_eq!(
+        (stats.pending_guards, stats.pending_bytes, stats.held_guards),
+        (3, 300, 0)
+    );
+    // Asking does not block and releases nothing while the work runs.
+    assert_eq!(a.is_complete(), Ok(false));
+    assert_eq!(b.try_release(), Ok(None));
+    assert_eq!(h.dropped(), 0);
+    // Dropping a queued handle releases nothing: the queue keeps the guards.
+    drop(a);
+    assert_eq!((h.dropped(), h.stats().pending_guards), (0, 3));
+    // Waiting for the later launch blocks until it completes, then releases both launches in
+    // launch order, once.
+    h.fake.set_blocking(true);
+    let fake = h.fake.clone();
+    let done = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        fake.complete_all();
+    });
+    assert_eq!(b.wait().unwrap(), 3);
+    done.join().unwrap();
+    assert_eq!(order(&h.drops()), vec![(0, 0), (0, 1), (1, 0)]);
+    h.assert_sound();
+    // Waiting again, or asking, releases nothing twice.
+    assert_eq!(b.wait().unwrap(), 0);
+    assert_eq!(b.try_release(), Ok(Some(0)));
+    assert_eq!(h.dropped(), 3);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.released, stats.pending_guards, stats.leaked),
+        (3, 0, 0)
+    );
+}
+
+#[test]
+fn queued_launch_whose_wait_fails_leaks_nothing_and_releases_nothing() {
+    let h = Harness::new(config(1000));
+    let q = h.launch_queued(2);
+    h.fake.fail_always(FakeOp::Wait);
+    h.fake.fail_always(FakeOp::Synchronize);
+    assert!(q.wait().is_err());
+    assert_eq!(h.dropped(), 0);
+    // The guards stay queued (never released early) and are released once the work is seen
+    // complete.
+    h.fake.clear_failures();
+    h.fake.complete_all();
+    assert_eq!(q.try_release(), Ok(Some(2)));
+    h.assert_sound();
     assert_eq!(h.stats().leaked, 0);
 }

@@ -100,38 +100,38 @@ fn expected(params: &[Param]) -> impl Fn(usize) -> Option<String> + '_ {
     |i| params.get(i).map(|p| p.to_string())
 }
 
-/// The result of `tile_py.launch`: owns the launch's tensors until its work is done.
+/// The result of `tile_py.launch`: waits for the launch, or asks whether it is done. The
+/// launch's tensors are on its stream's release queue from the moment it is enqueued (released
+/// once a later call sees the work done), so the handle owns nothing and dropping it does
+/// nothing.
 #[pyclass(module = "tile_py")]
 struct LaunchHandle {
-    /// The launch, and its stream (asked, when the handle is dropped, whether deferring may
-    /// block); both gone once the launch is retired, so that a retired handle keeps nothing of
-    /// the stream alive.
-    inner: Mutex<Option<(tile_launch::LaunchHandle, Stream)>>,
+    /// The launch; gone once retired.
+    inner: Mutex<Option<tile_launch::LaunchHandle>>,
 }
 
 impl LaunchHandle {
-    fn take(&self) -> Option<(tile_launch::LaunchHandle, Stream)> {
+    fn take(&self) -> Option<tile_launch::LaunchHandle> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    fn put_back(&self, h: tile_launch::LaunchHandle, s: Stream) {
-        *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some((h, s));
+    fn put_back(&self, h: tile_launch::LaunchHandle) {
+        *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
     }
 }
 
 #[pymethods]
 impl LaunchHandle {
     /// Blocks until the launched work is done (the GIL is released meanwhile), then runs the
-    /// deleters of its tensors. Idempotent.
+    /// deleters of its tensors (and of every other queued launch known done). Idempotent.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        if let Some((h, s)) = self.take() {
+        if let Some(h) = self.take() {
             let h = SameThread(h);
             let r = py.detach(move || {
                 let h = h;
                 h.0.retire().map(drop)
             });
             drain(py);
-            drop(s);
             streams::forget_idle_streams();
             r.map_err(|e| launch_err(py, e, |_| None))?;
         }
@@ -140,27 +140,26 @@ impl LaunchHandle {
 
     /// Whether the launched work is done (non-blocking). When it is, the tensors are released.
     fn done(&self, py: Python<'_>) -> PyResult<bool> {
-        let Some((h, s)) = self.take() else {
+        let Some(h) = self.take() else {
             return Ok(true);
         };
         let r = match h.is_complete() {
             Ok(true) => match h.try_retire() {
                 Ok(_) => {
-                    drop(s);
                     streams::forget_idle_streams();
                     Ok(true)
                 }
                 Err(h) => {
-                    self.put_back(h, s);
+                    self.put_back(h);
                     Ok(false)
                 }
             },
             Ok(false) => {
-                self.put_back(h, s);
+                self.put_back(h);
                 Ok(false)
             }
             Err(e) => {
-                self.put_back(h, s);
+                self.put_back(h);
                 Err(launch_err(py, e, |_| None))
             }
         };
@@ -190,39 +189,6 @@ impl LaunchHandle {
             "retired"
         };
         format!("<tile_py.LaunchHandle {state}>")
-    }
-}
-
-impl Drop for LaunchHandle {
-    fn drop(&mut self) {
-        let Some((h, stream)) = self
-            .inner
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
-            return;
-        };
-        // Hand the tensors to the stream's release queue: non-blocking, so done attached,
-        // unless the queue is near its bound, when `defer` may wait for the oldest queued work
-        // (then detached).
-        let blocking = may_block(&stream);
-        drop(stream);
-        let h = SameThread(h);
-        let deferred = Python::try_attach(|py| {
-            if blocking {
-                py.detach(|| {
-                    let h = h;
-                    h.0.defer()
-                });
-            } else {
-                h.0.defer();
-            }
-            drain(py);
-        });
-        if deferred.is_none() {
-            // Interpreter finalising: the guards go to the (leaking) queue anyway.
-        }
     }
 }
 
@@ -400,9 +366,11 @@ fn launch_on(
             // No allocation per tensor: the release queue hands it to `release_tensor`.
             Guard::HandedOff(tile_launch::HandOff::new(used, release::release_tensor))
         };
+        // Queued: the guards go straight to the release queue (one lock of it per launch),
+        // and the handle only waits or asks.
         match t.bound {
-            Some(b) => b.launch_with(args, guard, owner_guards),
-            None => s.launch_with(&kernel.inner, t.config, args, guard, owner_guards),
+            Some(b) => b.launch_queued_with(args, guard, owner_guards),
+            None => s.launch_queued_with(&kernel.inner, t.config, args, guard, owner_guards),
         }
     };
     // The launch is a few microseconds of non-blocking driver calls: made attached, since
@@ -431,7 +399,7 @@ fn launch_on(
             drop(owners);
             drop(claims);
             Ok(LaunchHandle {
-                inner: Mutex::new(Some((h, s.clone()))),
+                inner: Mutex::new(Some(h)),
             })
         }
         Err(e) => {

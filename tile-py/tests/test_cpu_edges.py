@@ -18,6 +18,8 @@ from dlpack_ctypes import (
     Producer,
     LegacyProducer,
     capsule_name,
+    kDLComplex,
+    kDLFloat,
     make_capsule,
     make_exchange_producer_type,
 )
@@ -241,26 +243,47 @@ def fake_torch_exchange_type():
 @pytest.mark.parametrize("bit, what", [("conj", "conjugate bit"), ("neg", "negative bit")])
 def test_row21_lazy_views_refused_on_every_path(counters, decl, bit, what):
     Ex, log = fake_torch_exchange_type()
-    via_ex = Ex(**{bit: True})
+    # torch sets the conjugate bit on complex tensors only; the negative bit on any dtype.
+    dtype, name = ((kDLComplex, 64, 1), "complex64") if bit == "conj" else ((kDLFloat, 32, 1), "float32")
+    via_ex = Ex(**{bit: True}, dtype=dtype)
     via_dlpack = FakeTorch(**{bit: True})
-    for t in (via_ex, via_dlpack):
+    for t, declared in ((via_ex, name), (via_dlpack, "float32")):
         good = Producer()
         with pytest.raises(ValueError, match=rf"argument 1: .*has its {what} set"):
-            check([In("float32"), decl("float32")], (good, t))
+            check([In("float32"), decl(declared)], (good, t))
         assert good.deleted == 1  # exported for this launch, rolled back, released once
-    assert log["from_obj"] == 0 and via_ex.deleted == 0
+    # The exchange API exports before the check (the export's dtype spares the conjugate query
+    # for real tensors): the refused export was released once. __dlpack__ was never called.
+    assert log["from_obj"] == 1 and via_ex.deleted == 1
     assert via_dlpack.calls == [] and via_dlpack.deleted == 0
-    assert counters["consumed"] == 0
+    assert counters["consumed"] == counters["released"] == 1
+
+
+def test_row21_conjugate_bit_is_not_asked_of_real_exchange_tensors(counters):
+    Ex, log = fake_torch_exchange_type()
+
+    class RealOnly(Ex):
+        def is_conj(self):
+            raise AssertionError("is_conj asked of a real tensor")
+
+    real, cplx = RealOnly(), Ex(conj=True, dtype=(kDLComplex, 64, 1))
+    check([In("float32")], (real,))
+    with pytest.raises(ValueError, match=r"argument 0: .*has its conjugate bit set"):
+        check([In("complex64")], (cplx,))
+    assert real.deleted == 1 and cplx.deleted == 1
 
 
 @pytest.mark.parametrize("decl", [Out, InOut])
 def test_row22_requires_grad_refused_for_outputs_on_every_path(counters, decl):
     Ex, log = fake_torch_exchange_type()
-    for t in (Ex(requires_grad=True), FakeTorch(requires_grad=True)):
+    ex, dl = Ex(requires_grad=True), FakeTorch(requires_grad=True)
+    for t in (ex, dl):
         with pytest.raises(ValueError, match=r"argument 0: .*requires grad.*detach\(\)"):
             check([decl("float32")], (t,))
-        assert t.deleted == 0
-    assert log["from_obj"] == 0 and counters["consumed"] == 0
+    # The exchange-API export is made before the check and released once when it refuses;
+    # __dlpack__ is never called.
+    assert log["from_obj"] == 1 and ex.deleted == 1 and dl.deleted == 0
+    assert counters["consumed"] == counters["released"] == 1
 
 
 def test_row22_requires_grad_accepted_for_inputs_on_every_path(counters):

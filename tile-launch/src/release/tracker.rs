@@ -561,6 +561,13 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         (n, total - n)
     }
 
+    /// Releases every queued launch known complete (after a wait or a query moved
+    /// `completed_through`), without querying anything. Returns how many guards were released.
+    pub(super) fn release_known_complete(&self) -> usize {
+        let batch = self.lock().take_completed(None);
+        self.release_batch(batch)
+    }
+
     /// Queues a handle's guards. First makes room for them (waiting for the oldest queued work
     /// if the queue is full), so that the queue stays within its bounds; guards that exceed the
     /// guard bound on their own are waited for and released here instead of being queued. A

@@ -265,6 +265,32 @@ pub(crate) struct Tensor {
     memory_trusted: bool,
 }
 
+impl Tensor {
+    /// Whether the tensor's dtype is complex (read from the export, before any validation; an
+    /// invalid descriptor is refused later all the same).
+    fn is_complex(&self) -> bool {
+        let Claim::Owned(ptr) = self.claim else {
+            return true; // unknown here: the caller asks the producer
+        };
+        // SAFETY: an owned export, valid until its deleter runs; `version.major` was checked
+        // when it was taken (only major version 1 is read as `DLManagedTensorVersioned`).
+        unsafe {
+            (*ptr).version.major != 1
+                || (*ptr).dl_tensor.dtype.code == tile_dlpack::ffi::DLDataTypeCode::COMPLEX
+        }
+    }
+
+    /// Releases an owned export that will not be launched (a capsule is given back by the
+    /// caller's rollback instead).
+    fn release(self) {
+        let Tensor { unused, claim, .. } = self;
+        drop(unused);
+        if let Claim::Owned(ptr) = claim {
+            release_owned(ptr);
+        }
+    }
+}
+
 fn expected_tensor(param: &Param) -> String {
     format!("a tensor ({param})")
 }
@@ -280,22 +306,30 @@ fn convert_tensor(
         return claim_capsule(py, index, cap.as_any());
     }
     let family = producers::family(obj);
-    let api = exchange_api(py, obj);
+    if let Some(api) = exchange_api(py, obj) {
+        // Exported first, then checked: the export tells the dtype, which spares the
+        // conjugate-bit query for real tensors. A refused tensor's export is released.
+        let mut t = from_exchange_api(py, index, obj, api, hs)?;
+        if family != Family::Plain {
+            let complex = t.is_complex();
+            if let Err(e) = producers::check(index, obj, family, param, false, Some(complex)) {
+                t.release();
+                return Err(e);
+            }
+        }
+        // PyTorch's exchange API exports its own allocator's memory, described as it is: the
+        // launch's pointer-memory query (one driver call per tensor) is skipped for it.
+        t.memory_trusted = family == Family::Torch;
+        return Ok(t);
+    }
     let detached;
-    let obj = match producers::check(index, obj, family, param, api.is_none())? {
+    let obj = match producers::check(index, obj, family, param, true, None)? {
         Checked::AsIs => obj,
         Checked::Detached(d) => {
             detached = d;
             &detached
         }
     };
-    if let Some(api) = api {
-        let mut t = from_exchange_api(py, index, obj, api, hs)?;
-        // PyTorch's exchange API exports its own allocator's memory, described as it is: the
-        // launch's pointer-memory query (one driver call per tensor) is skipped for it.
-        t.memory_trusted = family == Family::Torch;
-        return Ok(t);
-    }
     if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
         let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs)?;
         let mut t = claim_capsule(py, index, &cap)?;
