@@ -664,9 +664,9 @@ impl Stream {
 
     /// Whether a release queue of this stream holds at least half of one of its bounds, so that
     /// a launch or a `defer` on it may wait for queued work first (e.g. to decide whether to
-    /// release an interpreter lock around the call). One lock of the queue (for the per-thread
-    /// default stream, of each thread's queue, without making one); racy by nature (another
-    /// thread may fill or drain a queue meanwhile).
+    /// release an interpreter lock around the call). Takes no lock of the queue (for the
+    /// per-thread default stream, the map of per-thread queues is locked, and no queue is
+    /// made); racy by nature (another thread may fill or drain a queue meanwhile).
     pub fn near_release_bound(&self) -> bool {
         match &self.inner.per_thread {
             None => self.inner.tracker.near_bound(),

@@ -14,14 +14,14 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::{
     Condvar, Mutex, MutexGuard,
-    atomic::{AtomicU64, AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     mpsc::{Receiver, Sender, channel},
 };
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     Condvar, Mutex, MutexGuard,
-    atomic::{AtomicU64, AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     mpsc::{Receiver, Sender, channel},
 };
 

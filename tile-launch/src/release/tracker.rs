@@ -8,7 +8,9 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 
 use super::{CompletionError, ReleaseConfig, RetireError, Stats, Timeline};
-use crate::sync::{self, AtomicU64, Mutex, MutexGuard, Ordering};
+use std::ops::{Deref, DerefMut};
+
+use crate::sync::{self, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// The guards of one launch. They are never dropped implicitly: every path either hands them to
 /// [`Tracker::release_batch`] (after completion) or leaks them, so that an unexpected unwind or a
@@ -250,6 +252,36 @@ pub struct Tracker<T: Timeline, G: Send + 'static> {
     released: AtomicU64,
     leaked: AtomicU64,
     release_panics: AtomicU64,
+    /// Whether the queue held at least half of a bound when the lock was last let go
+    /// ([`near_bound`](Tracker::near_bound) without taking the lock).
+    near: AtomicBool,
+}
+
+/// The tracker's lock held. Letting go of it publishes whether the queue is near its bounds.
+struct Locked<'a, T: Timeline, G: Send + 'static> {
+    st: MutexGuard<'a, State<T, G>>,
+    tracker: &'a Tracker<T, G>,
+}
+
+impl<T: Timeline, G: Send + 'static> Deref for Locked<'_, T, G> {
+    type Target = State<T, G>;
+    fn deref(&self) -> &State<T, G> {
+        &self.st
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> DerefMut for Locked<'_, T, G> {
+    fn deref_mut(&mut self) -> &mut State<T, G> {
+        &mut self.st
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Drop for Locked<'_, T, G> {
+    fn drop(&mut self) {
+        let near = self.tracker.is_near(&self.st);
+        // Published under the lock (this runs before the guard's own drop).
+        self.tracker.near.store(near, Ordering::Relaxed);
+    }
 }
 
 impl<T: Timeline, G: Send + 'static> fmt::Debug for Tracker<T, G> {
@@ -300,6 +332,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             released: AtomicU64::new(0),
             leaked: AtomicU64::new(0),
             release_panics: AtomicU64::new(0),
+            near: AtomicBool::new(false),
         })
     }
 
@@ -320,10 +353,15 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     }
 
     /// Whether the queue holds at least half of a bound (guards, or bytes once it holds any):
-    /// a later launch or `defer` may soon have to wait for queued work. One lock, no counters
-    /// copied: cheap enough to ask before every launch.
+    /// a later launch or `defer` may soon have to wait for queued work. Takes no lock: it reads
+    /// what the last holder of the lock published when letting go, so it is as racy as any
+    /// answer about a queue that other threads fill and drain (a hint, e.g. for whether to
+    /// release an interpreter lock around a launch).
     pub fn near_bound(&self) -> bool {
-        let st = self.lock();
+        self.near.load(Ordering::Relaxed)
+    }
+
+    fn is_near(&self, st: &State<T, G>) -> bool {
         st.deferred_guards.saturating_mul(2) >= self.config.max_pending_guards
             || (st.deferred_bytes > 0
                 && st.deferred_bytes.saturating_mul(2) >= self.max_pending_bytes)
@@ -335,8 +373,11 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         guards > self.config.max_pending_guards
     }
 
-    fn lock(&self) -> MutexGuard<'_, State<T, G>> {
-        sync::lock(&self.state)
+    fn lock(&self) -> Locked<'_, T, G> {
+        Locked {
+            st: sync::lock(&self.state),
+            tracker: self,
+        }
     }
 
     /// The body of [`launch`](Tracker::launch) and [`launch_deferred`](Tracker::launch_deferred):
@@ -762,10 +803,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// bounds (or the queue is empty). Returns with the lock held.
     fn make_room<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State<T, G>>,
+        mut st: Locked<'a, T, G>,
         extra_guards: usize,
         extra_bytes: u64,
-    ) -> MutexGuard<'a, State<T, G>> {
+    ) -> Locked<'a, T, G> {
         while self.over_bound(&st, extra_guards, extra_bytes) {
             let Some(oldest) = st.deferred.first() else {
                 break;
