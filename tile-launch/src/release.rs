@@ -58,6 +58,7 @@
 //!   other threads from launching on the same stream.
 
 mod pending;
+mod state;
 mod tracker;
 
 #[cfg(any(test, feature = "testing"))]

@@ -4,7 +4,8 @@ use std::fmt;
 use std::mem::{self, ManuallyDrop};
 use std::sync::Arc;
 
-use super::tracker::{Held, Tracker};
+use super::state::Held;
+use super::tracker::Tracker;
 use super::{CompletionError, RetireError, Timeline};
 
 /// What retiring a launch released.
