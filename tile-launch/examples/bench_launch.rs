@@ -706,7 +706,7 @@ fn run() -> Result<()> {
         rss_start / 1024,
         max_rss / 1024,
         rss_end / 1024,
-        stats.leaked
+        stats.guards_leaked
     );
     if let Some(path) = &o.out {
         let list = |x: &[f64]| {
@@ -752,7 +752,7 @@ fn run() -> Result<()> {
             o.reps,
             lat.len(),
             o.scale,
-            stats.leaked
+            stats.guards_leaked
         );
         std::fs::write(path, json).with_context(|| format!("cannot write {path}"))?;
     }

@@ -104,14 +104,14 @@ fn run() -> Result<()> {
     println!("launch + retire: {total_ms:.3} ms");
     println!(
         "guards:          {held} held at launch (work complete then: {done_at_launch}), {} released by retire, {} released in total, {} leaked",
-        retired.released, stats.released, stats.leaked
+        retired.released, stats.guards_released, stats.guards_leaked
     );
     println!(
         "result:          {} of {n} elements match the CPU reference",
         n - wrong
     );
     ensure!(wrong == 0, "{wrong} elements differ from the CPU reference");
-    ensure!(stats.leaked == 0, "tensors leaked");
+    ensure!(stats.guards_leaked == 0, "tensors leaked");
     println!("OK");
     Ok(())
 }

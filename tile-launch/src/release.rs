@@ -271,10 +271,11 @@ pub struct Stats {
     /// Bytes owned by live [`Pending`] handles.
     pub held_bytes: u64,
     /// Guards released (dropped), including those released at once because `enqueue` failed and
-    /// those whose drop panicked.
-    pub released: u64,
+    /// those whose drop panicked. (`tile_py.stats()["guards_released"]`.)
+    pub guards_released: u64,
     /// Guards leaked (never dropped) because their completion could not be confirmed.
-    pub leaked: u64,
+    /// (`tile_py.stats()["guards_leaked"]`.)
+    pub guards_leaked: u64,
     /// Guards whose drop panicked (also counted in `released`).
     pub release_panics: u64,
     /// Successful launches (sequence numbers handed out).
@@ -295,8 +296,8 @@ impl Stats {
             pending_bytes: self.pending_bytes.saturating_add(other.pending_bytes),
             held_guards: self.held_guards + other.held_guards,
             held_bytes: self.held_bytes.saturating_add(other.held_bytes),
-            released: self.released + other.released,
-            leaked: self.leaked + other.leaked,
+            guards_released: self.guards_released + other.guards_released,
+            guards_leaked: self.guards_leaked + other.guards_leaked,
             release_panics: self.release_panics + other.release_panics,
             launches: self.launches + other.launches,
             markers_recorded: self.markers_recorded + other.markers_recorded,

@@ -156,13 +156,13 @@ fn a_blocking_deleter_does_not_stop_other_launches() {
     other.join().unwrap();
     assert_eq!(stats.pending_guards, 0);
     // The blocked guard is out of every count but `released`, which it joins when it returns.
-    assert_eq!(stats.released, 20);
+    assert_eq!(stats.guards_released, 20);
 
     release_tx.send(()).unwrap();
     let retired = retirer.join().unwrap();
     assert_eq!(retired.released, 1);
     h.assert_dropped(&(0..=20).collect::<Vec<_>>());
-    assert_eq!(h.tracker.stats().released, 21);
+    assert_eq!(h.tracker.stats().guards_released, 21);
 }
 
 /// A deleter that blocks while the queue is drained by `poll` on the caller's thread: a second
@@ -254,8 +254,8 @@ fn deleters_that_synchronize_shut_down_and_retire_from_inside_a_release() {
         let stats = h.tracker.stats();
         done_tx
             .send((
-                stats.released,
-                stats.leaked,
+                stats.guards_released,
+                stats.guards_leaked,
                 stats.pending_guards,
                 stats.held_guards,
             ))
@@ -292,7 +292,11 @@ fn a_panic_payload_that_panics_on_drop_is_contained() {
     assert_eq!((retired.released, retired.deferred_released), (1, 1));
     let stats = h.tracker.stats();
     assert_eq!(
-        (stats.released, stats.release_panics, stats.leaked),
+        (
+            stats.guards_released,
+            stats.release_panics,
+            stats.guards_leaked
+        ),
         (2, 1, 0)
     );
     h.launch_with(2, None).retire().unwrap();

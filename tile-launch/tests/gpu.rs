@@ -231,7 +231,11 @@ fn deferred_release_exactly_once() -> Result<()> {
         "pending after synchronize: {}",
         stats.pending_guards
     );
-    ensure!(stats.released == 1500, "released {}", stats.released);
+    ensure!(
+        stats.guards_released == 1500,
+        "released {}",
+        stats.guards_released
+    );
     ensure!(
         stats.held_guards == 0 && stats.launches == 500,
         "held {}, launches {}",

@@ -67,7 +67,7 @@ fn bound_launch_deferred_releases_each_tensor_once() -> Result<()> {
     );
     let stats = launch.stats();
     ensure!(
-        (stats.released, stats.pending_guards, stats.launches) == (900, 0, 300),
+        (stats.guards_released, stats.pending_guards, stats.launches) == (900, 0, 300),
         "{stats:?}"
     );
     for (i, (c, ha, hb)) in outputs.iter().enumerate() {

@@ -167,7 +167,11 @@ fn per_thread_stream_launch_retired_from_another_thread() -> Result<()> {
     );
     let wrong = c.wrong(&f)?;
     ensure!(wrong == 0, "{wrong} of {N} outputs wrong");
-    ensure!(stream.stats().leaked == 0, "leaked: {:?}", stream.stats());
+    ensure!(
+        stream.stats().guards_leaked == 0,
+        "leaked: {:?}",
+        stream.stats()
+    );
     done_tx.send(())?;
     worker.join().expect("worker panicked")?;
     drop(reused);
@@ -252,7 +256,11 @@ fn per_thread_stream_synchronize_waits_for_every_thread() -> Result<()> {
         w.join().expect("worker panicked")?;
     }
     drop(reused);
-    ensure!(stream.stats().leaked == 0, "leaked: {:?}", stream.stats());
+    ensure!(
+        stream.stats().guards_leaked == 0,
+        "leaked: {:?}",
+        stream.stats()
+    );
     println!("per-thread stream, two workers, synchronize from main: waited {waited:?}");
     Ok(())
 }
@@ -302,7 +310,7 @@ fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
         f.producer.synchronize()?;
         let (tb, nb) = view(gpu_common::address(&scratch_b), N, 0)?;
         let (tc, nc) = view(gpu_common::address(&scratch_c), N, 0)?;
-        let released_before = stream.stats().released;
+        let released_before = stream.stats().guards_released;
         stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
         stream.launch_deferred(
             &f.add,
@@ -325,7 +333,7 @@ fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
         .expect("synchronize thread panicked")?;
         ensure!((nb.get(), nc.get()) == (1, 1), "after synchronize");
         ensure!(
-            stream.stats().released >= released_before + 3,
+            stream.stats().guards_released >= released_before + 3,
             "the moved buffer's guard was not released: {:?}",
             stream.stats()
         );
@@ -334,7 +342,7 @@ fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
         drop((scratch_b, scratch_c));
         let stats = stream.stats();
         ensure!(
-            stats.leaked == 0 && stats.errors == 0,
+            stats.guards_leaked == 0 && stats.errors == 0,
             "legacy stream {raw:?}: {stats:?}"
         );
         println!("legacy stream {raw:?}: retired and synchronised from fresh threads, {stats:?}");
@@ -535,7 +543,9 @@ fn per_thread_stream_many_short_lived_threads() -> Result<()> {
     }
     let stats = stream.stats();
     ensure!(
-        stats.launches == threads && stats.released == 3 * threads && stats.leaked == 0,
+        stats.launches == threads
+            && stats.guards_released == 3 * threads
+            && stats.guards_leaked == 0,
         "{stats:?}"
     );
     println!("per-thread stream, {threads} short-lived threads: {stats:?}");

@@ -173,8 +173,8 @@ fn launch_defer_poll_complete(name: &str, one_step: bool) {
         let stats = tracker.stats();
         assert_eq!(
             (
-                stats.released,
-                stats.leaked,
+                stats.guards_released,
+                stats.guards_leaked,
                 stats.pending_guards,
                 stats.held_guards
             ),
@@ -227,7 +227,14 @@ fn retire_and_handle_drop_race_completion() {
         gpu.join().unwrap();
         assert_dropped(&log, &[0, 1]);
         let stats = tracker.stats();
-        assert_eq!((stats.released, stats.leaked, stats.held_guards), (2, 0, 0));
+        assert_eq!(
+            (
+                stats.guards_released,
+                stats.guards_leaked,
+                stats.held_guards
+            ),
+            (2, 0, 0)
+        );
     });
 }
 
@@ -274,7 +281,7 @@ fn shutdown_races_a_launch() {
         launcher.join().unwrap();
         tracker.synchronize().unwrap();
         assert_dropped(&log, &[0]);
-        assert_eq!(tracker.stats().leaked, 0);
+        assert_eq!(tracker.stats().guards_leaked, 0);
     });
 }
 
@@ -296,14 +303,18 @@ fn failed_shutdown_leaks_and_never_releases() {
         launcher.join().unwrap();
         assert_dropped(&log, &[]);
         let stats = tracker.stats();
-        assert_eq!(stats.leaked + stats.pending_guards as u64, 1, "{stats:?}");
-        let leaked = stats.leaked;
+        assert_eq!(
+            stats.guards_leaked + stats.pending_guards as u64,
+            1,
+            "{stats:?}"
+        );
+        let leaked = stats.guards_leaked;
 
         fake.clear_failures();
         tracker.synchronize().unwrap();
         let stats = tracker.stats();
-        assert_eq!((stats.leaked, stats.pending_guards), (leaked, 0));
-        assert_eq!(stats.released, 1 - leaked);
+        assert_eq!((stats.guards_leaked, stats.pending_guards), (leaked, 0));
+        assert_eq!(stats.guards_released, 1 - leaked);
         assert_dropped(&log, if leaked == 0 { &[0] } else { &[] });
     });
 }
@@ -383,8 +394,8 @@ fn graph_destructors_hand_off_to_the_release_thread() {
             (
                 stats.attached,
                 stats.handed_off,
-                stats.released,
-                stats.leaked
+                stats.guards_released,
+                stats.guards_leaked
             ),
             (3, 3, 3, 0)
         );

@@ -197,8 +197,8 @@ fn retire_waits_then_releases_exactly_once() {
     let stats = h.stats();
     assert_eq!(
         (
-            stats.released,
-            stats.leaked,
+            stats.guards_released,
+            stats.guards_leaked,
             stats.held_guards,
             stats.pending_guards
         ),
@@ -243,7 +243,11 @@ fn released_in_launch_order_across_deferred_and_retired() {
     assert_eq!(h.fake.calls().wait, 1);
     let stats = h.stats();
     assert_eq!(
-        (stats.released, stats.pending_guards, stats.pending_bytes),
+        (
+            stats.guards_released,
+            stats.pending_guards,
+            stats.pending_bytes
+        ),
         (8, 0, 0)
     );
 }
@@ -268,7 +272,11 @@ fn no_release_before_completion() {
     assert_eq!(h.dropped(), 2);
     let stats = h.stats();
     assert_eq!(
-        (stats.released, stats.pending_guards, stats.pending_bytes),
+        (
+            stats.guards_released,
+            stats.pending_guards,
+            stats.pending_bytes
+        ),
         (2, 0, 0)
     );
     assert_eq!(h.fake.calls().recycle, 1);
@@ -407,7 +415,14 @@ fn drop_of_an_unretired_handle_blocks_until_completion() {
     h.assert_sound();
     completer.join().unwrap();
     let stats = h.stats();
-    assert_eq!((stats.released, stats.leaked, stats.held_guards), (2, 0, 0));
+    assert_eq!(
+        (
+            stats.guards_released,
+            stats.guards_leaked,
+            stats.held_guards
+        ),
+        (2, 0, 0)
+    );
 }
 
 #[test]
@@ -441,7 +456,14 @@ fn forgotten_handle_leaks_and_never_releases() {
     assert_eq!(h.dropped(), 0);
     let stats = h.stats();
     // Invisible to the tracker: still "held", neither released nor counted as leaked.
-    assert_eq!((stats.released, stats.leaked, stats.held_guards), (0, 0, 3));
+    assert_eq!(
+        (
+            stats.guards_released,
+            stats.guards_leaked,
+            stats.held_guards
+        ),
+        (0, 0, 3)
+    );
     // Other launches are unaffected.
     h.launch(1).retire().unwrap();
     assert_eq!(h.dropped(), 1);
@@ -478,7 +500,11 @@ fn guard_bound_forces_a_wait_on_the_oldest() {
     h.assert_sound();
     let stats = h.stats();
     assert_eq!(
-        (stats.released, stats.leaked, stats.pending_guards),
+        (
+            stats.guards_released,
+            stats.guards_leaked,
+            stats.pending_guards
+        ),
         (20, 0, 0)
     );
 }
@@ -540,7 +566,11 @@ fn a_launch_whose_bytes_exceed_the_bound_is_queued_not_waited_for() {
     h.assert_sound();
     let stats = h.stats();
     assert_eq!(
-        (stats.pending_guards, stats.pending_bytes, stats.released),
+        (
+            stats.pending_guards,
+            stats.pending_bytes,
+            stats.guards_released
+        ),
         (0, 0, 24)
     );
 }
@@ -646,7 +676,11 @@ fn a_launch_larger_than_the_bound_is_waited_for_when_deferred() {
     h.assert_sound();
     let stats = h.stats();
     assert_eq!(
-        (stats.pending_guards, stats.held_guards, stats.released),
+        (
+            stats.pending_guards,
+            stats.held_guards,
+            stats.guards_released
+        ),
         (0, 0, 7)
     );
 }
@@ -682,7 +716,7 @@ fn launch_deferred_queues_without_a_handle_in_launch_order() {
     let stats = h.stats();
     assert_eq!(
         (
-            stats.released,
+            stats.guards_released,
             stats.pending_guards,
             stats.held_guards,
             stats.held_bytes
@@ -719,7 +753,11 @@ fn launch_deferred_keeps_the_bounds() {
     h.assert_sound();
     let stats = h.stats();
     assert_eq!(
-        (stats.released, stats.leaked, stats.held_guards),
+        (
+            stats.guards_released,
+            stats.guards_leaked,
+            stats.held_guards
+        ),
         (40, 0, 0)
     );
 }
@@ -735,7 +773,7 @@ fn launch_deferred_enqueue_failure_releases_at_once() {
     assert_eq!(order(&h.drops()), vec![(0, 0), (0, 1)]);
     let stats = h.stats();
     assert_eq!(
-        (stats.launches, stats.released, stats.pending_guards),
+        (stats.launches, stats.guards_released, stats.pending_guards),
         (0, 2, 0)
     );
     // The sequence number was not used.
@@ -757,7 +795,7 @@ fn enqueue_failure_releases_at_once_and_uses_no_sequence_number() {
     assert_eq!(
         (
             stats.launches,
-            stats.released,
+            stats.guards_released,
             stats.held_guards,
             stats.held_bytes
         ),
@@ -809,7 +847,7 @@ fn record_failure_falls_back_to_synchronize() {
     assert_eq!((calls.record, calls.synchronize, calls.wait), (1, 1, 0));
     assert_eq!(h.dropped(), 2);
     h.assert_sound();
-    assert_eq!(h.stats().leaked, 0);
+    assert_eq!(h.stats().guards_leaked, 0);
 }
 
 #[test]
@@ -835,7 +873,14 @@ fn record_and_synchronize_failure_leaks_in_retire() {
     ));
     assert_eq!(err.into_error().op, FakeOp::Synchronize);
     let stats = h.stats();
-    assert_eq!((stats.leaked, stats.released, stats.held_guards), (2, 0, 0));
+    assert_eq!(
+        (
+            stats.guards_leaked,
+            stats.guards_released,
+            stats.held_guards
+        ),
+        (2, 0, 0)
+    );
     // Even once everything completes, leaked guards are never released.
     h.fake.clear_failures();
     h.fake.complete_all();
@@ -853,7 +898,10 @@ fn record_and_synchronize_failure_leaks_in_drop_and_sets_the_sticky_error() {
     drop(handle);
     assert_eq!(h.dropped(), 0);
     let stats = h.stats();
-    assert_eq!((stats.leaked, stats.released, stats.errors), (3, 0, 1));
+    assert_eq!(
+        (stats.guards_leaked, stats.guards_released, stats.errors),
+        (3, 0, 1)
+    );
     assert_eq!(
         h.tracker.last_error().map(|e| e.op),
         Some(FakeOp::Synchronize)
@@ -924,7 +972,14 @@ fn wait_failure_in_retire_leaks() {
         "a failed wait is not retried by a stream sync"
     );
     let stats = h.stats();
-    assert_eq!((stats.leaked, stats.released, stats.held_guards), (2, 0, 0));
+    assert_eq!(
+        (
+            stats.guards_leaked,
+            stats.guards_released,
+            stats.held_guards
+        ),
+        (2, 0, 0)
+    );
     // Retire's caller received the error: the sticky slot is for errors nobody received.
     assert_eq!(h.tracker.last_error(), None);
     h.fake.complete_all();
@@ -940,7 +995,14 @@ fn wait_failure_in_drop_leaks_and_sets_the_sticky_error() {
     drop(handle);
     assert_eq!(h.dropped(), 0);
     let stats = h.stats();
-    assert_eq!((stats.leaked, stats.released, stats.held_guards), (2, 0, 0));
+    assert_eq!(
+        (
+            stats.guards_leaked,
+            stats.guards_released,
+            stats.held_guards
+        ),
+        (2, 0, 0)
+    );
     assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Wait));
     h.fake.complete_all();
     h.tracker.synchronize().unwrap();
@@ -962,7 +1024,11 @@ fn wait_failure_while_making_room_leaks_the_oldest_entry() {
     assert_eq!(h.dropped(), 0);
     let stats = h.stats();
     assert_eq!(
-        (stats.leaked, stats.released, stats.pending_guards),
+        (
+            stats.guards_leaked,
+            stats.guards_released,
+            stats.pending_guards
+        ),
         (1, 0, 1)
     );
     assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Wait));
@@ -985,7 +1051,11 @@ fn shutdown_releases_the_queue_after_synchronizing() {
     assert_eq!(h.fake.calls().wait, 1);
     let stats = h.stats();
     assert_eq!(
-        (stats.pending_guards, stats.released, stats.leaked),
+        (
+            stats.pending_guards,
+            stats.guards_released,
+            stats.guards_leaked
+        ),
         (0, 6, 0)
     );
     assert_eq!(h.tracker.last_error(), None);
@@ -1051,7 +1121,11 @@ fn shutdown_leaks_the_queue_when_synchronize_fails() {
     h.tracker.shutdown();
     let stats = h.stats();
     assert_eq!(
-        (stats.leaked, stats.released, stats.pending_guards),
+        (
+            stats.guards_leaked,
+            stats.guards_released,
+            stats.pending_guards
+        ),
         (pending, 0, 0)
     );
     assert_eq!(h.tracker.last_error().map(|e| e.op), Some(FakeOp::Wait));
@@ -1091,7 +1165,11 @@ fn a_panicking_guard_does_not_stop_the_others() {
     assert_eq!(order(&h.drops()), vec![(0, 0), (0, 1), (0, 2), (1, 0)]);
     let stats = h.stats();
     assert_eq!(
-        (stats.released, stats.release_panics, stats.leaked),
+        (
+            stats.guards_released,
+            stats.release_panics,
+            stats.guards_leaked
+        ),
         (4, 1, 0)
     );
     // The tracker keeps working.
@@ -1245,8 +1323,8 @@ fn concurrency_smoke(config: ReleaseConfig, threads: u64, launches: u64) {
     assert_eq!(stats.launches, threads * launches);
     assert_eq!(stats.pending_guards, 0, "{stats:?}");
     assert_eq!(stats.held_guards, 0, "{stats:?}");
-    assert_eq!((stats.leaked, stats.release_panics), (0, 0));
-    assert_eq!(stats.released, h.dropped() as u64);
+    assert_eq!((stats.guards_leaked, stats.release_panics), (0, 0));
+    assert_eq!(stats.guards_released, h.dropped() as u64);
     // Every guard of every launch was dropped exactly once.
     let mut per_launch = std::collections::HashMap::<u64, usize>::new();
     for d in h.drops() {
@@ -1440,7 +1518,7 @@ fn thread_bound_timeline_is_answered_from_launch_time_markers() {
     );
     assert_eq!(calls.synchronize, 0);
     assert_eq!(calls.record, 3);
-    assert_eq!(h.stats().leaked, 0);
+    assert_eq!(h.stats().guards_leaked, 0);
 }
 
 #[test]
@@ -1480,7 +1558,11 @@ fn queued_launch_owns_nothing_and_waits_then_releases_in_launch_order() {
     assert_eq!(h.dropped(), 3);
     let stats = h.stats();
     assert_eq!(
-        (stats.released, stats.pending_guards, stats.leaked),
+        (
+            stats.guards_released,
+            stats.pending_guards,
+            stats.guards_leaked
+        ),
         (3, 0, 0)
     );
 }
@@ -1499,5 +1581,5 @@ fn queued_launch_whose_wait_fails_leaks_nothing_and_releases_nothing() {
     h.fake.complete_all();
     assert_eq!(q.try_release(), Ok(Some(2)));
     h.assert_sound();
-    assert_eq!(h.stats().leaked, 0);
+    assert_eq!(h.stats().guards_leaked, 0);
 }

@@ -247,7 +247,8 @@ def launch(
     pending work before `stream` (`__dlpack__(stream=...)` or the DLPack C exchange API). The launch
     is one `cuLaunchKernel` (`cuLaunchKernelEx` when launch attributes are set). Tensors are
     released (their deleters run) only after an event shows the work has finished: at
-    `LaunchHandle.wait()` or `done()`, or, for a dropped handle, at a later call into tile_py.
+    `LaunchHandle.wait()` or `done()`, or at a later call into tile_py (the handle owns nothing:
+    dropping it does nothing).
 
     Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
     `ValueError` (devices, host memory labelled as device memory, read-only, copied or
@@ -270,19 +271,21 @@ def stats() -> dict[str, int]:
       not all released yet. Once its work is released a stream is forgotten: its stream object is
       no longer kept alive and its handle is never touched again (it may be destroyed and reused).
     - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
-      `__cuda_array_interface__` object kept alive) of dropped handles, queued on the streams'
+      `__cuda_array_interface__` object kept alive) of launches, queued on the streams'
       release queues until an event shows their work finished, and the bytes among them that
       only the queue keeps alive (exports the producer copied for the launch, DLPack
       `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
       of the device's memory: past it, a launch that adds such bytes first waits for older work.
-    - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by live
-      `LaunchHandle`s.
+    - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by launch handles (0 for
+      `tile_py.launch`, whose tensors go straight to the release queue).
     - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
       release queues, CUDA graphs, and exports dropped by a failed check.
     - `guards_released`: guards the streams' release queues dropped, once the work was done (or
       at once when the driver refused the launch). Dropping a guard only queues its release for
       a thread that holds the GIL; this count includes `__cuda_array_interface__` objects and
       leaves out captured launches and failed checks, so it differs from `released`.
+    - `guards_leaked`: guards the streams' release queues leaked because their completion could
+      not be confirmed (a failed wait); part of `leaked`.
     - `leaked`: tensors never released: their completion could not be confirmed (a failed
       wait), the interpreter was exiting, or they were inherited by a child of `os.fork()`.
     - `launches`: launches the driver accepted on those streams (launches captured into a CUDA
