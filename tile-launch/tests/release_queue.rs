@@ -1568,18 +1568,33 @@ fn queued_launch_owns_nothing_and_waits_then_releases_in_launch_order() {
 }
 
 #[test]
-fn queued_launch_whose_wait_fails_leaks_nothing_and_releases_nothing() {
+fn queued_launch_whose_wait_fails_leaks_its_own_guards_and_releases_nothing() {
     let h = Harness::new(config(1000));
+    let other = h.launch_queued(1);
     let q = h.launch_queued(2);
     h.fake.fail_always(FakeOp::Wait);
     h.fake.fail_always(FakeOp::Synchronize);
-    assert!(q.wait().is_err());
+    let e = q.wait().unwrap_err();
+    // As a handle's failed retire: this launch's guards are leaked and counted, never
+    // released; the other queued launch stays queued.
+    assert_eq!((e.seq, e.leaked), (1, 2));
     assert_eq!(h.dropped(), 0);
-    // The guards stay queued (never released early) and are released once the work is seen
-    // complete.
+    let stats = h.stats();
+    assert_eq!((stats.guards_leaked, stats.pending_guards), (2, 1));
     h.fake.clear_failures();
     h.fake.complete_all();
-    assert_eq!(q.try_release(), Ok(Some(2)));
+    // Once the work is seen complete, only the other launch is released; the leaked guards
+    // never are, and waiting again leaks nothing more.
+    assert_eq!(other.try_release(), Ok(Some(1)));
+    assert_eq!(q.wait().unwrap(), 0);
     h.assert_sound();
-    assert_eq!(h.stats().guards_leaked, 0);
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.guards_released,
+            stats.guards_leaked,
+            stats.pending_guards
+        ),
+        (1, 2, 0)
+    );
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::state::Held;
 use super::tracker::Tracker;
-use super::{CompletionError, RetireError, Timeline};
+use super::{RetireError, Timeline};
 
 /// What retiring a launch released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,12 +270,26 @@ impl<T: Timeline, G: Send + 'static> Queued<T, G> {
     ///
     /// # Errors
     ///
-    /// When completion could not be confirmed. Nothing is leaked or released then: the guards
-    /// stay queued, released once a later call sees the work complete.
+    /// [`RetireError`] when completion could not be confirmed: as for [`Pending::retire`], this
+    /// launch's guards are then **leaked** (taken off the queue, never released, counted in
+    /// [`Stats::guards_leaked`](super::Stats::guards_leaked)), since the work may still be using
+    /// them and the sticky context errors that make a wait fail make every later one fail too.
+    /// Other queued launches stay queued.
     #[doc(alias = "cuEventSynchronize")]
-    pub fn wait(&self) -> Result<usize, CompletionError<T::Error>> {
-        self.tracker.wait_for(self.seq)?;
-        Ok(self.tracker.release_known_complete())
+    pub fn wait(&self) -> Result<usize, RetireError<T::Error>> {
+        match self.tracker.wait_for(self.seq) {
+            Ok(()) => Ok(self.tracker.release_known_complete()),
+            Err(source) => {
+                let leaked = self.tracker.leak_queued(self.seq);
+                let e = RetireError {
+                    seq: self.seq,
+                    leaked,
+                    source,
+                };
+                log::error!("tile-launch release queue: {e}: {}", e.source);
+                Err(e)
+            }
+        }
     }
 
     /// Releases as [`wait`](Queued::wait) does if the work has completed; `None` if it has not.

@@ -388,6 +388,19 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         self.release_batch(batch)
     }
 
+    /// Takes the queued launch `seq` off the queue, if it is still there, and leaks its guards
+    /// (its completion could not be confirmed). Returns how many.
+    pub(super) fn leak_queued(&self, seq: u64) -> usize {
+        let mut st = self.lock();
+        let Some(entry) = st.deferred.remove(seq) else {
+            return 0;
+        };
+        st.deferred_guards -= entry.guards.len();
+        st.deferred_bytes = st.deferred_bytes.saturating_sub(entry.bytes);
+        drop(st);
+        self.leak(entry.guards)
+    }
+
     /// Queues a handle's guards. First makes room for them (waiting for the oldest queued work
     /// if the queue is full), so that the queue stays within its bounds; guards that exceed the
     /// guard bound on their own are waited for and released here instead of being queued. A
