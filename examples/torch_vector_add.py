@@ -54,7 +54,7 @@ def main():
     handle.wait()  # blocks with the GIL released, then runs the three deleters
     assert torch.equal(c, a + b)
 
-    # Fire and forget: a dropped handle goes to the stream's release queue; temporaries such as
+    # Fire and forget: the tensors are on the stream's release queue already; temporaries such as
     # a * 2 stay alive until the kernel is done, even though Python drops them at once.
     tile_py.launch(stream, (n + 255) // 256, add, (a * 2, b, c, n), block=256)
     tile_py.synchronize()

@@ -276,7 +276,7 @@ pub struct Stats {
     /// Guards leaked (never dropped) because their completion could not be confirmed.
     /// (`tile_py.stats()["guards_leaked"]`.)
     pub guards_leaked: u64,
-    /// Guards whose drop panicked (also counted in `released`).
+    /// Guards whose drop panicked (also counted in `guards_released`).
     pub release_panics: u64,
     /// Successful launches (sequence numbers handed out).
     pub launches: u64,

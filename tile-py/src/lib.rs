@@ -192,7 +192,8 @@ impl LaunchHandle {
     }
 }
 
-/// Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
+/// Launches `kernel` on `stream` with `args`, and returns a handle to wait on or poll
+/// (the consumed tensors are on the stream's release queue until the kernel has finished).
 ///
 /// - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
 ///   `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
@@ -658,8 +659,8 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   only the queue keeps alive (exports the producer copied for the launch, DLPack
 ///   `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
 ///   of the device's memory: past it, a launch that adds such bytes first waits for older work.
-/// - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by launch handles (0 for
-///   `tile_py.launch`, whose tensors go straight to the release queue).
+/// - `held_guards`, `held_bytes`: always 0 in tile_py, whose launches put their tensors straight on
+///   the release queue (kept for parity with Rust's `Stream::stats`).
 /// - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
 ///   release queues, CUDA graphs, and exports dropped by a failed check.
 /// - `guards_released`: guards the streams' release queues dropped, once the work was done (or

@@ -9,7 +9,7 @@ that uses it has finished.
                                     tile_py.Out("float32"), tile_py.Scalar("u64")])
     h = tile_py.launch(torch.cuda.current_stream(), (n + 255) // 256, add, (a, b, c, n),
                        block=256)
-    h.wait()   # or let it go: a dropped handle is released by the stream's queue
+    h.wait()   # or let it go: the tensors are on the stream's release queue already
 
 Importing needs no GPU; the CUDA driver is loaded on first use. Without one, the first call
 that needs it raises ``tile_py.DriverNotFoundError`` (a ``tile_py.CudaError``).

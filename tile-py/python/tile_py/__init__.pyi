@@ -163,7 +163,7 @@ class BoundLaunch:
     ) -> BoundLaunch: ...
     def __call__(self, *args: Any, sync: bool = True) -> LaunchHandle:
         """Launches the bound kernel with `args` (one per declared parameter) and returns the
-        `LaunchHandle` that owns the consumed tensors, as `launch` does: every argument is
+        `LaunchHandle`, as `launch` does: every argument is
         checked (count, kinds, dtypes, devices, writability, overlap, scalar ranges) before any
         tensor is consumed, producers are ordered before the bound stream, and tensors are
         released only after the work is done. `sync` is as for `launch`. Raises as `launch`
@@ -224,7 +224,8 @@ def launch(
     programmatic_dependent_launch: bool = False,
     sync: bool = True,
 ) -> LaunchHandle:
-    """Launches `kernel` on `stream` with `args`, and returns a handle that owns the consumed tensors.
+    """Launches `kernel` on `stream` with `args`, and returns a handle to wait on or poll
+    (the consumed tensors are on the stream's release queue until the kernel has finished).
 
     - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
       `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
@@ -276,8 +277,8 @@ def stats() -> dict[str, int]:
       only the queue keeps alive (exports the producer copied for the launch, DLPack
       `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
       of the device's memory: past it, a launch that adds such bytes first waits for older work.
-    - `held_guards`, `held_bytes`: guards, and bytes counted as above, owned by launch handles (0 for
-      `tile_py.launch`, whose tensors go straight to the release queue).
+    - `held_guards`, `held_bytes`: always 0 in tile_py, whose launches put their tensors straight on
+      the release queue (kept for parity with Rust's `Stream::stats`).
     - `released`: DLPack deleters tile_py has run (tensors released), on every path: handles,
       release queues, CUDA graphs, and exports dropped by a failed check.
     - `guards_released`: guards the streams' release queues dropped, once the work was done (or

@@ -422,7 +422,8 @@ def launch(
     """Launches the cuTile kernel ``kernel`` (``@ct.kernel``) on ``stream`` with ``grid`` blocks
     and ``args``, as ``ct.launch(stream, grid, kernel, args)`` does, through ``tile_py.launch``
     (block (1, 1, 1): a tile kernel takes its thread count from its compiled code). Returns the
-    ``tile_py.LaunchHandle`` that owns the consumed tensors until the kernel has finished.
+    ``tile_py.LaunchHandle`` to wait on or poll (the consumed tensors stay on the stream's
+    release queue until the kernel has finished).
 
     ``programmatic_dependent_launch``, ``cooperative`` and ``block_in_cluster_count`` (cluster
     dimensions) are ``ct.launch_extended``'s launch attributes, passed to ``tile_py.launch``.

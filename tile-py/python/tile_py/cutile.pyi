@@ -21,8 +21,8 @@ def launch(
     1-3 tuple) and ``args``, as ``ct.launch(stream, grid, kernel, args)`` does, through
     ``tile_py.launch`` with block (1, 1, 1). The kernel is exported (cubin, calling convention
     cutile_python_v2, the stream's device's compute capability) once per specialisation and
-    kept in memory. Returns the handle that owns the consumed tensors until the kernel has
-    finished. Raises NotImplementedError naming a parameter kind it cannot pass (list of
+    kept in memory. Returns a handle to wait on or poll (the consumed tensors stay on the
+    stream's release queue until the kernel has finished). Raises NotImplementedError naming a parameter kind it cannot pass (list of
     arrays, tensor map, pointer, dataclass, static extents or strides other than 1), ValueError
     for arrays that overlap or a tensor that breaks the compiled layout assumptions, TypeError
     for an argument whose layout cannot be read, and every error of tile_py.launch; all before
