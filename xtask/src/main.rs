@@ -9,6 +9,8 @@
 //!   the kernels, the tile-py wheel with its tests and a `run.sh` that runs it all on a GPU
 //!   machine without Rust or network.
 //! - `cargo xtask bench` builds the bundle and runs its benchmarks on this machine's GPU.
+//! - `cargo xtask profile` counts host instructions per launch with callgrind against a stub
+//!   driver (no GPU needed).
 //!
 //! A task refuses any argument it does not take; `--help` or `-h` after a task prints the usage.
 //! Before it starts, a task checks what it needs from the machine (libclang for codegen, a Python
@@ -17,6 +19,7 @@
 mod bundle;
 mod codegen;
 mod prereq;
+mod profile;
 mod wheel;
 
 use std::process::Command;
@@ -30,6 +33,7 @@ const TASKS: &[(&str, &[&str])] = &[
     ("wheel", &[]),
     ("gpu-bundle", &[]),
     ("bench", &["--burst="]),
+    ("profile", &["--launches="]),
 ];
 
 fn main() -> Result<()> {
@@ -74,6 +78,7 @@ fn main() -> Result<()> {
         "test" => test(),
         "gpu-bundle" => bundle::run(),
         "bench" => bench(rest),
+        "profile" => profile::run(rest),
         "wheel" => wheel::build().map(|w| println!("wheel: {}", w.display())),
         _ => unreachable!("every task of TASKS is matched"),
     }
@@ -94,6 +99,10 @@ tasks:
                       bench/results/. On a GPU machine without Rust:
                       bash target/gpu-bundle/run.sh --bench [DIR] [--burst N]
                       (DIR defaults to ./bench-results)
+  profile [--launches=N]
+                      host instructions per launch of tile-launch's launch paths, counted by
+                      callgrind against a stub driver (bench/profile/cuda_stub.c; no GPU needed;
+                      needs valgrind and cc), and where the three-tensor path's instructions go
 
 A task takes no arguments but those shown; `cargo xtask <task> --help` prints this help.";
 

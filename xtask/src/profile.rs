@@ -1,0 +1,165 @@
+//! `cargo xtask profile [--launches=N]`: host instructions per launch of tile-launch's launch
+//! paths, counted by callgrind against the stub driver `bench/profile/cuda_stub.c` (no GPU
+//! needed; the counts are exact and repeatable for one build). For each path of the example
+//! `launch_profile` it runs the example twice under `valgrind --tool=callgrind`, counting only
+//! its measured loop, and prints instructions per launch; then, for the three-tensor deferred
+//! path, the functions that cost the most per launch (inclusive). Needs `valgrind` and a C
+//! compiler (`cc`). The stub's own functions cost next to nothing, so the counts are
+//! tile-launch's (and the test's DLPack exports'), never the driver's.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::{cargo, run_cmd, workspace_root};
+
+const PATHS: &[(&str, &str)] = &[
+    (
+        "raw",
+        "raw cuLaunchKernel (the stub's cost: the floor is the driver's)",
+    ),
+    (
+        "export",
+        "3 DLPack tensors made and consumed, nothing launched",
+    ),
+    ("scalars", "tile-launch deferred, 7 scalars"),
+    (
+        "deferred",
+        "tile-launch deferred, 3 DLPack tensors (export included)",
+    ),
+    (
+        "bound",
+        "tile-launch prepared (bound), 3 DLPack tensors (export included)",
+    ),
+    (
+        "queued",
+        "tile-launch queued handle, 3 DLPack tensors (export included)",
+    ),
+];
+
+/// Frames at or above the measured loop.
+const RUNTIME: &[&str] = &[
+    "lang_start",
+    "below main",
+    "__libc_start",
+    "short_backtrace",
+    "measured_loop",
+    "launch_profile::main",
+    "0x0",
+];
+
+pub(crate) fn run(rest: &[String]) -> Result<()> {
+    let launches = rest
+        .iter()
+        .find_map(|a| a.strip_prefix("--launches="))
+        .map(|n| {
+            n.parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--launches takes a positive integer, got `{n}`"))
+        })
+        .transpose()?
+        .unwrap_or(2000);
+    for tool in ["valgrind", "cc", "callgrind_annotate"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            bail!("`{tool}` not found: install valgrind and a C compiler (Debian: valgrind gcc)");
+        }
+    }
+    let root = workspace_root();
+    let out = root.join("target/profile");
+    std::fs::create_dir_all(&out)?;
+    let stub = out.join("libcuda.so.1");
+    run_cmd(Command::new("cc").args([
+        "-O2".as_ref(),
+        "-shared".as_ref(),
+        "-fPIC".as_ref(),
+        "-o".as_ref(),
+        stub.as_os_str(),
+        root.join("bench/profile/cuda_stub.c").as_os_str(),
+    ]))?;
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "tile-launch",
+        "--example",
+        "launch_profile",
+    ]))?;
+    let exe = root.join("target/release/examples/launch_profile");
+    println!(
+        "host instructions per launch (callgrind, stub driver, {launches} launches after 256 \
+         warm-up ones)"
+    );
+    println!("{:<8} {:>12}  what", "path", "instr/launch");
+    for (path, what) in PATHS {
+        let file = out.join(format!("callgrind.{path}"));
+        let per = count(&exe, &stub, &file, path, launches)?;
+        println!("{path:<8} {per:>12.0}  {what}");
+    }
+    let file = out.join("callgrind.deferred");
+    let annotated = Command::new("callgrind_annotate")
+        .args(["--inclusive=yes".as_ref(), file.as_os_str()])
+        .output()
+        .context("cannot run callgrind_annotate")?;
+    let text = String::from_utf8_lossy(&annotated.stdout);
+    println!("\nwhere the deferred path's instructions go (inclusive, per launch; first 25 rows):");
+    let mut shown = 0;
+    for line in text.lines() {
+        let line = line.trim_start();
+        let Some((count, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Ok(n) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        let Some((_, func)) = rest.split_once(')') else {
+            continue;
+        };
+        let func = func.trim();
+        // Rows naming an object file (`file:function [object]`), below the measured loop.
+        let Some((located, _)) = func.rsplit_once(" [") else {
+            continue;
+        };
+        let name = located.split_once(':').map_or(located, |(_, f)| f);
+        if n < launches || RUNTIME.iter().any(|r| name.contains(r)) {
+            continue;
+        }
+        let name: String = name.chars().take(120).collect();
+        println!("{:>10.0}  {name}", n as f64 / launches as f64);
+        shown += 1;
+        if shown == 25 {
+            break;
+        }
+    }
+    println!("\ncallgrind files: {}", out.display());
+    Ok(())
+}
+
+/// Instructions per launch of `path`: callgrind's count of the measured loop over `launches`.
+fn count(exe: &Path, stub: &Path, file: &Path, path: &str, launches: u64) -> Result<f64> {
+    let status = Command::new("valgrind")
+        .args(["--tool=callgrind", "--toggle-collect=*measured_loop*"])
+        .arg(format!("--callgrind-out-file={}", file.display()))
+        .arg(exe)
+        .args([path, &launches.to_string()])
+        .env("TILE_LIBCUDA", stub)
+        .output()
+        .context("cannot run valgrind")?;
+    if !status.status.success() {
+        bail!(
+            "launch_profile {path} failed under valgrind:\n{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(file)?;
+    let total: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no total in {}", file.display()))?;
+    Ok(total as f64 / launches as f64)
+}
