@@ -152,7 +152,13 @@ impl Stream {
         if !bound {
             config.validate(ctx.limits())?;
         }
-        let mut args: SmallVec<[Arg<'a>; INLINE_ARGS]> = args.into_iter().collect();
+        let mut args: SmallVec<[Arg<'a>; INLINE_ARGS]> = {
+            let mut v = SmallVec::new();
+            for a in args {
+                v.push(a);
+            }
+            v
+        };
         // 1. Check everything without consuming anything: the arguments, the kernel's own
         //    limits on this device, the tensors' memory, and whether the stream is capturing.
         let mut values = check_all(kernel.name(), kernel.signature(), &args, ctx.ordinal())?;
