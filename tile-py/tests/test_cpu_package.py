@@ -55,7 +55,7 @@ def test_wheel_metadata():
         assert c in classifiers
     assert md["Description-Content-Type"].startswith("text/markdown")
     assert "tile_py" in md.get_payload()  # the README
-    # Requires-Python is the abi3 floor of the wheel's tag (cp39-abi3-... needs >=3.9).
+    # Requires-Python is the abi3 floor of the wheel's tag (cp310-abi3-... needs >=3.10).
     tags = [line.split(": ", 1)[1] for line in dist.read_text("WHEEL").splitlines() if line.startswith("Tag: ")]
     assert tags and all(t.split("-")[1] == "abi3" for t in tags), tags
     floor = {t.split("-")[0] for t in tags}
