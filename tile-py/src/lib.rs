@@ -52,7 +52,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use smallvec::SmallVec;
 use tile_launch::{Arg, Guard, Param, Stream};
 
-use crate::convert::{Converted, Handshake, convert_args, parse_config};
+use crate::convert::{Converted, Handshake, convert_args, convert_args_into, parse_config};
 use crate::errors::{Kind, err, launch_err, show};
 use crate::kernel::Kernel;
 use crate::release::{COUNTERS, FINALIZING, FORKED, PyGuard, drain};
@@ -352,16 +352,17 @@ fn launch_on(
         device: s.context().ordinal(),
     };
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
-    let Converted {
-        args,
-        claims,
-        owners,
-    } = convert_args(py, &kernel.params, args, &hs)?;
-    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
-    let owner_guards: SmallVec<[Guard; 2]> = owners
+    // Converted in place and handed over as a draining iterator: the arguments (about a
+    // kilobyte inline) are moved once each, never as a whole buffer.
+    let mut conv = Converted::new();
+    convert_args_into(py, &kernel.params, args, &hs, &mut conv)?;
+    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; conv.claims.len()];
+    let owner_guards: SmallVec<[Guard; 2]> = conv
+        .owners
         .iter()
         .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
         .collect();
+    let args = conv.args.drain(..);
     let go = |consumed: &mut [bool]| {
         let guard = |index: usize, used| {
             consumed[index] = true;
@@ -397,15 +398,17 @@ fn launch_on(
     let r = match r {
         Ok(h) => {
             COUNTERS.launches_issued.fetch_add(1, Ordering::Relaxed);
-            // The owners are now held by the launch's guards; drop our references.
-            drop(owners);
-            drop(claims);
+            // The owners are now held by the launch's guards; `conv` drops our references.
             Ok(LaunchHandle {
                 inner: Mutex::new(Some(h)),
             })
         }
         Err(e) => {
-            Converted::rollback(claims, owners, &consumed);
+            Converted::rollback(
+                std::mem::take(&mut conv.claims),
+                std::mem::take(&mut conv.owners),
+                &consumed,
+            );
             Err(launch_err(py, e, expected(&kernel.params)))
         }
     };

@@ -128,6 +128,17 @@ fn release_owned(ptr: *mut DLManagedTensorVersioned) {
     }
 }
 
+impl Converted {
+    /// Nothing converted yet.
+    pub(crate) fn new() -> Converted {
+        Converted {
+            args: SmallVec::new(),
+            claims: SmallVec::new(),
+            owners: Vec::new(),
+        }
+    }
+}
+
 /// Converts `args` against the declared `params`. On error, everything claimed so far is
 /// rolled back before returning.
 pub(crate) fn convert_args(
@@ -136,21 +147,31 @@ pub(crate) fn convert_args(
     args: &[Bound<'_, PyAny>],
     hs: &Handshake,
 ) -> PyResult<Converted> {
-    let mut out = Converted {
-        args: SmallVec::new(),
-        claims: SmallVec::new(),
-        owners: Vec::new(),
-    };
+    let mut out = Converted::new();
+    convert_args_into(py, params, args, hs, &mut out)?;
+    Ok(out)
+}
+
+/// As [`convert_args`], into `out` (empty), which the launch path then reads in place: the
+/// converted arguments (about a kilobyte inline) are not moved around. On error, `out` is left
+/// empty, everything claimed rolled back.
+pub(crate) fn convert_args_into(
+    py: Python<'_>,
+    params: &[Param],
+    args: &[Bound<'_, PyAny>],
+    hs: &Handshake,
+    out: &mut Converted,
+) -> PyResult<()> {
     // A panic while converting (a bug in tile-py or a dependency) must not skip the rollback:
     // it would leave earlier capsules renamed `used_*` forever and leak owned tensors. It is
     // caught here, everything claimed so far is rolled back, and it becomes a `RuntimeError`.
     // `catch_unwind` costs nothing unless a panic happens.
     let mut at = 0usize;
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        convert_each(py, params, args, hs, &mut out, &mut at)
+        convert_each(py, params, args, hs, out, &mut at)
     }));
     let e = match r {
-        Ok(Ok(())) => return Ok(out),
+        Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => match same_capsule_as(args, at) {
             // Claimed by an earlier argument of this call, which is rolled back below: say so,
             // rather than "already consumed".
@@ -177,13 +198,12 @@ pub(crate) fn convert_args(
             )
         }
     };
-    let Converted {
-        args,
-        claims,
-        owners,
-    } = out;
-    drop(args);
-    Converted::rollback(claims, owners, &[]);
+    out.args.clear();
+    Converted::rollback(
+        std::mem::take(&mut out.claims),
+        std::mem::take(&mut out.owners),
+        &[],
+    );
     crate::release::drain(py);
     Err(e)
 }
