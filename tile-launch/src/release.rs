@@ -35,7 +35,7 @@
 //!
 //! When the tracker cannot confirm completion (a wait fails, or recording a marker and the
 //! whole-stream fallback both fail), the guards concerned are **leaked** — never dropped, counted
-//! in [`Stats::leaked`] — and the error is returned or, where nobody can receive it, kept in the
+//! in [`Stats::guards_leaked`] — and the error is returned or, where nobody can receive it, kept in the
 //! tracker's sticky error slot ([`Tracker::last_error`]) and logged.
 //!
 //! # Guarantees
@@ -344,7 +344,7 @@ impl<E: std::error::Error + 'static> CompletionError<E> {
 }
 
 /// [`Pending::retire`] could not confirm that the launch completed; its guards were leaked
-/// (never released, counted in [`Stats::leaked`]), since the work may still be using them.
+/// (never released, counted in [`Stats::guards_leaked`]), since the work may still be using them.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("could not confirm that launch #{seq} completed; its {leaked} guard(s) were leaked")]
 #[non_exhaustive]

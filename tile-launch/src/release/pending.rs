@@ -124,7 +124,7 @@ impl<T: Timeline, G: Send + 'static> Pending<T, G> {
     ///
     /// [`RetireError`] when completion could not be confirmed (the wait failed, or recording
     /// and the stream synchronisation both failed). The guards are then **leaked** — never
-    /// released, counted in [`Stats::leaked`](super::Stats::leaked) — because the work may still
+    /// released, counted in [`Stats::guards_leaked`](super::Stats::guards_leaked) — because the work may still
     /// be using them. (Handing the handle back instead would only invite a retry that, for the
     /// sticky context errors that make a wait fail, fails the same way.)
     #[doc(alias = "cuEventSynchronize")]

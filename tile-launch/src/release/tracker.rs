@@ -276,7 +276,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
 
     /// Drains the queue at the end of the stream's life: [`synchronize`](Tracker::synchronize),
     /// and if that fails, leaks every queued guard (never releases it: its work may still be
-    /// running), counts it in [`Stats::leaked`], stores the error in the sticky slot and logs it.
+    /// running), counts it in [`Stats::guards_leaked`], stores the error in the sticky slot and logs it.
     ///
     /// With nothing queued it makes no call on the stream at all (the stream may have been
     /// destroyed by its owner once its work was released).
