@@ -93,6 +93,25 @@ pub struct TensorArg<'a> {
 }
 
 impl<'a> TensorArg<'a> {
+    /// The bytes only a launch's release queue would keep alive for this tensor: its byte
+    /// extent when the producer copied it for the launch (DLPack `IS_COPIED`), else 0 (also for
+    /// a descriptor that does not validate: the launch refuses it before anything is queued).
+    /// Validates the descriptor of a tensor not consumed yet once; the launch reuses that.
+    pub fn queue_bytes(&self) -> u64 {
+        let view = match &self.source {
+            TensorSource::Unused(u) => match u.peek() {
+                Ok(v) => v,
+                Err(_) => return 0,
+            },
+            TensorSource::Used(u) => u.view(),
+        };
+        if view.is_copied() {
+            view.nbytes_spanned()
+        } else {
+            0
+        }
+    }
+
     /// Declares that the tensor's data is written by work enqueued on `producer`: the launch
     /// stream then waits for that work on the device (`cuStreamWaitEvent`) before the kernel
     /// runs. Nothing is inserted when `producer` is the launch stream.

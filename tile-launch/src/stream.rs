@@ -678,6 +678,25 @@ impl Stream {
         }
     }
 
+    /// Whether a launch on this stream keeping `guards` guards alive, `bytes` of them bytes
+    /// that only the release queue would keep alive (exports the producer copied, DLPack
+    /// `IS_COPIED`), may wait for queued work before it is enqueued: the queue near its bounds
+    /// ([`near_release_bound`](Stream::near_release_bound)), or the queue plus this launch over
+    /// one. Takes no lock of the queue; as racy as `near_release_bound`.
+    pub fn launch_may_wait(&self, guards: usize, bytes: u64) -> bool {
+        match &self.inner.per_thread {
+            None => {
+                let t = &self.inner.tracker;
+                t.near_bound() || t.would_wait(guards, bytes)
+            }
+            Some(map) => map
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|(_, t)| t.near_bound() || t.would_wait(guards, bytes)),
+        }
+    }
+
     /// Counters of the release queue: pending guards and bytes, released and leaked totals.
     pub fn stats(&self) -> Stats {
         let gone = *self.inner.gone.lock().unwrap_or_else(|p| p.into_inner());

@@ -605,6 +605,40 @@ fn near_bound_says_when_half_of_a_bound_is_queued() {
 }
 
 #[test]
+fn would_wait_says_when_the_queue_plus_a_launch_is_over_a_bound() {
+    let h = Harness::new(ReleaseConfig {
+        max_pending_guards: 8,
+        max_pending_bytes: 1000.into(),
+        ..config(1000)
+    });
+    // An empty queue: only guards over the bound on their own wait (for their own work).
+    assert!(!h.tracker.would_wait(8, 5000));
+    assert!(h.tracker.would_wait(9, 0));
+    h.launch_deferred_bytes(1, 1);
+    // Far from half of either bound, yet a launch adding 1000 copied bytes must first wait for
+    // the queued byte: `would_wait` says so where `near_bound` cannot.
+    assert!(!h.tracker.near_bound());
+    assert!(h.tracker.would_wait(1, 1000));
+    assert!(!h.tracker.would_wait(1, 999));
+    assert!(!h.tracker.would_wait(7, 0));
+    assert!(h.tracker.would_wait(8, 0));
+    // Bytes never make a launch that adds none wait.
+    assert!(!h.tracker.would_wait(1, 0));
+    // What the hint says is what the launch does.
+    h.fake.complete_all();
+    let waits = h.fake.calls().wait;
+    h.launch_deferred_bytes(1, 1000);
+    assert_eq!(
+        h.fake.calls().wait,
+        waits + 1,
+        "the launch waited for the queued byte"
+    );
+    h.tracker.synchronize().unwrap();
+    assert!(!h.tracker.would_wait(1, 1000));
+    h.assert_sound();
+}
+
+#[test]
 fn byte_bound_share_of_device_resolves_once_against_the_timeline() {
     let fake = FakeTimeline::new();
     fake.set_device_memory(141_000_000_000);

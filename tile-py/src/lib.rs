@@ -362,6 +362,7 @@ fn launch_on(
         .iter()
         .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
         .collect();
+    let blocking = may_block(s, &conv.args, owner_guards.len());
     let args = conv.args.drain(..);
     let go = |consumed: &mut [bool]| {
         let guard = |index: usize, used| {
@@ -380,7 +381,7 @@ fn launch_on(
     // detaching and re-attaching costs about as much and hands the interpreter to any waiting
     // thread. It can block only when the release queue is near its bound (it then waits for the
     // oldest queued work first): then it is made detached.
-    let r = if may_block(s) {
+    let r = if blocking {
         let work = SameThread((go, consumed.as_mut_slice()));
         py.detach(move || {
             let work = work;
@@ -430,12 +431,19 @@ fn _after_fork_in_child() {
     release::after_fork_in_child();
 }
 
-/// Whether a launch or a `defer` on `s` may wait for queued work (the calling thread's release
-/// queue of `s` is at least half full against its bounds). Racy by design: it only decides
-/// whether to detach from the interpreter around the call. Asked twice per launch (launch and
-/// handle drop), so it takes one lock of that queue and copies no counters.
-fn may_block(s: &tile_launch::Stream) -> bool {
-    s.near_release_bound()
+/// Whether the launch of `args` (with `owners` more guards) on `s` may wait for queued work
+/// before it is enqueued: the release queue near its bounds, or the queue plus this launch's
+/// guards and copied bytes over one (`Stream::launch_may_wait`). Racy by design: it only decides
+/// whether to detach from the interpreter around the call, and takes no lock of the queue.
+fn may_block(s: &tile_launch::Stream, args: &[Arg<'_>], owners: usize) -> bool {
+    let (mut guards, mut bytes) = (owners, 0u64);
+    for a in args {
+        if let Arg::Tensor(t) = a {
+            guards += 1;
+            bytes = bytes.saturating_add(t.queue_bytes());
+        }
+    }
+    s.launch_may_wait(guards, bytes)
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the

@@ -16,8 +16,10 @@
 //!   refused for `Out` / `InOut`.
 //!
 //! A producer type is classified once (its MRO is read) and cached; a tensor of an
-//! unclassified kind costs a thread-local pointer compare. The checks run before anything is
-//! exported or consumed, on every path (C exchange API, `__dlpack__`, capsule-less objects).
+//! unclassified kind costs a thread-local pointer compare. The checks run on every path, before
+//! anything is consumed: before the export on the `__dlpack__` path, right after it on the C
+//! exchange API path (the export's dtype tells whether the conjugate bit can be set at all; a
+//! refused export is released at once).
 
 use std::cell::Cell;
 use std::collections::HashMap;

@@ -29,7 +29,9 @@ impl Retired {
     }
 
     /// A [`Queued`] launch of `own` guards retired by a call that released `total` guards:
-    /// its own count as released (now, or by an earlier call that saw the work complete).
+    /// its own count as released (now, or by an earlier call that saw the work complete; or,
+    /// for a launch whose guards exceeded the guard bound on their own, leaked by a failed wait
+    /// inside the launch, which [`Stats::guards_leaked`](super::Stats::guards_leaked) counts).
     pub(crate) fn queued(own: usize, total: usize) -> Retired {
         Retired {
             released: own,

@@ -12,7 +12,7 @@ use std::ops::{Deref, DerefMut};
 use super::state::{Deferred, Held, MarkerSlot, State};
 use super::{CompletionError, ReleaseConfig, RetireError, Stats, Timeline};
 
-use crate::sync::{self, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 
 /// The release queue of one stream. Shared as `Arc<Tracker>`: every [`Pending`](super::Pending) handle holds a
 /// clone, so the tracker outlives its handles.
@@ -31,12 +31,13 @@ pub struct Tracker<T: Timeline, G: Send + 'static> {
     released: AtomicU64,
     leaked: AtomicU64,
     release_panics: AtomicU64,
-    /// Whether the queue held at least half of a bound when the lock was last let go
-    /// ([`near_bound`](Tracker::near_bound) without taking the lock).
-    near: AtomicBool,
+    /// Guards and bytes queued when the lock was last let go ([`near_bound`](Tracker::near_bound)
+    /// and [`would_wait`](Tracker::would_wait) without taking the lock).
+    queued_guards: AtomicUsize,
+    queued_bytes: AtomicU64,
 }
 
-/// The tracker's lock held. Letting go of it publishes whether the queue is near its bounds.
+/// The tracker's lock held. Letting go of it publishes how much the queue holds.
 struct Locked<'a, T: Timeline, G: Send + 'static> {
     st: MutexGuard<'a, State<T, G>>,
     tracker: &'a Tracker<T, G>,
@@ -57,9 +58,12 @@ impl<T: Timeline, G: Send + 'static> DerefMut for Locked<'_, T, G> {
 
 impl<T: Timeline, G: Send + 'static> Drop for Locked<'_, T, G> {
     fn drop(&mut self) {
-        let near = self.tracker.is_near(&self.st);
         // Published under the lock (this runs before the guard's own drop).
-        self.tracker.near.store(near, Ordering::Relaxed);
+        let t = self.tracker;
+        t.queued_guards
+            .store(self.st.deferred_guards, Ordering::Relaxed);
+        t.queued_bytes
+            .store(self.st.deferred_bytes, Ordering::Relaxed);
     }
 }
 
@@ -111,7 +115,8 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             released: AtomicU64::new(0),
             leaked: AtomicU64::new(0),
             release_panics: AtomicU64::new(0),
-            near: AtomicBool::new(false),
+            queued_guards: AtomicUsize::new(0),
+            queued_bytes: AtomicU64::new(0),
         })
     }
 
@@ -137,13 +142,31 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// answer about a queue that other threads fill and drain (a hint, e.g. for whether to
     /// release an interpreter lock around a launch).
     pub fn near_bound(&self) -> bool {
-        self.near.load(Ordering::Relaxed)
+        let (guards, bytes) = self.queued();
+        guards.saturating_mul(2) >= self.config.max_pending_guards
+            || (bytes > 0 && bytes.saturating_mul(2) >= self.max_pending_bytes)
     }
 
-    fn is_near(&self, st: &State<T, G>) -> bool {
-        st.deferred_guards.saturating_mul(2) >= self.config.max_pending_guards
-            || (st.deferred_bytes > 0
-                && st.deferred_bytes.saturating_mul(2) >= self.max_pending_bytes)
+    /// Whether a launch or `defer` of `guards` guards adding `bytes` bytes would wait for
+    /// queued work first (the queue plus it over a bound, or its guards over the guard bound on
+    /// their own), judged from what the queue held when its lock was last let go: as racy as
+    /// [`near_bound`](Tracker::near_bound), and takes no lock either.
+    pub fn would_wait(&self, guards: usize, bytes: u64) -> bool {
+        let (queued_guards, queued_bytes) = self.queued();
+        let queued = queued_guards > 0 || queued_bytes > 0;
+        self.too_many_guards(guards)
+            || (queued
+                && (queued_guards.saturating_add(guards) > self.config.max_pending_guards
+                    || (bytes > 0
+                        && queued_bytes > 0
+                        && queued_bytes.saturating_add(bytes) > self.max_pending_bytes)))
+    }
+
+    fn queued(&self) -> (usize, u64) {
+        (
+            self.queued_guards.load(Ordering::Relaxed),
+            self.queued_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// Whether one launch of `guards` guards exceeds the guard bound on its own (it is then

@@ -197,7 +197,9 @@ class Library:
 
 @final
 class LaunchHandle:
-    """Owns a launch's tensors until its work is done."""
+    """Waits for a launch, or asks whether it is done. It owns nothing: the launch's tensors
+    are on the stream's release queue until its work is done, so dropping the handle does
+    nothing."""
 
     def wait(self) -> None:
         """Block (GIL released) until the work is done, then release the tensors."""

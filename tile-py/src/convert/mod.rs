@@ -120,11 +120,14 @@ fn release_owned(ptr: *mut DLManagedTensorVersioned) {
     // SAFETY: `ptr` is a managed tensor we own exclusively (exchange API export or our own
     // `__cuda_array_interface__` descriptor), not consumed yet, valid until its deleter runs.
     let unused = unsafe { Unused::from_versioned(ptr) };
-    // On `Err` the deleter has already run (tile-dlpack's contract); on `Ok` it runs when the
-    // queue is drained.
-    if let Ok(used) = unused.consume() {
-        COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
-        drop(PyGuard::tensor(used));
+    // On `Err` the deleter has already run (tile-dlpack's contract): counted as taken and
+    // released, as every export tile_py releases is; on `Ok` it runs when the queue is drained.
+    COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+    match unused.consume() {
+        Ok(used) => drop(PyGuard::tensor(used)),
+        Err(_) => {
+            COUNTERS.released.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
