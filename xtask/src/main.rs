@@ -108,16 +108,7 @@ A task takes no arguments but those shown; `cargo xtask <task> --help` prints th
 
 /// `cargo xtask bench [--burst=N]`: the bundle's benchmarks, run on this machine's GPU.
 fn bench(rest: &[String]) -> Result<()> {
-    let burst = rest
-        .iter()
-        .find_map(|a| a.strip_prefix("--burst="))
-        .map(|n| {
-            n.parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .with_context(|| format!("--burst takes a positive integer, got `{n}`"))
-        })
-        .transpose()?;
+    let burst = positive_flag(rest, "--burst")?;
     bundle::run()?;
     let root = workspace_root();
     let mut cmd = Command::new("bash");
@@ -127,6 +118,20 @@ fn bench(rest: &[String]) -> Result<()> {
         cmd.args(["--burst".to_owned(), n.to_string()]);
     }
     run_cmd(&mut cmd)
+}
+
+/// The value of `--name=N` among `rest`, which must be a positive integer; `None` when absent.
+pub(crate) fn positive_flag(rest: &[String], name: &str) -> Result<Option<u32>> {
+    let prefix = format!("{name}=");
+    rest.iter()
+        .find_map(|a| a.strip_prefix(&prefix))
+        .map(|n| {
+            n.parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("{name} takes a positive integer, got `{n}`"))
+        })
+        .transpose()
 }
 
 /// Runs a command from the workspace root, failing with the command line if it fails.

@@ -12,7 +12,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{cargo, run_cmd, workspace_root};
+use crate::{cargo, positive_flag, run_cmd, workspace_root};
 
 const PATHS: &[(&str, &str)] = &[
     (
@@ -50,17 +50,7 @@ const RUNTIME: &[&str] = &[
 ];
 
 pub(crate) fn run(rest: &[String]) -> Result<()> {
-    let launches = rest
-        .iter()
-        .find_map(|a| a.strip_prefix("--launches="))
-        .map(|n| {
-            n.parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .with_context(|| format!("--launches takes a positive integer, got `{n}`"))
-        })
-        .transpose()?
-        .unwrap_or(2000);
+    let launches = u64::from(positive_flag(rest, "--launches")?.unwrap_or(2000));
     for tool in ["valgrind", "cc", "callgrind_annotate"] {
         if Command::new(tool).arg("--version").output().is_err() {
             bail!("`{tool}` not found: install valgrind and a C compiler (Debian: valgrind gcc)");
