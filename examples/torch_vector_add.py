@@ -49,7 +49,8 @@ def main():
     c = torch.empty(n, device="cuda")
     stream = torch.cuda.current_stream()
 
-    # The handle owns a, b and c (their DLPack exports) until the kernel has finished.
+    # a, b and c (their DLPack exports) are on the stream's release queue until the kernel has
+    # finished; the handle only waits for it.
     handle = tile_py.launch(stream, (n + 255) // 256, add, (a, b, c, n), block=256)
     handle.wait()  # blocks with the GIL released, then runs the three deleters
     assert torch.equal(c, a + b)

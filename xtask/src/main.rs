@@ -100,9 +100,10 @@ tasks:
                       bash target/gpu-bundle/run.sh --bench [DIR] [--burst N]
                       (DIR defaults to ./bench-results)
   profile [--launches=N]
-                      host instructions per launch of tile-launch's launch paths, counted by
-                      callgrind against a stub driver (bench/profile/cuda_stub.c; no GPU needed;
-                      needs valgrind and cc), and where the three-tensor path's instructions go
+                      host instructions per launch of tile-launch's launch paths (raw, export,
+                      scalars, deferred, bound, queued; N launches each, default 2000), counted
+                      by callgrind against a stub driver (bench/profile/cuda_stub.c; no GPU
+                      needed; needs valgrind and cc), then where the deferred path's go
 
 A task takes no arguments but those shown; `cargo xtask <task> --help` prints this help.";
 

@@ -59,7 +59,8 @@ const BUILD_REQUIREMENTS: &[&str] = &["maturin>=1.9.3,<2", "ziglang==0.17.1"];
 const MANYLINUX: &str = "manylinux2014";
 
 /// NumPy and pytest for the suite; mypy for `stubtest`, pinned because each mypy release adds
-/// checks (mypy 2.4 needs Python 3.10 or newer; on an older venv stubtest is skipped, saying so);
+/// checks (mypy 2.4 needs Python 3.10 or newer, as the wheel does; without it stubtest is
+/// skipped, saying so);
 /// cuTile Python (`cuda-tile`, a 0.4 MB wheel without its compiler extra; it imports without a
 /// driver) for the CPU tests of `tile_py.cutile`, pinned to the version whose calling convention
 /// `tile_py.cutile` declares.
