@@ -92,6 +92,17 @@ pub struct TensorArg<'a> {
     pub(crate) memory_trusted: bool,
 }
 
+/// The bytes only a launch's release queue keeps alive for a tensor with this view: an export
+/// the producer copied for the launch (DLPack `IS_COPIED`) counts its byte extent; a tensor its
+/// caller still holds costs the queue nothing. The one rule for the queue's byte bound.
+pub(crate) fn queue_bytes(view: &tile_dlpack::TensorView<'_>) -> u64 {
+    if view.is_copied() {
+        view.nbytes_spanned()
+    } else {
+        0
+    }
+}
+
 impl<'a> TensorArg<'a> {
     /// The bytes only a launch's release queue would keep alive for this tensor: its byte
     /// extent when the producer copied it for the launch (DLPack `IS_COPIED`), else 0 (also for
@@ -105,11 +116,7 @@ impl<'a> TensorArg<'a> {
             },
             TensorSource::Used(u) => u.view(),
         };
-        if view.is_copied() {
-            view.nbytes_spanned()
-        } else {
-            0
-        }
+        queue_bytes(&view)
     }
 
     /// Declares that the tensor's data is written by work enqueued on `producer`: the launch

@@ -7,7 +7,7 @@ use cuda_sys::{CUfunction, CUlaunchConfig, CUstream, CuResultExt};
 use smallvec::SmallVec;
 use tile_dlpack::Used;
 
-use crate::args::{Arg, INLINE_ARGS, TensorSource, check_all};
+use crate::args::{Arg, INLINE_ARGS, TensorSource, check_all, queue_bytes};
 use crate::config::{LaunchConfig, launch_attributes};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
@@ -204,12 +204,7 @@ impl Stream {
                     .map_err(|source| Error::Descriptor { index, source })?,
                 TensorSource::Used(u) => u,
             };
-            // Only memory the launch alone keeps alive counts against the release queue's byte
-            // bound: an export the producer copied for it. A tensor the caller holds costs the
-            // queue nothing.
-            if used.view().is_copied() {
-                bytes = bytes.saturating_add(used.view().nbytes_spanned());
-            }
+            bytes = bytes.saturating_add(queue_bytes(&used.view()));
             guards.push(guard(index, used));
             if let Some(s) = t.ready_on.filter(|s| *s != self.raw())
                 && !waits.contains(&s)
