@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
+use crate::convert::parse_config;
 use crate::errors::launch_err;
 use crate::kernel::Kernel;
 use crate::{LaunchHandle, Target, arg_list, as_kernel, check_count, check_usable, streams};
@@ -19,43 +20,6 @@ pub(crate) struct BoundLaunch {
     stream_value: i64,
 }
 
-/// Binds: parses and checks the stream, the configuration and the kernel, then has tile-launch
-/// check the configuration against the device and prepare the kernel for it, once.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn bind(
-    py: Python<'_>,
-    stream: &Bound<'_, PyAny>,
-    grid: &Bound<'_, PyAny>,
-    kernel: &Bound<'_, PyAny>,
-    block: &Bound<'_, PyAny>,
-    shared_mem: Option<&Bound<'_, PyAny>>,
-    cluster: Option<&Bound<'_, PyAny>>,
-    cooperative: bool,
-    programmatic_dependent_launch: bool,
-) -> PyResult<BoundLaunch> {
-    let (spec, cached, config) = crate::stream_and_config(
-        py,
-        stream,
-        grid,
-        block,
-        shared_mem,
-        cluster,
-        cooperative,
-        programmatic_dependent_launch,
-    )?;
-    let kernel = as_kernel(kernel)?;
-    let stream_value = spec.dlpack_value();
-    let s = streams::resolve(py, stream, spec, cached)?;
-    let inner = s
-        .bind(&kernel.get().inner, &config)
-        .map_err(|e| launch_err(py, e, |_| None))?;
-    Ok(BoundLaunch {
-        kernel: kernel.clone().unbind(),
-        inner,
-        stream_value,
-    })
-}
-
 #[pymethods]
 impl BoundLaunch {
     /// Binds `kernel` to `stream` and a launch configuration; the arguments are as for
@@ -64,7 +28,7 @@ impl BoundLaunch {
     #[pyo3(signature = (stream, grid, kernel, *, block, shared_mem = None, cluster = None,
                         cooperative = false, programmatic_dependent_launch = false))]
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    pub(crate) fn new(
         py: Python<'_>,
         stream: &Bound<'_, PyAny>,
         grid: &Bound<'_, PyAny>,
@@ -75,17 +39,28 @@ impl BoundLaunch {
         cooperative: bool,
         programmatic_dependent_launch: bool,
     ) -> PyResult<BoundLaunch> {
-        bind(
-            py,
-            stream,
+        let (spec, cached) = crate::prelude(py, stream)?;
+        let config = parse_config(
             grid,
-            kernel,
             block,
             shared_mem,
             cluster,
             cooperative,
             programmatic_dependent_launch,
-        )
+        )?;
+        let kernel = as_kernel(kernel)?;
+        let stream_value = spec.dlpack_value();
+        let s = streams::resolve(py, stream, spec, cached)?;
+        // tile-launch checks the configuration against the device and prepares the kernel for
+        // it, once.
+        let inner = s
+            .bind(&kernel.get().inner, &config)
+            .map_err(|e| launch_err(py, e, |_| None))?;
+        Ok(BoundLaunch {
+            kernel: kernel.clone().unbind(),
+            inner,
+            stream_value,
+        })
     }
 
     /// Launches the bound kernel with `args` (one per declared parameter), as

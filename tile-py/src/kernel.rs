@@ -528,7 +528,7 @@ impl Kernel {
         cooperative: bool,
         programmatic_dependent_launch: bool,
     ) -> PyResult<crate::bound::BoundLaunch> {
-        crate::bound::bind(
+        crate::bound::BoundLaunch::new(
             slf.py(),
             stream,
             grid,

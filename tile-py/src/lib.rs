@@ -239,9 +239,8 @@ fn launch(
     programmatic_dependent_launch: bool,
     sync: bool,
 ) -> PyResult<LaunchHandle> {
-    let (spec, cached, config) = stream_and_config(
-        py,
-        stream,
+    let (spec, cached) = prelude(py, stream)?;
+    let config = parse_config(
         grid,
         block,
         shared_mem,
@@ -269,36 +268,16 @@ fn launch(
     )
 }
 
-/// What `tile_py.launch` and `Kernel.bind` read first, after draining queued releases and
-/// refusing an unusable process: the stream argument (and the stream the per-thread caches
-/// know for it) and the launch configuration.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stream_and_config(
+/// What `tile_py.launch` and `Kernel.bind` do first: drain queued releases, refuse an
+/// unusable process, and read the stream argument (with the stream the per-thread caches know
+/// for it). Each then parses its launch configuration (`parse_config`).
+pub(crate) fn prelude(
     py: Python<'_>,
     stream: &Bound<'_, PyAny>,
-    grid: &Bound<'_, PyAny>,
-    block: &Bound<'_, PyAny>,
-    shared_mem: Option<&Bound<'_, PyAny>>,
-    cluster: Option<&Bound<'_, PyAny>>,
-    cooperative: bool,
-    programmatic_dependent_launch: bool,
-) -> PyResult<(
-    streams::StreamSpec,
-    Option<Stream>,
-    tile_launch::LaunchConfig,
-)> {
+) -> PyResult<(streams::StreamSpec, Option<Stream>)> {
     drain(py);
     check_usable()?;
-    let (spec, cached) = streams::parse_stream_cached(stream)?;
-    let config = parse_config(
-        grid,
-        block,
-        shared_mem,
-        cluster,
-        cooperative,
-        programmatic_dependent_launch,
-    )?;
-    Ok((spec, cached, config))
+    streams::parse_stream_cached(stream)
 }
 
 /// Refuses a launch while the interpreter exits or in a forked child.
