@@ -22,8 +22,6 @@
 //! refused export is released at once).
 
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -31,7 +29,7 @@ use pyo3::types::PyType;
 use tile_launch::Param;
 
 use crate::errors::{Kind, arg_err, show};
-use crate::pytypes::{in_package, mro_any};
+use crate::pytypes::{TypeCache, in_package, mro_any};
 
 /// The family of a producer type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -44,45 +42,16 @@ pub(crate) enum Family {
     Jax,
 }
 
-/// Per producer type: its family. Holds the type, so its address is not reused while cached.
-type FamilyMap = HashMap<usize, (Py<PyType>, Family)>;
-static FAMILIES: Mutex<Option<FamilyMap>> = Mutex::new(None);
-
 thread_local! {
-    /// The last producer type this thread classified, and its family: the common case (every
-    /// argument of one type) is a pointer compare. The type cannot be freed while it is cached:
-    /// [`FAMILIES`] holds it.
-    static LAST: Cell<(usize, Family)> = const { Cell::new((0, Family::Plain)) };
+    static LAST_FAMILY: Cell<(usize, Option<Family>)> = const { Cell::new((0, None)) };
 }
 
-/// The family of `obj`'s type.
+/// Per producer type: its family.
+static FAMILIES: TypeCache<Family> = TypeCache::new(&LAST_FAMILY);
+
+/// The family of `obj`'s type (its MRO is read once per type).
 pub(crate) fn family(obj: &Bound<'_, PyAny>) -> Family {
-    let key = obj.get_type_ptr() as usize;
-    let (last, f) = LAST.with(Cell::get);
-    if last == key {
-        return f;
-    }
-    let ty = obj.get_type();
-    let cached = FAMILIES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .and_then(|m| m.get(&key).map(|e| e.1));
-    let f = match cached {
-        Some(f) => f,
-        None => {
-            let f = classify(&ty);
-            FAMILIES
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert_with(HashMap::new)
-                .entry(key)
-                .or_insert((ty.unbind(), f));
-            f
-        }
-    };
-    LAST.with(|c| c.set((key, f)));
-    f
+    FAMILIES.of(obj, classify)
 }
 
 fn classify(ty: &Bound<'_, PyType>) -> Family {

@@ -1,4 +1,10 @@
-//! Recognising a Python type by the classes it derives from, without importing their packages.
+//! Recognising a Python type by the classes it derives from, without importing their packages,
+//! and remembering per type what was found ([`TypeCache`]).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::thread::LocalKey;
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -27,4 +33,77 @@ pub(crate) fn in_package(module: &str, package: &str) -> bool {
     module
         .strip_prefix(package)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
+/// A type's address, the type (held so the address is not reused), and its value.
+type TypeMap<V> = HashMap<usize, (Py<PyType>, V)>;
+
+/// Per Python type, a value computed once. The map holds each type it keys (so a type's address
+/// is not reused while it is a key), and a per-thread cell in front of it answers the common
+/// case, the same type as this thread's last lookup, with one pointer compare: no lock, no hash,
+/// no reference count touched.
+pub(crate) struct TypeCache<V: Copy + 'static> {
+    map: Mutex<Option<TypeMap<V>>>,
+    /// This thread's last type (its address) and its value.
+    last: &'static LocalKey<Cell<(usize, Option<V>)>>,
+}
+
+impl<V: Copy + 'static> TypeCache<V> {
+    /// An empty cache whose per-thread cell is `last` (a `thread_local!` holding `(0, None)`).
+    pub(crate) const fn new(last: &'static LocalKey<Cell<(usize, Option<V>)>>) -> Self {
+        TypeCache {
+            map: Mutex::new(None),
+            last,
+        }
+    }
+
+    /// The value for `ty`, if it was computed before.
+    #[inline]
+    pub(crate) fn get(&self, ty: &Bound<'_, PyType>) -> Option<V> {
+        self.get_key(ty.as_ptr() as usize)
+    }
+
+    #[inline]
+    fn get_key(&self, key: usize) -> Option<V> {
+        if let (last, Some(v)) = self.last.with(Cell::get)
+            && last == key
+        {
+            return Some(v);
+        }
+        let v = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(&key).map(|e| e.1))?;
+        self.last.with(|c| c.set((key, Some(v))));
+        Some(v)
+    }
+
+    /// Records `v` for `ty` unless a value is already there; returns the value kept.
+    pub(crate) fn insert(&self, ty: &Bound<'_, PyType>, v: V) -> V {
+        let key = ty.as_ptr() as usize;
+        let v = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .entry(key)
+            .or_insert_with(|| (ty.clone().unbind(), v))
+            .1;
+        self.last.with(|c| c.set((key, Some(v))));
+        v
+    }
+
+    /// The value for the type of `obj`, computed by `f` (outside the lock: it may call into
+    /// Python) the first time that type is seen.
+    #[inline]
+    pub(crate) fn of(&self, obj: &Bound<'_, PyAny>, f: impl FnOnce(&Bound<'_, PyType>) -> V) -> V {
+        if let Some(v) = self.get_key(obj.get_type_ptr() as usize) {
+            return v;
+        }
+        let ty = obj.get_type();
+        let v = f(&ty);
+        self.insert(&ty, v)
+    }
 }

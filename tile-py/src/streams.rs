@@ -12,7 +12,7 @@ use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
 use tile_launch::{Context, Stats, Stream, WeakStream};
 
 use crate::errors::{Kind, err, launch_err, show};
-use crate::pytypes::{in_package, mro_any};
+use crate::pytypes::{TypeCache, in_package, mro_any};
 
 /// A stream as the caller gave it.
 pub(crate) struct StreamSpec {
@@ -102,14 +102,12 @@ enum Fast {
     Torch,
 }
 
-/// Per stream type: whether it is [`Fast`]. Holds the type, so its address is not reused
-/// while it is a key (here or in [`LAST_TYPE`]).
-static STREAM_TYPES: Mutex<Option<TypeMap>> = Mutex::new(None);
-type TypeMap = HashMap<usize, (Py<PyType>, Fast)>;
+/// Per stream type: whether it is [`Fast`], once a full parse has told.
+static STREAM_TYPES: TypeCache<Fast> = TypeCache::new(&LAST_TYPE);
 
 thread_local! {
     /// The last stream type this thread looked up in [`STREAM_TYPES`], and its answer.
-    static LAST_TYPE: Cell<(usize, Fast)> = const { Cell::new((0, Fast::No)) };
+    static LAST_TYPE: Cell<(usize, Option<Fast>)> = const { Cell::new((0, None)) };
     /// The last `(device, raw handle)` this thread resolved through the [`Fast`] path and its
     /// cached [`Stream`], held weakly (the `Stream` [`STREAMS`] holds for that key until it is
     /// forgotten): a second-level cache for stream objects that are new each call, as
@@ -121,18 +119,7 @@ thread_local! {
 
 /// Whether `ty` is known, and if so whether it is [`Fast`].
 fn fast_kind(ty: &Bound<'_, PyType>) -> Option<Fast> {
-    let key = ty.as_ptr() as usize;
-    let (last, fast) = LAST_TYPE.with(Cell::get);
-    if last == key {
-        return Some(fast);
-    }
-    let fast = STREAM_TYPES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .and_then(|m| m.get(&key).map(|e| e.1))?;
-    LAST_TYPE.with(|c| c.set((key, fast)));
-    Some(fast)
+    STREAM_TYPES.get(ty)
 }
 
 /// Whether `ty` is one of PyTorch's CUDA stream types: `torch._C._CudaStreamBase` is in its
@@ -178,13 +165,7 @@ fn learn_type(obj: &Bound<'_, PyAny>, spec: &StreamSpec) {
     } else {
         Fast::No
     };
-    let key = ty.as_ptr() as usize;
-    STREAM_TYPES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .entry(key)
-        .or_insert((ty.unbind(), fast));
+    STREAM_TYPES.insert(&ty, fast);
 }
 
 /// [`parse_stream`], answered from the per-thread caches: when `obj` is the stream object this

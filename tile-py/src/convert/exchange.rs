@@ -1,53 +1,24 @@
 //! The DLPack C exchange API (`__dlpack_c_exchange_api__`): exports without a Python call, ordered after the producer's current stream.
 
 use super::*;
+use crate::pytypes::TypeCache;
 
 #[derive(Clone, Copy)]
 pub(crate) struct ApiPtr(*const DLPackExchangeAPI);
 // SAFETY: the exchange API table is immutable and lives for the whole process (DLPack 1.3).
 unsafe impl Send for ApiPtr {}
 
-/// Per producer type: its exchange API, if any. Holds the type so its address is not reused.
-pub(crate) type ApiCache = HashMap<usize, (Py<PyType>, Option<ApiPtr>)>;
-pub(crate) static EXCHANGE_APIS: Mutex<Option<ApiCache>> = Mutex::new(None);
-
 thread_local! {
-    /// The last producer type this thread converted and its exchange API: a pointer compare
-    /// answers the common case (every argument of the same type) without a lock or a hash.
-    /// The type's address cannot be reused while it is cached: [`EXCHANGE_APIS`] holds it.
-    static LAST_API: Cell<(usize, Option<ApiPtr>)> = const { Cell::new((0, None)) };
+    static LAST_API: Cell<(usize, Option<Option<ApiPtr>>)> = const { Cell::new((0, None)) };
 }
 
-/// The exchange API of `obj`'s type; the common case (the same type as this thread's last) is
-/// a pointer compare, without touching the type's reference count.
+/// Per producer type: its exchange API, if any.
+static EXCHANGE_APIS: TypeCache<Option<ApiPtr>> = TypeCache::new(&LAST_API);
+
+/// The exchange API of `obj`'s type (looked up once per type); the common case, the same type
+/// as this thread's last, is a pointer compare, without touching the type's reference count.
 pub(crate) fn exchange_api(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<ApiPtr> {
-    let key = obj.get_type_ptr() as usize;
-    let (last, api) = LAST_API.with(Cell::get);
-    if last == key {
-        return api;
-    }
-    let api = exchange_api_slow(py, &obj.get_type());
-    LAST_API.with(|c| c.set((key, api)));
-    api
-}
-
-pub(crate) fn exchange_api_slow(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
-    let key = ty.as_ptr() as usize;
-    if let Some(map) = EXCHANGE_APIS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        && let Some((_, api)) = map.get(&key)
-    {
-        return *api;
-    }
-    let api = lookup_exchange_api(py, ty);
-    EXCHANGE_APIS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(key, (ty.clone().unbind(), api));
-    api
+    EXCHANGE_APIS.of(obj, |ty| lookup_exchange_api(py, ty))
 }
 
 pub(crate) fn lookup_exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {

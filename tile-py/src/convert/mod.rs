@@ -11,9 +11,7 @@
 //! its destructor when we drop it), an owned tensor is released.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::{CStr, c_void};
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use cuda_sys::CUstream;
