@@ -32,16 +32,13 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 use cuda_sys::{CUdeviceptr, CUfunction, CUlaunchConfig, CuResultExt, driver};
-use tile_dlpack::dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensorVersioned};
-use tile_dlpack::dlpark::metadata::Dynamic;
-use tile_dlpack::{DType, Used};
-use tile_launch::{
-    Arg, Context, Kernel, LaunchConfig, Library, Param, ReleaseConfig, ScalarType, Signature,
-    Stream,
-};
+use tile_launch::{Arg, Context, Kernel, LaunchConfig, Library, ReleaseConfig, Stream};
 
 const KERNELS: &str = include_str!("../kernels/vector_add.cu");
-const N: usize = 4096;
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{N, raw_pointer_signature, tensor, vector_add_signature};
 
 struct Opts {
     launches: usize,
@@ -146,23 +143,6 @@ impl Drop for Owner {
     }
 }
 
-/// A versioned DLPack tensor of N float32 at `ptr`, whose deleter frees its owner.
-fn tensor(ptr: CUdeviceptr, owner: Owner) -> Result<Used> {
-    let mut init = Dynamic::new([N as i64], [1i64])
-        .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(owner));
-    init.set_data(ptr as usize as *mut c_void)
-        .set_device(DLDevice::cuda(0))
-        .set_dtype(DLDataType {
-            code: DLDataTypeCode::FLOAT,
-            bits: 32,
-            lanes: 1,
-        });
-    // SAFETY: every field is set; the buffers outlive the benchmark.
-    let managed = unsafe { init.finish() };
-    Ok(Used::from_managed_versioned(managed)?)
-}
-
 /// When the host function after a sampled launch ran (ns since `.1`).
 type CompletionStamp = (AtomicU64, Instant);
 
@@ -250,30 +230,10 @@ fn run() -> Result<()> {
     let _bound = ctx.bind()?;
     let stream = Stream::with_config(&ctx, ReleaseConfig::default())?;
     let lib = Library::from_cuda_source(KERNELS, &[])?;
-    let sig = Signature::new([
-        Param::input(DType::F32).strided(),
-        Param::scalar(ScalarType::I64),
-        Param::input(DType::F32).strided(),
-        Param::scalar(ScalarType::I64),
-        Param::output(DType::F32).strided(),
-        Param::scalar(ScalarType::I64),
-        Param::scalar(ScalarType::U64),
-    ]);
-    let add: Kernel = lib.kernel("vector_add", sig)?;
+    let add: Kernel = lib.kernel("vector_add", vector_add_signature())?;
     // The same kernel with its pointers declared as plain 64-bit scalars: a launch through
     // tile-launch that consumes no tensor, to separate the fixed cost from the tensors' cost.
-    let add_raw_ptrs: Kernel = lib.kernel(
-        "vector_add",
-        Signature::new([
-            Param::scalar(ScalarType::U64),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-        ]),
-    )?;
+    let add_raw_ptrs: Kernel = lib.kernel("vector_add", raw_pointer_signature())?;
     let buf = buffers()?;
     let cfg = LaunchConfig::for_elements(N as u64, 256);
     let grid = cfg.grid.x;

@@ -20,31 +20,12 @@ use std::hint::black_box;
 
 use anyhow::{Context as _, Result, bail};
 use cuda_sys::{CUdeviceptr, CUfunction, CuResultExt, driver};
-use tile_dlpack::dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLManagedTensorVersioned};
-use tile_dlpack::dlpark::metadata::Dynamic;
-use tile_dlpack::{DType, Used};
-use tile_launch::{
-    Arg, Context, Guard, Kernel, LaunchConfig, Library, Param, ScalarType, Signature, Stream,
-};
+use tile_launch::{Arg, Context, Guard, Kernel, LaunchConfig, Library, Stream};
 
-const N: usize = 4096;
+#[path = "common/mod.rs"]
+mod common;
 
-/// A versioned DLPack tensor of N float32 at `ptr`, with a trivial owner.
-fn tensor(ptr: CUdeviceptr) -> Result<Used> {
-    let mut init = Dynamic::new([N as i64], [1i64])
-        .prepare_as::<DLManagedTensorVersioned>()?
-        .initialize(Box::new(()));
-    init.set_data(ptr as usize as *mut c_void)
-        .set_device(DLDevice::cuda(0))
-        .set_dtype(DLDataType {
-            code: DLDataTypeCode::FLOAT,
-            bits: 32,
-            lanes: 1,
-        });
-    // SAFETY: every field is set; the buffers outlive the run.
-    let managed = unsafe { init.finish() };
-    Ok(Used::from_managed_versioned(managed)?)
-}
+use common::{N, raw_pointer_signature, tensor, vector_add_signature};
 
 #[inline(never)]
 fn measured_loop(n: u64, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
@@ -66,30 +47,8 @@ fn main() -> Result<()> {
     let stream = Stream::new(&ctx)?;
     // The stub accepts any image; a real driver would refuse this one.
     let lib = Library::from_image(b"\x7fELF stub image\0")?;
-    let add: Kernel = lib.kernel(
-        "vector_add",
-        Signature::new([
-            Param::input(DType::F32).strided(),
-            Param::scalar(ScalarType::I64),
-            Param::input(DType::F32).strided(),
-            Param::scalar(ScalarType::I64),
-            Param::output(DType::F32).strided(),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-        ]),
-    )?;
-    let add_raw_ptrs: Kernel = lib.kernel(
-        "vector_add",
-        Signature::new([
-            Param::scalar(ScalarType::U64),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-            Param::scalar(ScalarType::I64),
-            Param::scalar(ScalarType::U64),
-        ]),
-    )?;
+    let add: Kernel = lib.kernel("vector_add", vector_add_signature())?;
+    let add_raw_ptrs: Kernel = lib.kernel("vector_add", raw_pointer_signature())?;
     let mut bufs = [0 as CUdeviceptr; 3];
     for b in &mut bufs {
         // SAFETY: a valid out-pointer.
@@ -99,11 +58,11 @@ fn main() -> Result<()> {
     let cfg = LaunchConfig::for_elements(N as u64, 256);
     let tensors = || -> Result<[Arg<'static>; 7]> {
         Ok([
-            tensor(a)?.into(),
+            tensor(a, ())?.into(),
             1i64.into(),
-            tensor(b)?.into(),
+            tensor(b, ())?.into(),
             1i64.into(),
-            tensor(c)?.into(),
+            tensor(c, ())?.into(),
             1i64.into(),
             (N as u64).into(),
         ])
