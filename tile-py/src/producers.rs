@@ -15,13 +15,12 @@
 //! - **JAX** arrays are immutable and their buffers may be shared between arrays, so they are
 //!   refused for `Out` / `InOut`.
 //!
-//! A producer type is classified once (its MRO is read) and cached; a tensor of an
-//! unclassified kind costs a thread-local pointer compare. The checks run on every path, before
+//! A producer type is classified once (its MRO is read) and cached with its exchange API by the
+//! conversion (`convert::producer_type`); a tensor of a known type costs a thread-local pointer
+//! compare. The checks run on every path, before
 //! anything is consumed: before the export on the `__dlpack__` path, right after it on the C
 //! exchange API path (the export's dtype tells whether the conjugate bit can be set at all; a
 //! refused export is released at once).
-
-use std::cell::Cell;
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -29,7 +28,7 @@ use pyo3::types::PyType;
 use tile_launch::Param;
 
 use crate::errors::{Kind, arg_err, show};
-use crate::pytypes::{TypeCache, in_package, mro_any};
+use crate::pytypes::{in_package, mro_any};
 
 /// The family of a producer type.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -42,19 +41,8 @@ pub(crate) enum Family {
     Jax,
 }
 
-thread_local! {
-    static LAST_FAMILY: Cell<(usize, Option<Family>)> = const { Cell::new((0, None)) };
-}
-
-/// Per producer type: its family.
-static FAMILIES: TypeCache<Family> = TypeCache::new(&LAST_FAMILY);
-
-/// The family of `obj`'s type (its MRO is read once per type).
-pub(crate) fn family(obj: &Bound<'_, PyAny>) -> Family {
-    FAMILIES.of(obj, classify)
-}
-
-fn classify(ty: &Bound<'_, PyType>) -> Family {
+/// The family of a producer type, from its MRO (the conversion caches it per type).
+pub(crate) fn classify(ty: &Bound<'_, PyType>) -> Family {
     let torch = |m: &str, n: &str| m == "torch._C" && (n == "TensorBase" || n == "_TensorBase");
     let jax = |m: &str, _: &str| in_package(m, "jax") || m.starts_with("jaxlib");
     // The first class of either family in MRO order decides, as a walk would.

@@ -1,25 +1,11 @@
 //! The DLPack C exchange API (`__dlpack_c_exchange_api__`): exports without a Python call, ordered after the producer's current stream.
 
 use super::*;
-use crate::pytypes::TypeCache;
 
 #[derive(Clone, Copy)]
 pub(crate) struct ApiPtr(*const DLPackExchangeAPI);
 // SAFETY: the exchange API table is immutable and lives for the whole process (DLPack 1.3).
 unsafe impl Send for ApiPtr {}
-
-thread_local! {
-    static LAST_API: Cell<(usize, Option<Option<ApiPtr>>)> = const { Cell::new((0, None)) };
-}
-
-/// Per producer type: its exchange API, if any.
-static EXCHANGE_APIS: TypeCache<Option<ApiPtr>> = TypeCache::new(&LAST_API);
-
-/// The exchange API of `obj`'s type (looked up once per type); the common case, the same type
-/// as this thread's last, is a pointer compare, without touching the type's reference count.
-pub(crate) fn exchange_api(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<ApiPtr> {
-    EXCHANGE_APIS.of(obj, |ty| lookup_exchange_api(py, ty))
-}
 
 pub(crate) fn lookup_exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
     let attr = ty

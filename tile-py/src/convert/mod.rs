@@ -31,6 +31,7 @@ use tile_launch::{Arg, Dim3, LaunchConfig, Param, Scalar, ScalarType, TensorArg}
 
 use crate::errors::{Kind, arg_err, err, show, with_note};
 use crate::producers::{self, Checked, Family};
+use crate::pytypes::TypeCache;
 use crate::release::{COUNTERS, PyGuard, defer_release};
 
 mod cai;
@@ -276,6 +277,24 @@ fn convert_each(
     Ok(())
 }
 
+/// What a producer type is: its family and its DLPack C exchange API, if any.
+type ProducerType = (Family, Option<ApiPtr>);
+
+thread_local! {
+    static LAST_PRODUCER: Cell<(usize, Option<ProducerType>)> = const { Cell::new((0, None)) };
+}
+
+/// Per producer type: what it is.
+static PRODUCER_TYPES: TypeCache<ProducerType> = TypeCache::new(&LAST_PRODUCER);
+
+/// The family and the exchange API of `obj`'s type, found once per type; the common case, the
+/// same type as this thread's last, is a pointer compare.
+fn producer_type(py: Python<'_>, obj: &Bound<'_, PyAny>) -> ProducerType {
+    PRODUCER_TYPES.of(obj, |ty| {
+        (producers::classify(ty), lookup_exchange_api(py, ty))
+    })
+}
+
 pub(crate) struct Tensor {
     unused: Unused<'static>,
     claim: Claim,
@@ -326,8 +345,8 @@ fn convert_tensor(
     if let Ok(cap) = obj.cast::<PyCapsule>() {
         return claim_capsule(py, index, cap.as_any());
     }
-    let family = producers::family(obj);
-    if let Some(api) = exchange_api(py, obj) {
+    let (family, api) = producer_type(py, obj);
+    if let Some(api) = api {
         // Exported first, then checked: the export tells the dtype, which spares the
         // conjugate-bit query for real tensors. A refused tensor's export is released.
         let mut t = from_exchange_api(py, index, obj, api, hs)?;
