@@ -668,14 +668,7 @@ impl Stream {
     /// per-thread default stream, the map of per-thread queues is locked, and no queue is
     /// made); racy by nature (another thread may fill or drain a queue meanwhile).
     pub fn near_release_bound(&self) -> bool {
-        match &self.inner.per_thread {
-            None => self.inner.tracker.near_bound(),
-            Some(map) => map
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .any(|(_, t)| t.near_bound()),
-        }
+        self.any_queue(|t| t.near_bound())
     }
 
     /// Whether a launch on this stream keeping `guards` guards alive, `bytes` of them bytes
@@ -684,16 +677,19 @@ impl Stream {
     /// ([`near_release_bound`](Stream::near_release_bound)), or the queue plus this launch over
     /// one. Takes no lock of the queue; as racy as `near_release_bound`.
     pub fn launch_may_wait(&self, guards: usize, bytes: u64) -> bool {
+        self.any_queue(|t| t.near_bound() || t.would_wait(guards, bytes))
+    }
+
+    /// Whether `pred` holds for a release queue of this stream (for the per-thread default
+    /// stream, for any thread's queue, without making one).
+    fn any_queue(&self, pred: impl Fn(&StreamTracker) -> bool) -> bool {
         match &self.inner.per_thread {
-            None => {
-                let t = &self.inner.tracker;
-                t.near_bound() || t.would_wait(guards, bytes)
-            }
+            None => pred(&self.inner.tracker),
             Some(map) => map
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
-                .any(|(_, t)| t.near_bound() || t.would_wait(guards, bytes)),
+                .any(|(_, t)| pred(t)),
         }
     }
 
