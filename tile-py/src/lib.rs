@@ -325,11 +325,7 @@ fn launch_on(
     sync: bool,
 ) -> PyResult<LaunchHandle> {
     let (s, kernel) = (t.stream, t.kernel);
-    let hs = Handshake {
-        dlpack_stream: if sync { t.stream_value } else { -1 },
-        sync,
-        device: s.context().ordinal(),
-    };
+    let hs = Handshake::new(t.stream_value, sync, s.context().ordinal());
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
     // Converted in place and handed over as a draining iterator: the arguments (about a
     // kilobyte inline) are moved once each, never as a whole buffer.
@@ -538,11 +534,7 @@ fn convert_declared(
     let params = kernel::parse_params(params)?;
     let args = arg_list(args)?;
     check_count(what, &params, args.len())?;
-    let hs = Handshake {
-        dlpack_stream: if sync { spec.dlpack_value() } else { -1 },
-        sync,
-        device: spec.device.unwrap_or(device),
-    };
+    let hs = Handshake::new(spec.dlpack_value(), sync, spec.device.unwrap_or(device));
     if count {
         COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
     }

@@ -39,12 +39,17 @@ pub(crate) enum Family {
     Torch,
     /// A JAX array (a class from the `jax` or `jaxlib` packages in its MRO).
     Jax,
+    /// A CuPy array (a class from the `cupy` package in its MRO): nothing beyond the descriptor
+    /// to check, but its current stream can be read once per launch (see
+    /// [`convert::family_offer`](crate::convert::family_offer)).
+    Cupy,
 }
 
 /// The family of a producer type, from its MRO (the conversion caches it per type).
 pub(crate) fn classify(ty: &Bound<'_, PyType>) -> Family {
     let torch = |m: &str, n: &str| m == "torch._C" && (n == "TensorBase" || n == "_TensorBase");
     let jax = |m: &str, _: &str| in_package(m, "jax") || m.starts_with("jaxlib");
+    let cupy = |m: &str, _: &str| in_package(m, "cupy");
     // The first class of either family in MRO order decides, as a walk would.
     let mut found = Family::Plain;
     mro_any(ty, |m, n| {
@@ -52,6 +57,8 @@ pub(crate) fn classify(ty: &Bound<'_, PyType>) -> Family {
             found = Family::Torch;
         } else if jax(m, n) {
             found = Family::Jax;
+        } else if cupy(m, n) {
+            found = Family::Cupy;
         }
         found != Family::Plain
     });
@@ -90,7 +97,7 @@ pub(crate) fn check<'py>(
         Param::Tensor { intent, .. } | Param::Array { intent, .. } if intent.writes()
     );
     match f {
-        Family::Plain => Ok(Checked::AsIs),
+        Family::Plain | Family::Cupy => Ok(Checked::AsIs),
         Family::Jax if writes => Err(arg_err(
             Kind::Value,
             index,

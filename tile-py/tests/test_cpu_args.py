@@ -908,3 +908,88 @@ def test_cai_bools_are_refused(counters, field, value):
 def test_array_declarations_refuse_values_that_only_look_right(kw, exc, message):
     with pytest.raises(exc, match=message):
         tile_py.In("float32", **kw)
+
+
+# ---- CuPy arrays: CuPy's current stream read once per launch -------------------------------------
+
+_FAKE_CUPY = {"ptr": 0, "asked": []}
+
+
+class _FakeCupyStream:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+def _fake_get_current_stream(device_id=-1):
+    _FAKE_CUPY["asked"].append(device_id)
+    return _FakeCupyStream(_FAKE_CUPY["ptr"])
+
+
+class FakeCupyArray(Producer):
+    """Classified as a CuPy array (its class is from the ``cupy`` package)."""
+
+
+FakeCupyArray.__module__ = "cupy._core.core"
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    import types
+
+    pkg = types.ModuleType("cupy")
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.get_current_stream = _fake_get_current_stream
+    pkg.cuda = cuda
+    monkeypatch.setitem(sys.modules, "cupy", pkg)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    _FAKE_CUPY["asked"].clear()
+    yield _FAKE_CUPY
+    _FAKE_CUPY["asked"].clear()
+
+
+@pytest.mark.parametrize(
+    "cupy_ptr, offered",
+    [
+        (0x4321, 0x4321),  # another stream: offered CuPy's own, so CuPy makes no event
+        (STREAM, STREAM),  # the launch stream itself
+        (0, 1),  # CuPy's null stream is the legacy default stream, DLPack's 1
+        (2, 2),  # the per-thread default stream
+    ],
+)
+def test_cupy_arrays_offered_cupy_current_stream_read_once(counters, fake_cupy, cupy_ptr, offered):
+    fake_cupy["ptr"] = cupy_ptr
+    arrays = [FakeCupyArray() for _ in range(3)]
+    plain = Producer()
+    check([In("float32")] * 4, (*arrays, plain), device=0)
+    # One read of CuPy's current stream for the whole launch, on the launch device.
+    assert fake_cupy["asked"] == [0]
+    assert [a.calls[0]["stream"] for a in arrays] == [offered] * 3
+    # A producer whose current stream tile_py cannot read is offered the launch stream.
+    assert plain.calls[0]["stream"] == STREAM
+    assert [a.deleted for a in arrays] == [1, 1, 1] and plain.deleted == 1
+
+
+def test_cupy_current_stream_read_per_launch(counters, fake_cupy):
+    a = FakeCupyArray()
+    fake_cupy["ptr"] = 0x50
+    check([In("float32")], (a,), device=0)
+    fake_cupy["ptr"] = 0x60
+    check([In("float32")], (a,), device=0)
+    assert fake_cupy["asked"] == [0, 0]
+    assert [c["stream"] for c in a.calls] == [0x50, 0x60]
+
+
+def test_cupy_no_sync_offers_minus_one_without_reading(counters, fake_cupy):
+    a = FakeCupyArray()
+    check([In("float32")], (a,), sync=False)
+    assert fake_cupy["asked"] == [] and a.calls[0]["stream"] == -1 and a.deleted == 1
+
+
+def test_cupy_unreadable_stream_offers_launch_stream(counters, fake_cupy):
+    a, b = FakeCupyArray(), FakeCupyArray()
+    fake_cupy["ptr"] = None  # `.ptr` is not an int: the current stream cannot be read
+    check([In("float32")] * 2, (a, b), device=0)
+    # Asked once; each array is then offered the launch stream, as any producer is.
+    assert fake_cupy["asked"] == [0]
+    assert [a.calls[0]["stream"], b.calls[0]["stream"]] == [STREAM, STREAM]
+    assert a.deleted == 1 and b.deleted == 1

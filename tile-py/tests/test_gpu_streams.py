@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import tile_py
-from tile_py import In, Out, Scalar
+from tile_py import In, InOut, Out, Scalar
 
 pytestmark = pytest.mark.gpu
 
@@ -211,3 +211,42 @@ def test_fullgraph_fails_with_torchs_own_error(torch, scale):
     assert type(e).__module__.startswith("torch"), f"{type(e).__module__}.{type(e).__name__}: {e}"
     assert "unsupported stream type" not in str(e)
     print(f"fullgraph=True: {type(e).__module__}.{type(e).__name__}")
+
+
+ADD3 = r"""
+extern "C" __global__ void add3_f32(const float* a, const float* b, float* c,
+                                    unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i] + 0.5f * c[i];
+}
+"""
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["cupy-current-is-another", "cupy-current-is-launch"])
+def test_cupy_pending_writes_on_cupys_current_stream_are_seen(torch, same):
+    """CuPy arrays are offered CuPy's current stream (read once per launch) and the launch
+    stream waits once for it: writes still pending there, behind a long kernel, are seen by the
+    kernel, for every array, whether or not CuPy's current stream is the launch stream."""
+    cp = pytest.importorskip("cupy")
+    k = tile_py.Library.from_cuda_source(ADD3).kernel(
+        "add3_f32", [In("float32"), In("float32"), InOut("float32"), Scalar("u64")]
+    )
+    n = 1 << 22
+    launch = torch.cuda.Stream()
+    producer = cp.cuda.ExternalStream(launch.cuda_stream) if same else cp.cuda.Stream(non_blocking=True)
+    a, b, c = (cp.ones(n, dtype=cp.float32) for _ in range(3))
+    cp.cuda.Device().synchronize()
+    with producer:
+        # Keep CuPy's current stream busy, then queue the writes behind it.
+        with torch.cuda.stream(torch.cuda.ExternalStream(producer.ptr)):
+            torch.cuda._sleep(100_000_000)
+        a.fill(3.0)
+        b.fill(5.0)
+        c.fill(8.0)
+        h = tile_py.launch(launch, grid(n), k, (a, b, c, n), block=BLOCK)
+    h.wait()
+    launch.synchronize()
+    got = cp.asnumpy(c)
+    wrong = int((got != 12.0).sum())
+    assert wrong == 0, f"{wrong} of {n} elements missed the producer's pending writes"
+    tile_py.synchronize()

@@ -49,7 +49,7 @@ pub(crate) use handshake::*;
 pub(crate) use scalar::*;
 
 /// What the launch tells producers and the stream it launches on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct Handshake {
     /// The value passed as `__dlpack__(stream=...)` to CUDA producers: the launch stream's
     /// handle, 1 for the legacy default stream, 2 for the per-thread default stream, or -1 when
@@ -59,6 +59,22 @@ pub(crate) struct Handshake {
     pub sync: bool,
     /// The launch stream's device ordinal.
     pub device: i32,
+    /// CuPy's current stream on `device`, read at the launch's first CuPy array (see
+    /// [`family_offer`]).
+    pub cupy: Cell<FamilyStream>,
+}
+
+impl Handshake {
+    /// The handshake of a launch on a stream whose `__dlpack__` value is `dlpack_stream` (-1
+    /// when `sync` is false), on device `device`.
+    pub(crate) fn new(dlpack_stream: i64, sync: bool, device: i32) -> Handshake {
+        Handshake {
+            dlpack_stream: if sync { dlpack_stream } else { -1 },
+            sync,
+            device,
+            cupy: Cell::new(FamilyStream::Unread),
+        }
+    }
 }
 
 /// How one tensor argument was taken.
@@ -371,7 +387,11 @@ fn convert_tensor(
         }
     };
     if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
-        let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs)?;
+        let offer = match family {
+            Family::Cupy => family_offer(py, hs),
+            _ => offered_stream(hs),
+        };
+        let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs, offer)?;
         let mut t = claim_capsule(py, index, &cap)?;
         t.ready_on = ready_on;
         return Ok(t);
