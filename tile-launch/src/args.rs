@@ -228,6 +228,17 @@ pub fn check_args(
     check_all(kernel_name, signature, args, device_ordinal).map(drop)
 }
 
+/// What [`check_all`] found: the parameter values, and what the launch's guards will hold.
+#[derive(Debug)]
+pub(crate) struct Found {
+    /// One 8-byte slot per kernel parameter ([`ParamValues`]).
+    pub values: ParamValues,
+    /// Tensor arguments.
+    pub tensors: usize,
+    /// Bytes only the release queue would keep alive ([`queue_bytes`] of each tensor).
+    pub bytes: u64,
+}
+
 /// The kernel parameter values a launch of `signature` with `args` passes, one 8-byte slot per
 /// kernel parameter (a value narrower than 8 bytes in the slot's low bytes, little-endian; an
 /// array parameter is `1 + 2 * ndim` slots), after the same checks as [`check_args`]. Nothing
@@ -243,7 +254,7 @@ pub fn pack_args(
     args: &[Arg<'_>],
     device_ordinal: i32,
 ) -> Result<Vec<u64>> {
-    check_all(kernel_name, signature, args, device_ordinal).map(|v| v.into_vec())
+    check_all(kernel_name, signature, args, device_ordinal).map(|f| f.values.into_vec())
 }
 
 pub(crate) fn check_all(
@@ -251,7 +262,7 @@ pub(crate) fn check_all(
     signature: &Signature,
     args: &[Arg<'_>],
     ordinal: i32,
-) -> Result<ParamValues> {
+) -> Result<Found> {
     let params = signature.params();
     if args.len() != params.len() {
         return Err(Error::ArgumentCount {
@@ -260,11 +271,15 @@ pub(crate) fn check_all(
             got: args.len(),
         });
     }
-    let mut values = ParamValues::with_capacity(args.len());
+    let mut found = Found {
+        values: ParamValues::with_capacity(args.len()),
+        tensors: 0,
+        bytes: 0,
+    };
     for (index, (arg, param)) in args.iter().zip(params).enumerate() {
-        check_arg(index, arg, param, ordinal, &mut values)?;
+        check_arg(index, arg, param, ordinal, &mut found)?;
     }
-    Ok(values)
+    Ok(found)
 }
 
 fn check_arg(
@@ -272,8 +287,9 @@ fn check_arg(
     arg: &Arg<'_>,
     param: &Param,
     ordinal: i32,
-    out: &mut ParamValues,
+    found: &mut Found,
 ) -> Result<()> {
+    let out = &mut found.values;
     // `dense`: a plain pointer parameter, which the kernel indexes densely.
     let (dtype, intent, array, dense) = match (arg, param) {
         (
@@ -357,6 +373,8 @@ fn check_arg(
         view.check_writable()
             .map_err(|source| Error::Descriptor { index, source })?;
     }
+    found.tensors += 1;
+    found.bytes = found.bytes.saturating_add(queue_bytes(&view));
     if dense && !view.is_contiguous() {
         return Err(Error::NotContiguous {
             index,

@@ -89,6 +89,21 @@ impl BoundLaunch {
         &self.config
     }
 
+    /// Checks a launch of the bound kernel with `args`, as [`Stream::check`] does, without
+    /// checking the configuration or preparing the kernel again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::check`], less the configuration's
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (checked by [`Stream::bind`]).
+    pub fn check<'s, 'a>(
+        &'s self,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<crate::Checked<'s, 'a>> {
+        self.stream
+            .check_inner(&self.kernel, &self.config, args, true)
+    }
+
     /// Launches the bound kernel with `args`, as [`Stream::launch`] does, without checking the
     /// configuration again.
     ///

@@ -1,5 +1,5 @@
-//! The launch path: [`Stream::launch`] and its variants, the checks that need the driver
-//! (pointer devices, capture joins), consuming, ordering after producers, and enqueueing.
+//! The enqueue: [`Stream::launch`] and its variants, and what a [`Checked`] launch does once
+//! checked (`check.rs`): consuming, ordering after producers, and enqueueing.
 
 use std::ffi::c_void;
 
@@ -7,7 +7,8 @@ use cuda_sys::{CUfunction, CUlaunchConfig, CUstream, CuResultExt};
 use smallvec::SmallVec;
 use tile_dlpack::Used;
 
-use crate::args::{Arg, INLINE_ARGS, TensorSource, check_all, queue_bytes};
+use crate::args::{Arg, INLINE_ARGS, TensorSource};
+use crate::check::Checked;
 use crate::config::{LaunchConfig, launch_attributes};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
@@ -134,69 +135,105 @@ impl Stream {
             .map(|handle| handle.expect("a queued launch returns its handle"))
     }
 
-    /// The launch path: `keep` says what holds the guards and whether a handle is returned.
-    /// With `bound`, the configuration was checked and the
-    /// kernel prepared for it by [`Stream::bind`], and neither is done again.
+    /// The launch path: [`Stream::check_inner`], then [`Checked::enqueue`]. `keep` says what
+    /// holds the guards and whether a handle is returned. With `bound`, the configuration was
+    /// checked and the kernel prepared for it by [`Stream::bind`], and neither is done again.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_core<'a>(
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,
         args: impl IntoIterator<Item = Arg<'a>>,
-        mut guard: impl FnMut(usize, Used) -> Guard,
+        guard: impl FnMut(usize, Used) -> Guard,
         owners: impl IntoIterator<Item = Guard>,
         keep: Keep,
         bound: bool,
     ) -> Result<Option<LaunchHandle>> {
-        let ctx = self.context();
-        if !bound {
-            config.validate(ctx.limits())?;
-        }
-        let mut args: SmallVec<[Arg<'a>; INLINE_ARGS]> = {
-            let mut v = SmallVec::new();
-            for a in args {
-                v.push(a);
-            }
-            v
-        };
-        // 1. Check everything without consuming anything: the arguments, the kernel's own
-        //    limits on this device, the tensors' memory, and whether the stream is capturing.
-        let mut values = check_all(kernel.name(), kernel.signature(), &args, ctx.ordinal())?;
-        let d = cuda_sys::driver()?;
-        let _bound = ctx.bind_with(d)?;
-        if !bound && (config.shared_mem_bytes > 0 || config.cooperative) {
-            kernel.prepare_launch(d, ctx, config)?;
-        }
-        let capture = crate::capture_state::capturing_graph(d, self.raw())?;
-        check_pointer_memory(
-            d,
-            &args,
-            ctx.ordinal(),
-            self.checks_pointer_devices(),
-            capture.is_some(),
-        )?;
-        if let Some((_, ours)) = capture
-            && let Err(e) = check_capture_joins(d, self.raw(), ours, &args)
-        {
-            // Tensors handed over already consumed are released here (nothing uses them); their
-            // deleters must not disturb the capture in progress on this thread.
-            let _ = crate::capture_state::relaxed(d, || {
-                drop(std::mem::take(&mut args));
-                Ok(())
-            });
-            return Err(e);
-        }
-        // 2. Consume. A failure here releases what was consumed so far (nothing is launched).
-        let tensors = args.iter().filter(|a| matches!(a, Arg::Tensor(_))).count();
+        self.check_inner(kernel, config, args, bound)?
+            .enqueue(guard, owners, keep)
+    }
+}
+
+impl Checked<'_, '_> {
+    /// Consumes the tensors and launches, as [`Stream::launch`] does after its checks: the
+    /// returned handle owns the tensors until the work is done.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Descriptor`] if a tensor's deleter-owning export cannot be taken over (see
+    /// [`Unused::consume`](tile_dlpack::Unused::consume); what was consumed is released), and
+    /// [`Error::Cuda`] if a wait or the launch fails (the consumed tensors are released, since
+    /// nothing was enqueued that uses them; for a capturing stream, they are released with the
+    /// graph).
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch(self) -> Result<LaunchHandle> {
+        self.launch_with(|_, used| Guard::Tensor(used), [])
+    }
+
+    /// As [`Stream::launch_with`], after the checks: `guard(index, used)` is called once per
+    /// tensor argument, in argument order, as it is consumed; `owners` are held until the work
+    /// is done.
+    ///
+    /// # Errors
+    ///
+    /// As [`Checked::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_with(
+        self,
+        guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+    ) -> Result<LaunchHandle> {
+        self.enqueue(guard, owners, Keep::Handle)
+            .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
+    }
+
+    /// As [`Stream::launch_queued_with`], after the checks: the guards go straight to the
+    /// stream's release queue and the returned handle owns nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`Checked::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_queued_with(
+        self,
+        guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+    ) -> Result<LaunchHandle> {
+        self.enqueue(guard, owners, Keep::Queued)
+            .map(|handle| handle.expect("a queued launch returns its handle"))
+    }
+
+    /// As [`Stream::launch_deferred`], after the checks: the tensors go to the stream's
+    /// release queue, and no handle is returned.
+    ///
+    /// # Errors
+    ///
+    /// As [`Checked::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    pub fn launch_deferred(self) -> Result<()> {
+        self.enqueue(|_, used| Guard::Tensor(used), [], Keep::Deferred)
+            .map(drop)
+    }
+
+    /// Consumes, orders and enqueues; checks nothing (the [`Checked`] proves it was checked).
+    pub(crate) fn enqueue(
+        mut self,
+        mut guard: impl FnMut(usize, Used) -> Guard,
+        owners: impl IntoIterator<Item = Guard>,
+        keep: Keep,
+    ) -> Result<Option<LaunchHandle>> {
+        let (s, kernel, config, d) = (self.stream, self.kernel, self.config, self.d);
+        let ctx = s.context();
+        let capture = self.capture;
+        // 1. Consume. A failure here releases what was consumed so far (nothing is launched).
         let mut guards = Vec::new();
-        if tensors > 0 {
-            guards.reserve_exact(tensors);
+        if self.tensors > 0 {
+            guards.reserve_exact(self.tensors);
         }
         let mut waits: SmallVec<[CUstream; 4]> = SmallVec::new();
-        let mut bytes = 0u64;
         // `drain` moves one argument at a time out of the inline buffer instead of moving the
         // whole buffer into an iterator (arguments are about 100 bytes each).
-        for (index, arg) in args.drain(..).enumerate() {
+        for (index, arg) in self.args.drain(..).enumerate() {
             let Arg::Tensor(t) = arg else { continue };
             let used = match t.source {
                 TensorSource::Unused(u) => u
@@ -204,29 +241,30 @@ impl Stream {
                     .map_err(|source| Error::Descriptor { index, source })?,
                 TensorSource::Used(u) => u,
             };
-            bytes = bytes.saturating_add(queue_bytes(&used.view()));
             guards.push(guard(index, used));
-            if let Some(s) = t.ready_on.filter(|s| *s != self.raw())
-                && !waits.contains(&s)
+            if let Some(p) = t.ready_on.filter(|p| *p != s.raw())
+                && !waits.contains(&p)
             {
-                waits.push(s);
+                waits.push(p);
             }
         }
         guards.extend(owners);
-        // 3. Parameters: one 8-byte slot per kernel parameter (an array argument fills
+        let bytes = self.bytes;
+        // 2. Parameters: one 8-byte slot per kernel parameter (an array argument fills
         //    `1 + 2 * ndim`), pointed to by the parameter array.
-        let mut ptrs: SmallVec<[*mut c_void; INLINE_ARGS]> = values
+        let mut ptrs: SmallVec<[*mut c_void; INLINE_ARGS]> = self
+            .values
             .iter_mut()
             .map(|v| (v as *mut u64).cast::<c_void>())
             .collect();
-        // 4. Order after the producers, then launch, on the calling thread's release queue
+        // 3. Order after the producers, then launch, on the calling thread's release queue
         //    (looked up once). The context is bound and `waits` holds only other streams: wait
         //    directly rather than through `wait_for_raw`, which would check and bind both again.
-        let tracker = self.tracker_here();
-        for s in waits {
-            // SAFETY: `TensorArg::ready_on`'s contract: `s` is a valid stream of this context,
+        let tracker = s.tracker_here();
+        for p in waits {
+            // SAFETY: `TensorArg::ready_on`'s contract: `p` is a valid stream of this context,
             // which is bound.
-            unsafe { tracker.timeline().wait_for(s) }?;
+            unsafe { tracker.timeline().wait_for(p) }?;
         }
         let mut attrs = launch_attributes(config);
         let cfg = CUlaunchConfig {
@@ -237,7 +275,7 @@ impl Stream {
             blockDimY: config.block.y,
             blockDimZ: config.block.z,
             sharedMemBytes: config.shared_mem_bytes,
-            hStream: self.raw(),
+            hStream: s.raw(),
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
         };
@@ -257,7 +295,7 @@ impl Stream {
                         config.block.y,
                         config.block.z,
                         config.shared_mem_bytes,
-                        self.raw(),
+                        s.raw(),
                         ptrs.as_mut_ptr(),
                         std::ptr::null_mut(),
                     )
@@ -322,132 +360,3 @@ pub(crate) enum Keep {
     Queued,
 }
 
-/// While `stream` captures a graph, a tensor whose data is ready on another stream can be
-/// ordered only if that stream takes part in the same capture (the wait then joins it into the
-/// graph). Waiting on work outside the capture fails (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`)
-/// and invalidates the capture; it would also order the graph's replays after nothing. Such a
-/// launch is refused here, before anything is consumed, and the capture is left as it was.
-/// `ours` is the id of the capture `stream` is in (from the launch's one capture query).
-fn check_capture_joins(
-    d: &cuda_sys::Driver,
-    stream: CUstream,
-    ours: u64,
-    args: &[Arg<'_>],
-) -> Result<()> {
-    for (index, arg) in args.iter().enumerate() {
-        let Arg::Tensor(t) = arg else { continue };
-        let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
-            continue;
-        };
-        let theirs = match crate::capture_state::capture_id(d, producer) {
-            Ok(id) => id,
-            // The legacy stream asked about while a blocking stream captures: not part of it.
-            Err(e) if e.code == cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => None,
-            Err(e) => return Err(e.into()),
-        };
-        if theirs != Some(ours) {
-            return Err(Error::ProducerOutsideCapture { index });
-        }
-    }
-    Ok(())
-}
-
-/// Checks the memory of every non-empty CUDA-accessible tensor (`kDLCUDA`, `kDLCUDAHost`,
-/// `kDLCUDAManaged`) before anything is consumed:
-///
-/// - unless the tensor's memory is trusted ([`TensorArg::trust_memory`](crate::TensorArg::trust_memory)),
-///   the driver must know its data pointer as device, managed or page-locked host memory
-///   (one `cuPointerGetAttributes`), else [`Error::NotDeviceMemory`]: plain host memory
-///   labelled as device memory would make the kernel fault and poison the context. Device
-///   memory of another device than `ordinal` is [`Error::PointerDeviceMismatch`]. While the
-///   stream is `capturing`, a pointer the driver does not know is let through: memory that an
-///   allocation node of the capture allocates has no backing until the graph runs;
-/// - a trusted `kDLCUDA` tensor is checked against `ordinal` only when `devices` is set
-///   (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); a pointer the
-///   driver does not know is then let through (the descriptor's device was checked). Pinned
-///   host memory is usable from every device and managed memory migrates, so neither is asked
-///   about there.
-fn check_pointer_memory(
-    d: &cuda_sys::Driver,
-    args: &[Arg<'_>],
-    ordinal: i32,
-    devices: bool,
-    capturing: bool,
-) -> Result<()> {
-    use tile_dlpack::ffi::DLDeviceType;
-    for (index, arg) in args.iter().enumerate() {
-        let Arg::Tensor(t) = arg else { continue };
-        if t.memory_trusted && !devices {
-            continue;
-        }
-        let view = match &t.source {
-            TensorSource::Unused(u) => u
-                .peek()
-                .map_err(|source| Error::Descriptor { index, source })?,
-            TensorSource::Used(u) => u.view(),
-        };
-        let tensor = view.device();
-        let accessible = matches!(
-            tensor.device_type,
-            DLDeviceType::CUDA | DLDeviceType::CUDAHOST | DLDeviceType::CUDAMANAGED
-        );
-        if !accessible || view.nbytes_spanned() == 0 {
-            continue;
-        }
-        if !t.memory_trusted {
-            let Some(memory) = crate::context::memory_of_pointer_with(d, view.data_ptr()) else {
-                if capturing {
-                    // Memory a graph allocates (an allocation node of the capture in progress)
-                    // has no backing the driver can describe until the graph runs.
-                    continue;
-                }
-                return Err(Error::NotDeviceMemory {
-                    index,
-                    tensor,
-                    address: view.data_ptr(),
-                });
-            };
-            if memory.kind == crate::MemoryKind::Device
-                && let Some(on) = memory.device
-                && on != ordinal
-            {
-                return Err(Error::PointerDeviceMismatch {
-                    index,
-                    tensor,
-                    pointer_device: on,
-                    stream_device: ordinal,
-                });
-            }
-            continue;
-        }
-        if tensor.device_type != DLDeviceType::CUDA {
-            continue;
-        }
-        let mut on: std::ffi::c_int = -1;
-        // SAFETY: the out-pointer is a local `int`, the size this attribute writes; the driver
-        // answers for any address.
-        let r = unsafe {
-            (d.cuPointerGetAttribute)(
-                (&raw mut on).cast::<c_void>(),
-                cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                view.data_ptr(),
-            )
-        };
-        if r != cuda_sys::CUresult::CUDA_SUCCESS {
-            log::debug!(
-                "argument {index}: cuPointerGetAttribute(DEVICE_ORDINAL) returned {r:?}; the \
-                 descriptor's device is trusted"
-            );
-            continue;
-        }
-        if on != ordinal {
-            return Err(Error::PointerDeviceMismatch {
-                index,
-                tensor,
-                pointer_device: on,
-                stream_device: ordinal,
-            });
-        }
-    }
-    Ok(())
-}

@@ -332,13 +332,36 @@ fn launch_on(
     let mut conv = Converted::new();
     convert_args_into(py, &kernel.params, args, &hs, &mut conv)?;
     let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; conv.claims.len()];
+    // 1. tile-launch checks everything once (nothing consumed); a refusal hands every claim
+    //    back.
+    let args = conv.args.drain(..);
+    let checked = match t.bound {
+        Some(b) => b.check(args),
+        None => s.check(&kernel.inner, t.config, args),
+    };
+    let checked = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            Converted::rollback(
+                std::mem::take(&mut conv.claims),
+                std::mem::take(&mut conv.owners),
+                &consumed,
+            );
+            let e = launch_err(py, e, expected(&kernel.params));
+            drain(py);
+            return Err(e);
+        }
+    };
     let owner_guards: SmallVec<[Guard; 2]> = conv
         .owners
         .iter()
         .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
         .collect();
-    let blocking = may_block(s, &conv.args, owner_guards.len());
-    let args = conv.args.drain(..);
+    // The launch is a few microseconds of non-blocking driver calls: made attached, since
+    // detaching and re-attaching costs about as much and hands the interpreter to any waiting
+    // thread. It can block only when the release queue is near its bound (it then waits for the
+    // oldest queued work first), which the checked launch tells: then it is made detached.
+    let blocking = checked.may_wait(owner_guards.len());
     let go = |consumed: &mut [bool]| {
         let guard = |index: usize, used| {
             consumed[index] = true;
@@ -347,15 +370,8 @@ fn launch_on(
         };
         // Queued: the guards go straight to the release queue (one lock of it per launch),
         // and the handle only waits or asks.
-        match t.bound {
-            Some(b) => b.launch_queued_with(args, guard, owner_guards),
-            None => s.launch_queued_with(&kernel.inner, t.config, args, guard, owner_guards),
-        }
+        checked.launch_queued_with(guard, owner_guards)
     };
-    // The launch is a few microseconds of non-blocking driver calls: made attached, since
-    // detaching and re-attaching costs about as much and hands the interpreter to any waiting
-    // thread. It can block only when the release queue is near its bound (it then waits for the
-    // oldest queued work first): then it is made detached.
     let r = if blocking {
         let work = SameThread((go, consumed.as_mut_slice()));
         py.detach(move || {
@@ -404,21 +420,6 @@ fn forked_err() -> PyErr {
 #[pyfunction]
 fn _after_fork_in_child() {
     release::after_fork_in_child();
-}
-
-/// Whether the launch of `args` (with `owners` more guards) on `s` may wait for queued work
-/// before it is enqueued: the release queue near its bounds, or the queue plus this launch's
-/// guards and copied bytes over one (`Stream::launch_may_wait`). Racy by design: it only decides
-/// whether to detach from the interpreter around the call, and takes no lock of the queue.
-fn may_block(s: &tile_launch::Stream, args: &[Arg<'_>], owners: usize) -> bool {
-    let (mut guards, mut bytes) = (owners, 0u64);
-    for a in args {
-        if let Arg::Tensor(t) = a {
-            guards += 1;
-            bytes = bytes.saturating_add(t.queue_bytes());
-        }
-    }
-    s.launch_may_wait(guards, bytes)
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the

@@ -1,0 +1,363 @@
+//! The check of a launch: [`Stream::check`] validates everything a launch needs before anything
+//! is consumed and returns a [`Checked`] launch, the proof that it did. Everything after it
+//! (consuming, ordering, enqueueing: [`Checked::launch`] and its variants, in `launch.rs`) trusts
+//! that proof and checks nothing again.
+
+use std::ffi::c_void;
+
+use cuda_sys::{CUgraph, CUstream, Driver};
+use smallvec::SmallVec;
+
+use crate::args::{Arg, INLINE_ARGS, ParamValues, TensorSource, check_all};
+use crate::config::LaunchConfig;
+use crate::context::ContextGuard;
+use crate::error::{Error, Result};
+use crate::module::Kernel;
+use crate::stream::Stream;
+
+/// A launch that passed every check of [`Stream::check`] (or [`BoundLaunch::check`](crate::BoundLaunch::check)):
+/// the configuration against the device's limits, each argument against the kernel's
+/// signature (count, kind, dtype, device, writability, layout, scalar range), the tensors'
+/// memory, and, when the stream captures a graph, that every producer stream takes part in that
+/// capture. It holds what the checks found: the kernel's parameter values, the bytes that only
+/// the release queue would keep alive, the capture state, and the stream's context bound on this
+/// thread.
+///
+/// Nothing is consumed yet. [`Checked::launch`], [`Checked::launch_with`],
+/// [`Checked::launch_queued_with`] and [`Checked::launch_deferred`] consume the tensors, order
+/// the launch after their producers and enqueue it, without checking anything again. Dropping a
+/// `Checked` launches nothing: `Unused` tensors go back to their producers untouched and tensors
+/// the caller handed over already consumed are released, with the capture mode relaxed.
+///
+/// Tied to the thread that made it (it holds the context bound there).
+#[must_use = "a checked launch does nothing until it is launched"]
+pub struct Checked<'s, 'a> {
+    pub(crate) stream: &'s Stream,
+    pub(crate) kernel: &'s Kernel,
+    pub(crate) config: &'s LaunchConfig,
+    pub(crate) args: SmallVec<[Arg<'a>; INLINE_ARGS]>,
+    pub(crate) values: ParamValues,
+    /// The graph being captured and the capture's id, when the stream captures.
+    pub(crate) capture: Option<(CUgraph, u64)>,
+    /// Tensor arguments (each becomes a guard).
+    pub(crate) tensors: usize,
+    /// Bytes only the release queue would keep alive ([`crate::args::queue_bytes`]).
+    pub(crate) bytes: u64,
+    pub(crate) d: &'static Driver,
+    // Declared last: dropped after `args`, so that tensors released on drop see the context.
+    pub(crate) _bound: ContextGuard<'s>,
+}
+
+impl std::fmt::Debug for Checked<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checked")
+            .field("kernel", &self.kernel.name())
+            .field("args", &self.args.len())
+            .field("tensors", &self.tensors)
+            .field("queue_bytes", &self.bytes)
+            .field("capturing", &self.capture.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Checked<'_, '_> {
+    fn drop(&mut self) {
+        // Not launched (or launched: then `args` is empty). Tensors handed over consumed are
+        // released here; their deleters must not disturb another thread's global capture.
+        if self.args.iter().any(|a| {
+            matches!(
+                a,
+                Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_))
+            )
+        }) {
+            let args = std::mem::take(&mut self.args);
+            let _ = crate::capture_state::relaxed(self.d, || {
+                drop(args);
+                Ok(())
+            });
+        }
+    }
+}
+
+impl<'a> Checked<'_, 'a> {
+    /// The number of tensor arguments (each is held by one guard once launched).
+    pub fn tensors(&self) -> usize {
+        self.tensors
+    }
+
+    /// The bytes only the release queue would keep alive for this launch's tensors: the byte
+    /// extent of each export the producer copied for the launch (DLPack `IS_COPIED`).
+    pub fn queue_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether the stream is capturing a graph (the launch's guards then go to the graph).
+    pub fn is_capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// Whether enqueueing this launch, with `owners` guards of the caller's beside its tensors,
+    /// may wait for queued work first: the release queue near its bounds, or over one with this
+    /// launch ([`Stream::launch_may_wait`]). Never true for a capturing stream, whose guards go
+    /// to the graph. Takes no lock; racy by nature (it decides, e.g., whether to release an
+    /// interpreter lock around the launch).
+    pub fn may_wait(&self, owners: usize) -> bool {
+        self.capture.is_none()
+            && self
+                .stream
+                .launch_may_wait(self.tensors + owners, self.bytes)
+    }
+}
+
+impl Stream {
+    /// Checks a launch of `kernel` with `config` and `args` on this stream, consuming nothing,
+    /// and returns it [`Checked`], ready to be launched.
+    ///
+    /// Checks, in this order: the configuration against the device's limits, every argument
+    /// against the kernel's [`Signature`](crate::Signature) (count, kind, dtype, device,
+    /// writability of outputs, dense row-major layout for plain pointer parameters, scalar
+    /// range), the kernel's own limits for the configuration (dynamic shared memory, cooperative
+    /// occupancy), the memory of each tensor (unless [trusted](crate::TensorArg::trust_memory),
+    /// the driver must know its data pointer as device, managed or page-locked host memory: one
+    /// `cuPointerGetAttributes` per tensor), whether the stream is capturing a graph (one
+    /// `cuStreamGetCaptureInfo`), and then that each producer stream joins that capture.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
+    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
+    /// [`Error::NotDeviceMemory`], [`Error::NotContiguous`], [`Error::Descriptor`],
+    /// [`Error::NdimMismatch`], [`Error::IndexOverflow`], [`Error::ProducerOutsideCapture`],
+    /// and [`Error::Cuda`] from a driver call the checks make (e.g.
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Nothing is consumed: tensors handed over
+    /// already consumed are released (with the capture mode relaxed), `Unused` ones are left to
+    /// their producers.
+    #[doc(alias = "cuStreamGetCaptureInfo")]
+    #[doc(alias = "cuPointerGetAttributes")]
+    pub fn check<'s, 'a>(
+        &'s self,
+        kernel: &'s Kernel,
+        config: &'s LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<Checked<'s, 'a>> {
+        self.check_inner(kernel, config, args, false)
+    }
+
+    /// [`Stream::check`]; with `bound`, the configuration was checked and the kernel prepared
+    /// for it by [`Stream::bind`], and neither is done again.
+    pub(crate) fn check_inner<'s, 'a>(
+        &'s self,
+        kernel: &'s Kernel,
+        config: &'s LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+        bound: bool,
+    ) -> Result<Checked<'s, 'a>> {
+        let mut v: SmallVec<[Arg<'a>; INLINE_ARGS]> = SmallVec::new();
+        for a in args {
+            v.push(a);
+        }
+        // No driver: nothing was ever handed to CUDA, and nothing can be captured.
+        let d = cuda_sys::driver()?;
+        let ctx = self.context();
+        let bound_ctx = match ctx.bind_with(d) {
+            Ok(b) => b,
+            Err(e) => {
+                release_refused(d, v);
+                return Err(e.into());
+            }
+        };
+        match check_bound(self, d, kernel, config, &v, bound) {
+            Ok((found, capture)) => Ok(Checked {
+                stream: self,
+                kernel,
+                config,
+                args: v,
+                values: found.values,
+                capture,
+                tensors: found.tensors,
+                bytes: found.bytes,
+                d,
+                _bound: bound_ctx,
+            }),
+            Err(e) => {
+                release_refused(d, v);
+                drop(bound_ctx);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Releases the tensors of a refused launch that were handed over already consumed, with the
+/// capture mode relaxed (their deleters must not invalidate another thread's global capture).
+fn release_refused(d: &Driver, args: SmallVec<[Arg<'_>; INLINE_ARGS]>) {
+    let consumed = |a: &Arg<'_>| matches!(a, Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_)));
+    if !args.iter().any(consumed) {
+        return; // only `Unused` tensors and scalars: dropping them releases nothing
+    }
+    let _ = crate::capture_state::relaxed(d, || {
+        drop(args);
+        Ok(())
+    });
+}
+
+/// The checks of [`Stream::check`], with the stream's context bound.
+fn check_bound(
+    s: &Stream,
+    d: &'static Driver,
+    kernel: &Kernel,
+    config: &LaunchConfig,
+    args: &[Arg<'_>],
+    bound: bool,
+) -> Result<(crate::args::Found, Option<(CUgraph, u64)>)> {
+    let ctx = s.context();
+    if !bound {
+        config.validate(ctx.limits())?;
+    }
+    let found = check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?;
+    if !bound && (config.shared_mem_bytes > 0 || config.cooperative) {
+        kernel.prepare_launch(d, ctx, config)?;
+    }
+    let capture = crate::capture_state::capturing_graph(d, s.raw())?;
+    check_pointer_memory(
+        d,
+        args,
+        ctx.ordinal(),
+        s.checks_pointer_devices(),
+        capture.is_some(),
+    )?;
+    if let Some((_, ours)) = capture {
+        check_capture_joins(d, s.raw(), ours, args)?;
+    }
+    Ok((found, capture))
+}
+
+/// While `stream` captures a graph, a tensor whose data is ready on another stream can be
+/// ordered only if that stream takes part in the same capture (the wait then joins it into the
+/// graph). Waiting on work outside the capture fails (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`)
+/// and invalidates the capture; it would also order the graph's replays after nothing. Such a
+/// launch is refused here, before anything is consumed, and the capture is left as it was.
+/// `ours` is the id of the capture `stream` is in (from the launch's one capture query).
+fn check_capture_joins(
+    d: &cuda_sys::Driver,
+    stream: CUstream,
+    ours: u64,
+    args: &[Arg<'_>],
+) -> Result<()> {
+    for (index, arg) in args.iter().enumerate() {
+        let Arg::Tensor(t) = arg else { continue };
+        let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
+            continue;
+        };
+        let theirs = match crate::capture_state::capture_id(d, producer) {
+            Ok(id) => id,
+            // The legacy stream asked about while a blocking stream captures: not part of it.
+            Err(e) if e.code == cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => None,
+            Err(e) => return Err(e.into()),
+        };
+        if theirs != Some(ours) {
+            return Err(Error::ProducerOutsideCapture { index });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the memory of every non-empty CUDA-accessible tensor (`kDLCUDA`, `kDLCUDAHost`,
+/// `kDLCUDAManaged`) before anything is consumed:
+///
+/// - unless the tensor's memory is trusted ([`TensorArg::trust_memory`](crate::TensorArg::trust_memory)),
+///   the driver must know its data pointer as device, managed or page-locked host memory
+///   (one `cuPointerGetAttributes`), else [`Error::NotDeviceMemory`]: plain host memory
+///   labelled as device memory would make the kernel fault and poison the context. Device
+///   memory of another device than `ordinal` is [`Error::PointerDeviceMismatch`]. While the
+///   stream is `capturing`, a pointer the driver does not know is let through: memory that an
+///   allocation node of the capture allocates has no backing until the graph runs;
+/// - a trusted `kDLCUDA` tensor is checked against `ordinal` only when `devices` is set
+///   (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); a pointer the
+///   driver does not know is then let through (the descriptor's device was checked). Pinned
+///   host memory is usable from every device and managed memory migrates, so neither is asked
+///   about there.
+fn check_pointer_memory(
+    d: &cuda_sys::Driver,
+    args: &[Arg<'_>],
+    ordinal: i32,
+    devices: bool,
+    capturing: bool,
+) -> Result<()> {
+    use tile_dlpack::ffi::DLDeviceType;
+    for (index, arg) in args.iter().enumerate() {
+        let Arg::Tensor(t) = arg else { continue };
+        if t.memory_trusted && !devices {
+            continue;
+        }
+        let view = match &t.source {
+            TensorSource::Unused(u) => u
+                .peek()
+                .map_err(|source| Error::Descriptor { index, source })?,
+            TensorSource::Used(u) => u.view(),
+        };
+        let tensor = view.device();
+        let accessible = matches!(
+            tensor.device_type,
+            DLDeviceType::CUDA | DLDeviceType::CUDAHOST | DLDeviceType::CUDAMANAGED
+        );
+        if !accessible || view.nbytes_spanned() == 0 {
+            continue;
+        }
+        if !t.memory_trusted {
+            let Some(memory) = crate::context::memory_of_pointer_with(d, view.data_ptr()) else {
+                if capturing {
+                    // Memory a graph allocates (an allocation node of the capture in progress)
+                    // has no backing the driver can describe until the graph runs.
+                    continue;
+                }
+                return Err(Error::NotDeviceMemory {
+                    index,
+                    tensor,
+                    address: view.data_ptr(),
+                });
+            };
+            if memory.kind == crate::MemoryKind::Device
+                && let Some(on) = memory.device
+                && on != ordinal
+            {
+                return Err(Error::PointerDeviceMismatch {
+                    index,
+                    tensor,
+                    pointer_device: on,
+                    stream_device: ordinal,
+                });
+            }
+            continue;
+        }
+        if tensor.device_type != DLDeviceType::CUDA {
+            continue;
+        }
+        let mut on: std::ffi::c_int = -1;
+        // SAFETY: the out-pointer is a local `int`, the size this attribute writes; the driver
+        // answers for any address.
+        let r = unsafe {
+            (d.cuPointerGetAttribute)(
+                (&raw mut on).cast::<c_void>(),
+                cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                view.data_ptr(),
+            )
+        };
+        if r != cuda_sys::CUresult::CUDA_SUCCESS {
+            log::debug!(
+                "argument {index}: cuPointerGetAttribute(DEVICE_ORDINAL) returned {r:?}; the \
+                 descriptor's device is trusted"
+            );
+            continue;
+        }
+        if on != ordinal {
+            return Err(Error::PointerDeviceMismatch {
+                index,
+                tensor,
+                pointer_device: on,
+                stream_device: ordinal,
+            });
+        }
+    }
+    Ok(())
+}
