@@ -17,10 +17,16 @@ per path the median over --rounds interleaved rounds (the path order rotates eve
   tile_py.launch, 3 CuPy arrays / 3 plain __dlpack__ objects / 4 u64 scalars
   tile_py prepared (Kernel.bind), 3 torch tensors    same stream and cross stream
 
+  tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream
+  tile_py.cutile.launch, cuTile kernel, 3 torch tensors   same stream and cross stream (with cuTile)
+
 and the ratios burst.py_torch_vs_cutile, burst.py_torch_cross_stream_vs_cutile,
-burst.py_torch_vs_cuda_core, burst.py_prepared_vs_cuda_core (and burst.rust_vs_raw, read from the
-Rust benchmark's JSON given with --rust); a ratio whose row is missing is null, with the reason.
-The per torch tensor cost is (3 torch tensors - 4 u64 scalars) / 3, same stream.
+burst.py_torch_vs_cuda_core, burst.py_prepared_vs_cuda_core, burst.py_cupy_vs_cupy_raw,
+burst.py_cupy_cross_stream_vs_cupy_raw, burst.py_cutile_vs_ct_launch,
+burst.py_cutile_cross_stream_vs_ct_launch, burst.py_per_torch_tensor_us (and burst.rust_vs_raw,
+read from the Rust benchmark's JSON given with --rust); a ratio whose row is missing is null, with
+the reason. The per torch tensor cost is (3 torch tensors - 4 u64 scalars) / 3, same stream, in
+microseconds.
 
 Saturated loop: per launch of a 4096-element float32 vector add with three tensor arguments, host time from the
 first enqueue to a stream synchronisation, over LAUNCHES launches after WARMUP launches, median of
@@ -277,6 +283,16 @@ def main():
         brow("CuPy RawKernel, CuPy arrays", cupy_raw)
         brow("tile_py.launch, 3 CuPy arrays",
              lambda: tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256))
+        # CuPy's current stream is another stream than the launch stream: tile_py orders the
+        # launch after it (CuPy RawKernel launches on its current stream, so its row is the
+        # same-stream one).
+        other_cupy = cupy.cuda.Stream(non_blocking=True)
+
+        def cupy_cross():
+            with other_cupy:
+                tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256)
+
+        brow("tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream", cupy_cross)
     except Exception as e:  # noqa: BLE001
         burst_skipped["CuPy RawKernel, CuPy arrays"] = f"CuPy unavailable: {e!r}"
         burst_skipped["tile_py.launch, 3 CuPy arrays"] = f"CuPy unavailable: {e!r}"
@@ -286,9 +302,18 @@ def main():
              lambda: ct.launch(stream, ct_grid, ct_vector_add, (a, b, c)))
         brow("ct.launch (cuTile), 3 torch tensors, cross stream",
              lambda: ct.launch(stream, ct_grid, ct_vector_add, (a, b, c)), same=False)
+        import tile_py.cutile as tcu
+
+        brow("tile_py.cutile.launch, cuTile kernel, 3 torch tensors",
+             lambda: tcu.launch(stream, ct_grid, ct_vector_add, (a, b, c)))
+        brow("tile_py.cutile.launch, cuTile kernel, 3 torch tensors, cross stream",
+             lambda: tcu.launch(stream, ct_grid, ct_vector_add, (a, b, c)), same=False)
     else:
-        burst_skipped["ct.launch (cuTile), 3 torch tensors"] = CT_MISSING
-        burst_skipped["ct.launch (cuTile), 3 torch tensors, cross stream"] = CT_MISSING
+        for row in ("ct.launch (cuTile), 3 torch tensors",
+                    "ct.launch (cuTile), 3 torch tensors, cross stream",
+                    "tile_py.cutile.launch, cuTile kernel, 3 torch tensors",
+                    "tile_py.cutile.launch, cuTile kernel, 3 torch tensors, cross stream"):
+            burst_skipped[row] = CT_MISSING
     brow("tile_py.launch, 3 torch tensors",
          lambda: tile_py.launch(stream, grid, k, (a, b, c, N), block=256))
     brow("tile_py.launch, 3 torch tensors, cross stream",
@@ -347,6 +372,15 @@ def main():
         ("burst.py_torch_vs_cuda_core", torch_same, "cuda.core launch, raw pointers"),
         ("burst.py_prepared_vs_cuda_core", "tile_py prepared (Kernel.bind), 3 torch tensors",
          "cuda.core launch, raw pointers"),
+        ("burst.py_cutile_vs_ct_launch", "tile_py.cutile.launch, cuTile kernel, 3 torch tensors",
+         "ct.launch (cuTile), 3 torch tensors"),
+        ("burst.py_cutile_cross_stream_vs_ct_launch",
+         "tile_py.cutile.launch, cuTile kernel, 3 torch tensors, cross stream",
+         "ct.launch (cuTile), 3 torch tensors, cross stream"),
+        ("burst.py_cupy_vs_cupy_raw", "tile_py.launch, 3 CuPy arrays", "CuPy RawKernel, CuPy arrays"),
+        ("burst.py_cupy_cross_stream_vs_cupy_raw",
+         "tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream",
+         "CuPy RawKernel, CuPy arrays"),
     ]:
         r, why = ratio(key, num, den)
         burst_ratios[key] = r
@@ -355,6 +389,9 @@ def main():
     per_tensor = None
     if torch_same in bmed and "tile_py.launch, 4 u64 scalars" in bmed:
         per_tensor = (bmed[torch_same] - bmed["tile_py.launch, 4 u64 scalars"]) / 3
+    burst_ratios["burst.py_per_torch_tensor_us"] = per_tensor
+    if per_tensor is None:
+        burst_ratio_missing["burst.py_per_torch_tensor_us"] = "a torch or u64-scalar row is missing"
 
     results = {name: [] for name in paths}
     errors = {}
@@ -419,14 +456,14 @@ def main():
     for name, why in burst_skipped.items():
         print(f"{name:<64} skipped: {why}")
     targets = {"burst.rust_vs_raw": 1.15, "burst.py_torch_vs_cutile": 1.0,
-               "burst.py_torch_cross_stream_vs_cutile": 1.2, "burst.py_torch_vs_cuda_core": 1.10,
-               "burst.py_prepared_vs_cuda_core": 1.0}
+               "burst.py_torch_cross_stream_vs_cutile": 1.1, "burst.py_torch_vs_cuda_core": 1.10,
+               "burst.py_prepared_vs_cuda_core": 1.0, "burst.py_cupy_vs_cupy_raw": 1.10,
+               "burst.py_cupy_cross_stream_vs_cupy_raw": 1.15,
+               "burst.py_per_torch_tensor_us": 0.25, "burst.py_cutile_vs_ct_launch": 1.0,
+               "burst.py_cutile_cross_stream_vs_ct_launch": 1.1}
     for key, v in burst_ratios.items():
         shown = f"{v:.3f}" if v is not None else f"null ({burst_ratio_missing.get(key)})"
         print(f"{key:<40} {shown}  (target <= {targets[key]})")
-    if per_tensor is not None:
-        print(f"per torch tensor (3 torch tensors - 4 u64 scalars) / 3:  {per_tensor:.3f} us "
-              f"(target <= 0.25)")
     print()
     print(f"saturated: per launch, {N}-element f32 vector add, 3 tensors, median of {o.reps} reps x "
           f"{o.launches} launches (after {o.warmup} warm-up)")

@@ -134,6 +134,7 @@ impl Stream {
     /// their producers.
     #[doc(alias = "cuStreamGetCaptureInfo")]
     #[doc(alias = "cuPointerGetAttributes")]
+    #[inline]
     pub fn check<'s, 'a>(
         &'s self,
         kernel: &'s Kernel,
@@ -145,6 +146,7 @@ impl Stream {
 
     /// [`Stream::check`]; with `bound`, the configuration was checked and the kernel prepared
     /// for it by [`Stream::bind`], and neither is done again.
+    #[inline(always)]
     pub(crate) fn check_inner<'s, 'a>(
         &'s self,
         kernel: &'s Kernel,

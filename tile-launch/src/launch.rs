@@ -139,6 +139,7 @@ impl Stream {
     /// holds the guards and whether a handle is returned. With `bound`, the configuration was
     /// checked and the kernel prepared for it by [`Stream::bind`], and neither is done again.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub(crate) fn launch_core<'a>(
         &self,
         kernel: &Kernel,
@@ -166,6 +167,7 @@ impl Checked<'_, '_> {
     /// nothing was enqueued that uses them; for a capturing stream, they are released with the
     /// graph).
     #[doc(alias = "cuLaunchKernel")]
+    #[inline]
     pub fn launch(self) -> Result<LaunchHandle> {
         self.launch_with(|_, used| Guard::Tensor(used), [])
     }
@@ -178,6 +180,7 @@ impl Checked<'_, '_> {
     ///
     /// As [`Checked::launch`].
     #[doc(alias = "cuLaunchKernel")]
+    #[inline]
     pub fn launch_with(
         self,
         guard: impl FnMut(usize, Used) -> Guard,
@@ -194,6 +197,7 @@ impl Checked<'_, '_> {
     ///
     /// As [`Checked::launch`].
     #[doc(alias = "cuLaunchKernel")]
+    #[inline]
     pub fn launch_queued_with(
         self,
         guard: impl FnMut(usize, Used) -> Guard,
@@ -210,12 +214,14 @@ impl Checked<'_, '_> {
     ///
     /// As [`Checked::launch`].
     #[doc(alias = "cuLaunchKernel")]
+    #[inline]
     pub fn launch_deferred(self) -> Result<()> {
         self.enqueue(|_, used| Guard::Tensor(used), [], Keep::Deferred)
             .map(drop)
     }
 
     /// Consumes, orders and enqueues; checks nothing (the [`Checked`] proves it was checked).
+    #[inline(always)]
     pub(crate) fn enqueue(
         mut self,
         mut guard: impl FnMut(usize, Used) -> Guard,
