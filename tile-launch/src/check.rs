@@ -193,7 +193,8 @@ impl Stream {
 /// Releases the tensors of a refused launch that were handed over already consumed, with the
 /// capture mode relaxed (their deleters must not invalidate another thread's global capture).
 fn release_refused(d: &Driver, args: SmallVec<[Arg<'_>; INLINE_ARGS]>) {
-    let consumed = |a: &Arg<'_>| matches!(a, Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_)));
+    let consumed =
+        |a: &Arg<'_>| matches!(a, Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_)));
     if !args.iter().any(consumed) {
         return; // only `Unused` tensors and scalars: dropping them releases nothing
     }

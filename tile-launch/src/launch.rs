@@ -365,4 +365,3 @@ pub(crate) enum Keep {
     /// The release queue; the returned handle can wait for the launch ([`HandleInner::Queued`]).
     Queued,
 }
-

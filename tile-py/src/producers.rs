@@ -126,7 +126,9 @@ fn torch_check<'py>(
     // torch sets the conjugate bit on complex tensors only (`conj()` of a real tensor returns
     // it unchanged). The negative bit can be set on real tensors too (`x.conj().imag`), so it
     // is always asked.
-    if complex != Some(false) && obj.call_method0(intern!(py, "is_conj"))?.is_truthy()? {
+    if complex != Some(false)
+        && crate::pytypes::call_method0(obj, intern!(py, "is_conj"))?.is_truthy()?
+    {
         return Err(arg_err(
             Kind::Value,
             index,
@@ -138,7 +140,7 @@ fn torch_check<'py>(
             ),
         ));
     }
-    if obj.call_method0(intern!(py, "is_neg"))?.is_truthy()? {
+    if crate::pytypes::call_method0(obj, intern!(py, "is_neg"))?.is_truthy()? {
         return Err(arg_err(
             Kind::Value,
             index,

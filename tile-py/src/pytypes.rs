@@ -107,3 +107,55 @@ impl<V: Copy + 'static> TypeCache<V> {
         self.insert(&ty, v)
     }
 }
+
+/// `PyObject_VectorcallMethod`: calls a method without making a bound-method object. Part of
+/// the stable ABI from Python 3.12 and exported, with this signature, by every CPython since
+/// 3.9; the extension is built for the 3.10 limited API, which does not declare it, so it is
+/// looked up in the running interpreter once.
+type VectorcallMethod = unsafe extern "C" fn(
+    name: *mut pyo3::ffi::PyObject,
+    args: *const *mut pyo3::ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut pyo3::ffi::PyObject,
+) -> *mut pyo3::ffi::PyObject;
+
+/// `PY_VECTORCALL_ARGUMENTS_OFFSET`: `args[-1]` may be overwritten by the callee.
+const ARGUMENTS_OFFSET: usize = 1 << (usize::BITS - 1);
+
+fn vectorcall_method() -> Option<VectorcallMethod> {
+    static F: std::sync::OnceLock<Option<VectorcallMethod>> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        let this = libloading::os::unix::Library::this();
+        // SAFETY: the symbol, where the interpreter exports it, has exactly this signature
+        // (CPython 3.9 and later); the library handle is the process itself, never unloaded.
+        unsafe { this.get::<VectorcallMethod>(b"PyObject_VectorcallMethod\0") }
+            .ok()
+            .map(|f| *f)
+    })
+}
+
+/// `obj.name()`, without arguments: through `PyObject_VectorcallMethod` where the interpreter
+/// has it (no bound method is made), else `call_method0`.
+pub(crate) fn call_method0<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    let Some(f) = vectorcall_method() else {
+        return obj.call_method0(name);
+    };
+    // `args[0]` is free for the callee (ARGUMENTS_OFFSET); the receiver is `args[1]`.
+    let args = [std::ptr::null_mut(), obj.as_ptr()];
+    // SAFETY: `name` is a str and `obj` a live object, both borrowed for the call; the array
+    // has the slot before the first argument that ARGUMENTS_OFFSET allows the callee to use.
+    let r = unsafe {
+        f(
+            name.as_ptr(),
+            args.as_ptr().add(1),
+            1 | ARGUMENTS_OFFSET,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: a new reference, or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, r) }
+}
