@@ -22,18 +22,18 @@ def test_bound_launch_is_exported_and_documented():
 @pytest.mark.parametrize(
     "grid, block, kw, exc, pattern",
     [
-        ((0,), 1, {}, ValueError, r"grid\[0\] is 0; every dimension must be at least 1"),
-        ((2**31,), 1, {}, ValueError, r"grid\[0\] is 2147483648, above the limit 2147483647"),
+        ((-1,), 1, {}, ValueError, r"grid\[0\] is -1, outside 0..=4294967295"),
+        ((2**32,), 1, {}, ValueError, r"grid\[0\] is 4294967296, outside 0..=4294967295"),
         ((1, 1.5), 1, {}, TypeError, r"grid\[1\] must be an int, got 1.5"),
-        (1, (1025,), {}, ValueError, r"block\[0\] is 1025, above the limit 1024"),
-        (1, (32, 32, 2), {}, ValueError, r"block has 2048 threads"),
+        (1, (2**33,), {}, ValueError, r"block\[0\] is 8589934592, outside"),
         (1, 1, {"shared_mem": -1}, ValueError, r"shared_mem is -1 bytes"),
         (1, 1, {"shared_mem": 1.0}, TypeError, r"shared_mem must be an int"),
     ],
 )
 def test_bad_configuration_refused_at_bind_time(grid, block, kw, exc, pattern):
-    # The kernel is checked after the configuration, as tile_py.launch checks it: a bad
-    # configuration is reported first, and no device is needed to report it.
+    # The configuration is converted before the kernel is looked at, as tile_py.launch does: what
+    # no CUDA dimension can be is reported first, and no device is needed to report it. The
+    # device's limits are checked once, by the bind itself (test_gpu_edges.py, row 13).
     with pytest.raises(exc, match=pattern):
         tile_py.BoundLaunch(STREAM, grid, None, block=block, **kw)
 

@@ -331,3 +331,38 @@ def test_row27_host_memory_labelled_as_device_refused(torch, lib):
     tile_py.launch(s, grid_for(n), k, (ViaDlpack(x), z, n), block=BLOCK).wait()
     assert torch.equal(z, x)
     settle(torch)
+
+
+# ---- row 13: grid and block limits, checked once by the launch ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "grid, block, pattern",
+    [
+        ((0,), 256, r"grid.x is 0, limit 1"),
+        ((1, 65536), 256, r"grid.y is 65536, limit 65535"),
+        ((1, 1, 0), 256, r"grid.z is 0, limit 1"),
+        (1, (1025,), r"block.x is 1025, limit 1024"),
+        (1, (32, 32, 2), r"block size \(x\*y\*z\) is 2048, limit 1024"),
+        (1, (1, 1, 65), r"block.z is 65, limit 64"),
+        (2**31, 256, r"grid.x is 2147483648, limit 2147483647"),
+    ],
+)
+def test_row13_limits_are_checked_once_by_the_launch(torch, lib, grid, block, pattern):
+    """tile_py converts the grid and block; tile-launch checks their limits, once, before
+    anything is consumed: the error names the value and the limit, and every argument is handed
+    back (the capsule keeps its name, its deleter has not run, and it launches afterwards)."""
+    x = torch.arange(256, device="cuda", dtype=torch.float32)
+    y = torch.empty_like(x)
+    cap = x.__dlpack__(stream=torch.cuda.current_stream().cuda_stream)
+    s = torch.cuda.current_stream()
+    k = copy_f32(lib)
+    with pytest.raises(ValueError, match=r"invalid launch configuration: " + pattern):
+        tile_py.launch(s, grid, k, (cap, y, 256), block=block)
+    assert capsule_name(cap) == "dltensor_versioned"
+    tile_py.launch(s, 1, k, (cap, y, 256), block=256).wait()
+    assert torch.equal(x, y)
+    assert capsule_name(cap) == "used_dltensor_versioned"
+    # The same limits for a prepared launch, checked once by Kernel.bind.
+    with pytest.raises(ValueError, match=r"invalid launch configuration: " + pattern):
+        k.bind(s, grid, block=block)

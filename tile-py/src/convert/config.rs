@@ -2,12 +2,6 @@
 
 use super::*;
 
-/// CUDA's architectural limits, the same on every GPU tile supports; the device's own limits
-/// are checked again by tile-launch.
-pub(crate) const GRID_MAX: [u64; 3] = [(1 << 31) - 1, 65_535, 65_535];
-pub(crate) const BLOCK_MAX: [u64; 3] = [1024, 1024, 64];
-pub(crate) const BLOCK_THREADS_MAX: u64 = 1024;
-
 /// Whether the Python int `v` is below zero (for values beyond `i128`). Error path only.
 pub(crate) fn is_negative(v: &Bound<'_, PyAny>) -> bool {
     v.lt(0).unwrap_or(false)
@@ -18,13 +12,17 @@ pub(crate) fn int_text(v: &Bound<'_, PyAny>) -> String {
     v.str().map(|s| s.to_string()).unwrap_or_else(|_| show(v))
 }
 
-pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> PyResult<Dim3> {
-    // The common case, an exact int in range: no tuple, no allocation.
+/// Converts a `grid`, `block` or `cluster` argument (an int, or a tuple of 1 to 3 ints; missing
+/// dimensions are 1) into a [`Dim3`]. Only what a `Dim3` cannot hold is refused here (not an
+/// int, below 0, above `u32::MAX`): every limit a dimension has (at least 1, the device's
+/// maxima, the block's thread count) is tile-launch's to check, once, when the launch is
+/// checked (`Stream::check`, `Stream::bind`).
+pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
+    // The common case, an exact int: no tuple, no allocation.
     if obj.is_exact_instance_of::<PyInt>()
-        && let Ok(v) = obj.extract::<u64>()
-        && (1..=max[0]).contains(&v)
+        && let Ok(v) = obj.extract::<u32>()
     {
-        return Ok(Dim3::new(v as u32, 1, 1));
+        return Ok(Dim3::new(v, 1, 1));
     }
     let one;
     let tuple;
@@ -67,39 +65,23 @@ pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>, max: [u64; 3]) -> P
                 format!("{what}[{i}] must be an int, got {}", show(item)),
             ));
         }
-        // Beyond i128, only the sign matters; the message quotes the Python value itself.
-        let v: i128 = item.extract().unwrap_or_else(|_| {
-            if is_negative(item) {
-                i128::MIN
-            } else {
-                i128::MAX
-            }
-        });
-        if v < 1 {
-            return Err(err(
+        dims[i] = item.extract::<u32>().map_err(|_| {
+            err(
                 Kind::Value,
                 format!(
-                    "{what}[{i}] is {}; every dimension must be at least 1",
-                    int_text(item)
-                ),
-            ));
-        }
-        if v > i128::from(max[i]) {
-            return Err(err(
-                Kind::Value,
-                format!(
-                    "{what}[{i}] is {}, above the limit {}",
+                    "{what}[{i}] is {}, outside 0..={} (a CUDA dimension is a 32-bit unsigned \
+                     int; the device's limits are checked at launch)",
                     int_text(item),
-                    max[i]
+                    u32::MAX
                 ),
-            ));
-        }
-        dims[i] = v as u32;
+            )
+        })?;
     }
     Ok(Dim3::new(dims[0], dims[1], dims[2]))
 }
 
-/// Parses and checks the launch configuration against CUDA's architectural limits.
+/// Converts the launch configuration's arguments into a [`LaunchConfig`] (see [`parse_dims`]:
+/// tile-launch checks it against the device).
 pub(crate) fn parse_config(
     grid: &Bound<'_, PyAny>,
     block: &Bound<'_, PyAny>,
@@ -108,21 +90,9 @@ pub(crate) fn parse_config(
     cooperative: bool,
     programmatic_dependent_launch: bool,
 ) -> PyResult<LaunchConfig> {
-    let grid = parse_dims("grid", grid, GRID_MAX)?;
-    let block = parse_dims("block", block, BLOCK_MAX)?;
-    if block.volume() > BLOCK_THREADS_MAX {
-        return Err(err(
-            Kind::Value,
-            format!(
-                "block has {} threads ({} x {} x {}), above the limit {BLOCK_THREADS_MAX}",
-                block.volume(),
-                block.x,
-                block.y,
-                block.z
-            ),
-        ));
-    }
-    let sm: i128 = match shared_mem {
+    let grid = parse_dims("grid", grid)?;
+    let block = parse_dims("block", block)?;
+    let sm: u32 = match shared_mem {
         None => 0,
         Some(shared_mem) => {
             if shared_mem.cast::<PyInt>().is_err() || shared_mem.cast::<PyBool>().is_ok() {
@@ -134,37 +104,29 @@ pub(crate) fn parse_config(
                     ),
                 ));
             }
-            let sm: i128 = shared_mem.extract().unwrap_or_else(|_| {
-                if is_negative(shared_mem) {
-                    i128::MIN
-                } else {
-                    i128::MAX
-                }
-            });
-            if sm < 0 || sm > i128::from(u32::MAX) {
-                let side = if sm < 0 {
+            shared_mem.extract::<u32>().map_err(|_| {
+                let side = if is_negative(shared_mem) {
                     "below the minimum 0"
                 } else {
                     "above the limit"
                 };
-                return Err(err(
+                err(
                     Kind::Value,
                     format!(
                         "shared_mem is {} bytes, {side} (0..={})",
                         int_text(shared_mem),
                         u32::MAX
                     ),
-                ));
-            }
-            sm
+                )
+            })?
         }
     };
     let cluster = match cluster {
-        Some(c) if !c.is_none() => Some(parse_dims("cluster", c, [u64::from(u32::MAX); 3])?),
+        Some(c) if !c.is_none() => Some(parse_dims("cluster", c)?),
         _ => None,
     };
     let mut cfg = LaunchConfig::new(grid, block);
-    cfg.shared_mem_bytes = sm as u32;
+    cfg.shared_mem_bytes = sm;
     cfg.cluster = cluster;
     cfg.cooperative = cooperative;
     cfg.programmatic_dependent_launch = programmatic_dependent_launch;
