@@ -2,7 +2,7 @@
 //! consumed, so a refused launch leaves every producer's tensor unconsumed (deleter count 0)
 //! and releases an already-owned tensor exactly once.
 
-use tile_dlpack::testing::{TensorSpec, counted_tensor};
+use tile_dlpack::testing::{TensorSpec, counted_tensor, validations_on_this_thread};
 use tile_dlpack::{DType, Device};
 use tile_launch::{Arg, Error, Param, ScalarType, Signature, check_args};
 
@@ -26,6 +26,42 @@ fn valid_arguments_pass_and_consume_nothing() {
     drop(args);
     // Checking only peeks: the producer still owns all three.
     assert_eq!((ca.get(), cb.get(), cc.get()), (0, 0, 0));
+}
+
+#[test]
+fn each_descriptor_is_validated_once_however_often_it_is_checked_and_read() {
+    let spec = TensorSpec::new(&[1024], DType::F32);
+    let (a, ca) = counted_tensor(&spec);
+    let (b, cb) = counted_tensor(&spec);
+    let (c, cc) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 1024u32.into()];
+    let before = validations_on_this_thread();
+    check_args("add", &add_signature(), &args, 0).unwrap();
+    assert_eq!(
+        validations_on_this_thread() - before,
+        3,
+        "one validation per tensor"
+    );
+    // A second check, the byte count the launch path reads, and consuming reuse the first
+    // validation's finding.
+    check_args("add", &add_signature(), &args, 0).unwrap();
+    let mut used = Vec::new();
+    for a in args {
+        if let Arg::Tensor(t) = a {
+            assert_eq!(t.queue_bytes(), 0);
+            match t.into_source() {
+                tile_launch::TensorSource::Unused(u) => used.push(u.consume().unwrap()),
+                tile_launch::TensorSource::Used(_) => unreachable!("made unused"),
+            }
+        }
+    }
+    assert_eq!(
+        validations_on_this_thread() - before,
+        3,
+        "still one validation per tensor"
+    );
+    drop(used);
+    assert_eq!((ca.get(), cb.get(), cc.get()), (1, 1, 1));
 }
 
 #[test]

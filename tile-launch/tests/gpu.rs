@@ -325,3 +325,44 @@ fn negative_control_early_free_corrupts_the_output() -> Result<()> {
     drop((s1, s2));
     Ok(())
 }
+
+/// The whole launch path validates each tensor's descriptor once: the check validates it, and
+/// consuming, the byte count and the enqueue trust that (`Stream::check` returns the proof).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn each_descriptor_is_validated_once_per_launch() -> Result<()> {
+    use tile_dlpack::DType;
+    use tile_dlpack::testing::{TensorSpec, counted_tensor, validations_on_this_thread};
+    let f = fixture()?;
+    let launch = Stream::new(&f.ctx)?;
+    let n = 4096usize;
+    let (ha, hb) = (random(n, 11), random(n, 12));
+    let a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let c = f.producer.clone_htod(&vec![f32::NAN; n])?;
+    f.producer.synchronize()?;
+    let spec = |p: u64| TensorSpec::new(&[n as i64], DType::F32).data(p);
+    let (ua, da) = counted_tensor(&spec(gpu_common::address(&a)));
+    let (ub, db) = counted_tensor(&spec(gpu_common::address(&b)));
+    let (uc, dc) = counted_tensor(&spec(gpu_common::address(&c)));
+    let before = validations_on_this_thread();
+    let args = vector_add_args(ua.into(), ub.into(), uc.into(), 1, n);
+    let cfg = LaunchConfig::for_elements(n as u64, 256);
+    let checked = launch.check(&f.add, &cfg, args)?;
+    ensure!(checked.tensors() == 3 && checked.queue_bytes() == 0);
+    let h = checked.launch()?;
+    ensure!(
+        validations_on_this_thread() - before == 3,
+        "{} validations for 3 tensors",
+        validations_on_this_thread() - before
+    );
+    h.retire()?;
+    ensure!(
+        (da.get(), db.get(), dc.get()) == (1, 1, 1),
+        "each deleter once"
+    );
+    let out = f.producer.clone_dtoh(&c)?;
+    let wrong = (0..n).filter(|&i| out[i] != ha[i] + hb[i]).count();
+    ensure!(wrong == 0, "{wrong} of {n} elements wrong");
+    Ok(())
+}

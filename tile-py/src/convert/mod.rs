@@ -322,17 +322,13 @@ pub(crate) struct Tensor {
 }
 
 impl Tensor {
-    /// Whether the tensor's dtype is complex (read from the export, before any validation; an
-    /// invalid descriptor is refused later all the same).
+    /// Whether the tensor's dtype is complex, read through tile-dlpack's validation (which the
+    /// launch's check then reuses: the descriptor is validated once). A descriptor that does
+    /// not validate counts as complex here (the producer is asked); the launch refuses it.
     fn is_complex(&self) -> bool {
-        let Claim::Owned(ptr) = self.claim else {
-            return true; // unknown here: the caller asks the producer
-        };
-        // SAFETY: an owned export, valid until its deleter runs; `version.major` was checked
-        // when it was taken (only major version 1 is read as `DLManagedTensorVersioned`).
-        unsafe {
-            (*ptr).version.major != 1
-                || (*ptr).dl_tensor.dtype.code == tile_dlpack::ffi::DLDataTypeCode::COMPLEX
+        match self.unused.peek() {
+            Ok(view) => view.dtype().code == tile_dlpack::ffi::DLDataTypeCode::COMPLEX.0,
+            Err(_) => true,
         }
     }
 
