@@ -41,11 +41,11 @@ impl CudaError {
     /// the code. Never loads the driver itself.
     #[doc(alias = "cuGetErrorString")]
     pub fn description(&self) -> Option<&'static str> {
-        let driver = crate::loader::loaded()?;
+        let error_string = ERROR_STRING.get()?;
         let mut text: *const std::ffi::c_char = std::ptr::null();
         // SAFETY: `cuGetErrorString` takes any code and writes through the out pointer, which is
         // valid for a write; it needs no initialised driver.
-        let result = unsafe { (driver.cuGetErrorString)(self.code, &mut text) };
+        let result = unsafe { error_string(self.code, &mut text) };
         if result != CUresult::CUDA_SUCCESS || text.is_null() {
             return None;
         }
@@ -54,6 +54,20 @@ impl CudaError {
         // (it sits in a process-wide static).
         unsafe { CStr::from_ptr(text) }.to_str().ok()
     }
+}
+
+/// `cuGetErrorString` of the loaded driver.
+pub(crate) type ErrorString =
+    unsafe extern "C" fn(CUresult, *mut *const std::ffi::c_char) -> CUresult;
+
+/// The process-wide driver's `cuGetErrorString` (see [`driver()`](crate::driver)), set by the
+/// loader once it has resolved the entry points, so that this module needs nothing of the
+/// loader's. That driver is never unloaded.
+static ERROR_STRING: std::sync::OnceLock<ErrorString> = std::sync::OnceLock::new();
+
+/// Called by the loader with the process-wide driver's `cuGetErrorString`, once it is loaded.
+pub(crate) fn describe_with(error_string: ErrorString) {
+    let _ = ERROR_STRING.set(error_string);
 }
 
 fn code_name(code: CUresult) -> Cow<'static, str> {

@@ -422,6 +422,10 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
             .filter(|path| !path.is_empty())
             .map_or_else(|| PathBuf::from(DEFAULT_LIBCUDA), PathBuf::from);
         let loaded = Driver::load(&path);
+        if let Ok(driver) = &loaded {
+            // The process-wide driver is never unloaded: its entry points stay valid.
+            crate::error::describe_with(driver.cuGetErrorString);
+        }
         let init = match &loaded {
             // SAFETY: `cuInit` takes a flags word that must be 0; it is safe to call at any time
             // from any thread.
@@ -436,10 +440,4 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
         (Ok(driver), Ok(())) => Ok(driver),
         (Err(error), _) | (_, Err(error)) => Err(error.clone()),
     }
-}
-
-/// The driver [`driver()`] loaded, if it has been called and found one, even if `cuInit` failed;
-/// never loads anything.
-pub(crate) fn loaded() -> Option<&'static Driver> {
-    STATE.get()?.loaded.as_ref().ok()
 }
