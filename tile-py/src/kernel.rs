@@ -511,36 +511,6 @@ impl Kernel {
         self.params.iter().map(|p| PyParam { inner: *p }).collect()
     }
 
-    /// Binds this kernel to `stream` and a launch configuration for repeated launches:
-    /// returns a `tile_py.BoundLaunch`, whose call `bound(*args, sync=True)` launches as
-    /// `tile_py.launch(stream, grid, kernel, args, block=..., ...)` does and returns a
-    /// `LaunchHandle`. The configuration is checked against the device once, here.
-    #[pyo3(signature = (stream, grid, *, block, shared_mem = None, cluster = None,
-                        cooperative = false, programmatic_dependent_launch = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn bind(
-        slf: &Bound<'_, Self>,
-        stream: &Bound<'_, PyAny>,
-        grid: &Bound<'_, PyAny>,
-        block: &Bound<'_, PyAny>,
-        shared_mem: Option<&Bound<'_, PyAny>>,
-        cluster: Option<&Bound<'_, PyAny>>,
-        cooperative: bool,
-        programmatic_dependent_launch: bool,
-    ) -> PyResult<crate::bound::BoundLaunch> {
-        crate::bound::BoundLaunch::new(
-            slf.py(),
-            stream,
-            grid,
-            slf.as_any(),
-            block,
-            shared_mem,
-            cluster,
-            cooperative,
-            programmatic_dependent_launch,
-        )
-    }
-
     fn __repr__(&self) -> String {
         let ps: Vec<String> = self.params.iter().map(|p| p.to_string()).collect();
         format!("<tile_py.Kernel {}({})>", self.inner.name(), ps.join(", "))

@@ -60,6 +60,39 @@ __all__ = [
     "synchronize",
 ]
 
+def _bind(
+    self,
+    stream,
+    grid,
+    *,
+    block,
+    shared_mem=None,
+    cluster=None,
+    cooperative=False,
+    programmatic_dependent_launch=False,
+):
+    """Binds this kernel to `stream` and a launch configuration for repeated launches, and
+    returns a `BoundLaunch` (the same as `BoundLaunch(stream, grid, kernel, block=..., ...)`):
+    `bound(*args)` then launches as `launch(stream, grid, kernel, args, block=..., ...)` does.
+    The configuration is checked against the device once, here; each call checks only its
+    arguments."""
+    return BoundLaunch(
+        stream,
+        grid,
+        self,
+        block=block,
+        shared_mem=shared_mem,
+        cluster=cluster,
+        cooperative=cooperative,
+        programmatic_dependent_launch=programmatic_dependent_launch,
+    )
+
+
+# `Kernel.bind` is defined here, over `BoundLaunch`'s constructor, so that the extension's
+# kernel module and its prepared-launch module do not import each other.
+Kernel.bind = _bind
+del _bind
+
 # At exit: wait a little for pending work, release what finished, leak (and count) the rest.
 _atexit.register(_shutdown)
 
