@@ -229,9 +229,17 @@ pub enum Error {
 
     /// `Library::from_cuda_source` (feature `nvrtc`) could
     /// not load NVRTC (`libnvrtc.so`): it is not installed or not on the loader's path.
-    #[error("NVRTC (libnvrtc.so) could not be loaded")]
+    #[error(
+        "NVRTC (libnvrtc.so) could not be loaded (searched {}): put the directory that holds \
+         libnvrtc.so (the CUDA toolkit's lib64, or the lib folder of the nvidia-cuda-nvrtc \
+         wheel) on LD_LIBRARY_PATH, or load PTX or a cubin instead of CUDA source",
+        searched.join(", ")
+    )]
     #[non_exhaustive]
-    NvrtcUnavailable,
+    NvrtcUnavailable {
+        /// The file names the dynamic loader was asked for, in order.
+        searched: Vec<String>,
+    },
 
     /// `Library::from_cuda_source` (feature `nvrtc`): NVRTC
     /// refused the source or its options.
@@ -440,8 +448,14 @@ mod tests {
                 &["cannot read /no/such/kernel.cubin", "not found"],
             ),
             (
-                Error::NvrtcUnavailable,
-                &["NVRTC (libnvrtc.so) could not be loaded"],
+                Error::NvrtcUnavailable {
+                    searched: vec!["libnvrtc.so".into(), "libnvrtc.so.13".into()],
+                },
+                &[
+                    "NVRTC (libnvrtc.so) could not be loaded",
+                    "searched libnvrtc.so, libnvrtc.so.13",
+                    "LD_LIBRARY_PATH",
+                ],
             ),
             (
                 Error::Compile {
