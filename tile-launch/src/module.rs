@@ -455,6 +455,7 @@ impl Library {
     /// [`Error::NvrtcUnavailable`] if NVRTC cannot be loaded; [`Error::Compile`] with NVRTC's
     /// log if compilation fails; otherwise as [`Library::from_image`].
     #[cfg(feature = "nvrtc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nvrtc")))]
     pub fn from_cuda_source(source: &str, options: &[&str]) -> Result<Library> {
         // Probe the driver first, then NVRTC: cudarc panics when a CUDA library is absent, and
         // even a caught panic prints through the panic hook.
