@@ -39,8 +39,19 @@ const TASKS: &[(&str, &[&str])] = &[
     ("doc", &["--open"]),
 ];
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// Runs the task; a failure is printed as one `xtask: ...` line (the error and its causes), never
+/// as `anyhow`'s debug report, which adds a backtrace under `RUST_BACKTRACE=1`.
+fn main() -> std::process::ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Vec<String>) -> Result<()> {
     let Some(task) = args.first().map(String::as_str) else {
         println!("{USAGE}");
         return Ok(());
