@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -13,7 +14,10 @@ fn root() -> PathBuf {
 
 /// Runs the script on `log` and `out`; returns (exit code, stdout).
 fn summary(name: &str, log: &str, out: &str) -> (Option<i32>, String) {
-    let dir = std::env::temp_dir().join(format!("xtask-vg-{}-{name}", std::process::id()));
+    // One directory per call: the tests run in parallel.
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("xtask-vg-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (log_path, out_path) = (dir.join("x.log"), dir.join("x.out"));
     std::fs::write(&log_path, log).unwrap();
