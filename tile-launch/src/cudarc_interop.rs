@@ -31,6 +31,11 @@
 //! - **Nothing is lost on a refusal.** A moved-in slice comes back with the error
 //!   ([`ExportError::into_slice`]).
 
+/// The `cudarc` this crate is built against (0.19), so that callers name its types
+/// (`cudarc::driver::CudaSlice`, `CudaStream`) in the version that [`tensor`] and
+/// [`Stream::from_cudarc`] take without depending on it themselves.
+pub use cudarc;
+
 use std::fmt;
 use std::sync::Arc;
 

@@ -229,9 +229,17 @@ pub enum Error {
 
     /// `Library::from_cuda_source` (feature `nvrtc`) could
     /// not load NVRTC (`libnvrtc.so`): it is not installed or not on the loader's path.
-    #[error("NVRTC (libnvrtc.so) could not be loaded")]
+    #[error(
+        "NVRTC (libnvrtc.so) could not be loaded (searched {}): put the directory that holds \
+         libnvrtc.so (the CUDA toolkit's lib64, or the lib folder of the nvidia-cuda-nvrtc \
+         wheel) on LD_LIBRARY_PATH, or load PTX or a cubin instead of CUDA source",
+        FirstNames(searched)
+    )]
     #[non_exhaustive]
-    NvrtcUnavailable,
+    NvrtcUnavailable {
+        /// The file names the dynamic loader was asked for, in order.
+        searched: Vec<String>,
+    },
 
     /// `Library::from_cuda_source` (feature `nvrtc`): NVRTC
     /// refused the source or its options.
@@ -415,6 +423,21 @@ impl Error {
 /// Shorthand for `Result<T, tile_launch::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The first two of a list of file names and how many more: `a.so, b.so and 15 other names`.
+struct FirstNames<'a>(&'a [String]);
+
+impl std::fmt::Display for FirstNames<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = self.0.len().min(2);
+        f.write_str(&self.0[..shown].join(", "))?;
+        match self.0.len() - shown {
+            0 => Ok(()),
+            1 => write!(f, " and 1 other name"),
+            n => write!(f, " and {n} other names"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The message of each variant that replaced the catch-all string variant: every variant's
@@ -440,8 +463,27 @@ mod tests {
                 &["cannot read /no/such/kernel.cubin", "not found"],
             ),
             (
-                Error::NvrtcUnavailable,
-                &["NVRTC (libnvrtc.so) could not be loaded"],
+                Error::NvrtcUnavailable {
+                    searched: vec!["libnvrtc.so".into(), "libnvrtc.so.13".into()],
+                },
+                &[
+                    "NVRTC (libnvrtc.so) could not be loaded",
+                    "(searched libnvrtc.so, libnvrtc.so.13):",
+                    "LD_LIBRARY_PATH",
+                ],
+            ),
+            (
+                Error::NvrtcUnavailable {
+                    searched: [
+                        "libnvrtc.so",
+                        "libnvrtc64.so",
+                        "libnvrtc.so.13",
+                        "libnvrtc.so.12",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
+                },
+                &["(searched libnvrtc.so, libnvrtc64.so and 2 other names):"],
             ),
             (
                 Error::Compile {

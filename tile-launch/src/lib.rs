@@ -8,35 +8,38 @@
 //! # Example
 //!
 //! Load a kernel, declare its parameters, launch it on three consumed tensors and retire the
-//! launch (compiled, not run here: it needs a GPU and a PTX file).
+//! launch (compiled, not run here: it needs a GPU and a PTX file). The tensors are
+//! [`tile_dlpack::Used`]: a producer's DLPack tensor once consumed,
+//! `unsafe { tile_dlpack::Unused::from_versioned(ptr) }.consume()?` on the
+//! `DLManagedTensorVersioned` another library exported (or a [`TensorArg`] made by
+//! `cudarc_interop::tensor`, feature `cudarc`, from a `cudarc` slice).
 //!
 //! ```no_run
+//! use tile_launch::tile_dlpack::{DType, Used};
 //! use tile_launch::{Context, Library, LaunchConfig, Param, ScalarType, Signature, Stream};
-//! use tile_dlpack::DType;
-//! # fn tensors() -> (tile_dlpack::Used, tile_dlpack::Used, tile_dlpack::Used) { unimplemented!() }
-//! # fn main() -> Result<(), tile_launch::Error> {
-//! let ctx = Context::new(0)?;
-//! let stream = Stream::new(&ctx)?;
-//! let lib = Library::from_file("vector_add.ptx")?;
-//! let kernel = lib.kernel(
-//!     "vector_add",
-//!     Signature::new([
-//!         Param::input(DType::F32),
-//!         Param::input(DType::F32),
-//!         Param::output(DType::F32),
-//!         Param::scalar(ScalarType::U64),
-//!     ]),
-//! )?;
-//! let (a, b, c) = tensors();
-//! let n = a.view().numel();
-//! let handle = stream.launch(
-//!     &kernel,
-//!     &LaunchConfig::for_elements(n, 256),
-//!     [a.into(), b.into(), c.into(), n.into()],
-//! )?;
-//! handle.retire()?; // waits, then runs the three deleters
-//! # Ok(())
-//! # }
+//!
+//! fn vector_add(a: Used, b: Used, c: Used) -> Result<(), tile_launch::Error> {
+//!     let ctx = Context::new(0)?;
+//!     let stream = Stream::new(&ctx)?;
+//!     let lib = Library::from_file("vector_add.ptx")?;
+//!     let kernel = lib.kernel(
+//!         "vector_add",
+//!         Signature::new([
+//!             Param::input(DType::F32),
+//!             Param::input(DType::F32),
+//!             Param::output(DType::F32),
+//!             Param::scalar(ScalarType::U64),
+//!         ]),
+//!     )?;
+//!     let n = a.view().numel();
+//!     let handle = stream.launch(
+//!         &kernel,
+//!         &LaunchConfig::for_elements(n, 256),
+//!         [a.into(), b.into(), c.into(), n.into()],
+//!     )?;
+//!     handle.retire()?; // waits, then runs the three deleters
+//!     Ok(())
+//! }
 //! ```
 //!
 //! # Contract
@@ -81,6 +84,8 @@
 //! written against the [`release::Timeline`] trait so that it is tested on the CPU with a
 //! manual-completion fake (feature `testing`: `release::fake`).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod args;
 mod array;
 mod bound;
@@ -99,6 +104,7 @@ mod stream;
 mod sync;
 
 #[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 pub mod cudarc_interop;
 
 pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args, pack_args};
@@ -123,3 +129,9 @@ pub use tile_dlpack;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The Rust snippets of the workspace's `README.md`, compiled as doctests (they use features
+/// `cudarc` and `nvrtc`). The file is outside this package, so only a workspace build has them.
+#[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadmeDoctests;

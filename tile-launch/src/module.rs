@@ -455,16 +455,23 @@ impl Library {
     /// [`Error::NvrtcUnavailable`] if NVRTC cannot be loaded; [`Error::Compile`] with NVRTC's
     /// log if compilation fails; otherwise as [`Library::from_image`].
     #[cfg(feature = "nvrtc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nvrtc")))]
     pub fn from_cuda_source(source: &str, options: &[&str]) -> Result<Library> {
-        // Probe the driver first: cudarc panics when CUDA libraries are absent.
+        // Probe the driver first, then NVRTC: cudarc panics when a CUDA library is absent, and
+        // even a caught panic prints through the panic hook.
         driver()?;
+        nvrtc::require()?;
         let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
         let opts = cudarc::nvrtc::CompileOptions {
             options: options.clone(),
             ..Default::default()
         };
+        // NVRTC was found above; a panic left here (an NVRTC too old for an entry point cudarc
+        // asks for) is still turned into the error rather than unwound into the caller.
         let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts))
-            .map_err(|_| Error::NvrtcUnavailable)?
+            .map_err(|_| Error::NvrtcUnavailable {
+                searched: nvrtc::candidates(),
+            })?
             .map_err(|e| {
                 let log = match e {
                     cudarc::nvrtc::CompileError::CompileError { log, .. } => {
@@ -850,5 +857,76 @@ impl Kernel {
             });
         }
         Ok(())
+    }
+}
+
+/// Finding NVRTC before `cudarc` looks for it, so that a missing library is an error value and
+/// nothing is printed (`cudarc` panics when it cannot load a CUDA library).
+#[cfg(feature = "nvrtc")]
+mod nvrtc {
+    use std::sync::OnceLock;
+
+    use crate::error::{Error, Result};
+
+    /// The file names `cudarc` tries for NVRTC, in its order.
+    pub(super) fn candidates() -> Vec<String> {
+        cudarc::get_lib_name_candidates("nvrtc")
+    }
+
+    /// `Ok` when one of `cudarc`'s candidate names for NVRTC loads; the answer is kept for the
+    /// life of the process (the loader's search path does not change under it).
+    pub(super) fn require() -> Result<()> {
+        static FOUND: OnceLock<bool> = OnceLock::new();
+        let names = candidates();
+        if *FOUND.get_or_init(|| first_loadable(&names).is_some()) {
+            Ok(())
+        } else {
+            Err(Error::NvrtcUnavailable { searched: names })
+        }
+    }
+
+    /// The first of `names` that the dynamic loader opens (closed again at once: `cudarc` opens
+    /// it for itself), or `None`.
+    pub(super) fn first_loadable(names: &[String]) -> Option<&str> {
+        names.iter().map(String::as_str).find(|name| {
+            // SAFETY: opening a shared library runs its initialisers. The names are NVRTC's
+            // (`cudarc`'s list), whose initialisers have no preconditions; a file of another
+            // library under such a name is the installation's fault, as for `cudarc` itself.
+            unsafe { libloading::Library::new(*name) }.is_ok()
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_missing_nvrtc_is_an_error_that_names_the_files_and_the_fix() {
+            let names = vec!["libtile-test-no-such-nvrtc.so".to_owned()];
+            assert_eq!(first_loadable(&names), None);
+            let msg = Error::NvrtcUnavailable { searched: names }.to_string();
+            for part in [
+                "NVRTC (libnvrtc.so) could not be loaded",
+                "libtile-test-no-such-nvrtc.so",
+                "LD_LIBRARY_PATH",
+                "nvidia-cuda-nvrtc",
+                "PTX or a cubin",
+            ] {
+                assert!(msg.contains(part), "{part:?} missing from {msg:?}");
+            }
+            assert!(!msg.contains('\n'), "one line: {msg:?}");
+        }
+
+        #[test]
+        fn the_search_uses_cudarcs_names_for_nvrtc() {
+            let names = candidates();
+            assert!(names.iter().any(|n| n == "libnvrtc.so"), "{names:?}");
+            // Whatever this machine has, the probe answers without panicking and agrees with the
+            // names it was given.
+            match first_loadable(&names) {
+                Some(found) => assert!(names.iter().any(|n| n == found)),
+                None => assert!(require().is_err()),
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@ use pyo3::types::PyTuple;
 
 use crate::convert::parse_config;
 use crate::errors::launch_err;
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, bool_arg};
 use crate::{LaunchHandle, Target, arg_list, as_kernel, check_count, check_usable, streams};
 
 /// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
@@ -26,7 +26,9 @@ impl BoundLaunch {
     /// `tile_py.launch`. `Kernel.bind(stream, grid, block=...)` is the same.
     #[new]
     #[pyo3(signature = (stream, grid, kernel, *, block, shared_mem = None, cluster = None,
-                        cooperative = false, programmatic_dependent_launch = false))]
+                        cooperative = None, programmatic_dependent_launch = None),
+           text_signature = "(stream, grid, kernel, *, block, shared_mem=None, cluster=None, \
+                             cooperative=False, programmatic_dependent_launch=False)")]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         py: Python<'_>,
@@ -36,9 +38,17 @@ impl BoundLaunch {
         block: &Bound<'_, PyAny>,
         shared_mem: Option<&Bound<'_, PyAny>>,
         cluster: Option<&Bound<'_, PyAny>>,
-        cooperative: bool,
-        programmatic_dependent_launch: bool,
+        cooperative: Option<&Bound<'_, PyAny>>,
+        programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BoundLaunch> {
+        let flag = |v: Option<&Bound<'_, PyAny>>, what: &str| {
+            v.map_or(Ok(false), |v| bool_arg(v, &format!("Kernel.bind: {what}")))
+        };
+        let cooperative = flag(cooperative, "cooperative")?;
+        let programmatic_dependent_launch = flag(
+            programmatic_dependent_launch,
+            "programmatic_dependent_launch",
+        )?;
         let (spec, cached) = crate::prelude(py, stream)?;
         let config = parse_config(
             grid,

@@ -186,11 +186,25 @@ pub(crate) fn driver_not_found_error_type(py: Python<'_>) -> Bound<'_, PyType> {
     DriverNotFoundError::type_object(py)
 }
 
-/// A short `repr` of an offending value for messages (at most 80 characters).
+/// `text` on one line: each line break, with the indentation around it, becomes one space.
+fn one_line(text: &str) -> String {
+    if !text.contains('\n') {
+        return text.to_owned();
+    }
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join(" ")
+}
+
+/// A short `repr` of an offending value for messages: on one line (a multi-line `repr`, such as
+/// a NumPy array's, is folded onto one) and at most 80 characters.
 pub(crate) fn show(obj: &Bound<'_, PyAny>) -> String {
     let r = obj
         .repr()
-        .map(|r| r.to_string())
+        .map(|r| one_line(&r.to_string()))
         .unwrap_or_else(|_| "<unprintable>".into());
     let ty = obj
         .get_type()
@@ -206,12 +220,28 @@ pub(crate) fn show(obj: &Bound<'_, PyAny>) -> String {
     format!("{r} ({ty})")
 }
 
-/// Adds `note` to a Python exception raised by a producer (PEP 678 notes, Python 3.11+; on
-/// older versions the exception is left unchanged).
+/// Adds `note` to a Python exception raised by a producer, keeping its type (PEP 678 notes:
+/// `add_note`, Python 3.11+; on Python 3.10 the note is appended to `__notes__` by hand, where
+/// code can read it though the interpreter does not print it).
 pub(crate) fn with_note(py: Python<'_>, e: PyErr, note: String) -> PyErr {
     let value = e.value(py);
     if value.hasattr("add_note").unwrap_or(false) {
         let _ = value.call_method1("add_note", (note,));
+    } else {
+        let notes = value
+            .getattr("__notes__")
+            .ok()
+            .and_then(|n| n.extract::<Vec<String>>().ok())
+            .unwrap_or_default();
+        let mut notes = notes;
+        notes.push(note);
+        let _ = value.setattr("__notes__", notes);
     }
     e
+}
+
+/// The note added to an exception that a producer raised while its argument was converted:
+/// `argument {index}: ...`, as tile_py's own messages begin.
+pub(crate) fn argument_note(index: usize) -> String {
+    format!("argument {index}: raised while converting this argument")
 }

@@ -292,15 +292,74 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
     Ok(a)
 }
 
+/// `obj` as a `bool` (`True` or `False` only), or a `TypeError` naming `what`.
+pub(crate) fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    obj.cast::<pyo3::types::PyBool>()
+        .map(|b| b.is_true())
+        .map_err(|_| {
+            err(
+                Kind::Type,
+                format!("{what} must be True or False, got {}", show(obj)),
+            )
+        })
+}
+
+/// `obj` as a `str`, or a `TypeError` naming `what` and what it must hold.
+fn str_arg(obj: &Bound<'_, PyAny>, what: &str, holding: &str) -> PyResult<String> {
+    obj.cast::<PyString>()
+        .map_err(|_| {
+            err(
+                Kind::Type,
+                format!("{what} must be a str ({holding}), got {}", show(obj)),
+            )
+        })?
+        .to_str()
+        .map(str::to_owned)
+}
+
 fn tensor_param(
     intent: Intent,
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyDict>>,
-    strided: bool,
+    assume: Option<&Bound<'_, PyAny>>,
+    strided: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyParam> {
+    let name = match intent {
+        Intent::Read => "In",
+        Intent::Write => "Out",
+        Intent::ReadWrite => "InOut",
+    };
     let dtype = parse_dtype(dtype)?;
+    let strided = match strided {
+        Some(s) => bool_arg(s, &format!("{name}(strided=...)"))?,
+        None => false,
+    };
+    let assume = match assume {
+        None => None,
+        Some(a) => Some(a.cast::<PyDict>().map_err(|_| {
+            err(
+                Kind::Type,
+                format!(
+                    "{name}(assume=...) must be a dict of layout assumptions such as \
+                     {{'base_addr_divisible_by': 16}}, got {}",
+                    show(a)
+                ),
+            )
+        })?),
+    };
+    // `strided=True` declares a pointer whose strides the kernel takes as separate scalars; an
+    // array parameter (`ndim`) passes its strides itself. Both at once contradict each other.
+    if strided && let Some(n) = ndim {
+        return Err(err(
+            Kind::Type,
+            format!(
+                "{name}(strided=True) declares a pointer parameter, and ndim={} an array \
+                 parameter (which passes its strides already): give one of them",
+                n.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
+        ));
+    }
     let inner = match (ndim, index) {
         (None, None) if assume.is_none() => {
             let p = match intent {
@@ -348,13 +407,18 @@ fn tensor_param(
 /// `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`), with
 /// the layout assumptions of `assume` checked at each launch.
 #[pyfunction(name = "In")]
-#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None, strided = false))]
+// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
+// signature shown (and checked against the stub) keeps its default, False.
+#[pyo3(
+    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
+    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
+)]
 pub(crate) fn input(
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyDict>>,
-    strided: bool,
+    assume: Option<&Bound<'_, PyAny>>,
+    strided: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyParam> {
     tensor_param(Intent::Read, dtype, ndim, index, assume, strided)
 }
@@ -362,26 +426,36 @@ pub(crate) fn input(
 /// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
 /// `index` as for `In`.
 #[pyfunction(name = "Out")]
-#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None, strided = false))]
+// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
+// signature shown (and checked against the stub) keeps its default, False.
+#[pyo3(
+    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
+    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
+)]
 pub(crate) fn output(
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyDict>>,
-    strided: bool,
+    assume: Option<&Bound<'_, PyAny>>,
+    strided: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyParam> {
     tensor_param(Intent::Write, dtype, ndim, index, assume, strided)
 }
 
 /// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
 #[pyfunction(name = "InOut")]
-#[pyo3(signature = (dtype, *, ndim = None, index = None, assume = None, strided = false))]
+// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
+// signature shown (and checked against the stub) keeps its default, False.
+#[pyo3(
+    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
+    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
+)]
 pub(crate) fn inout(
     dtype: &Bound<'_, PyAny>,
     ndim: Option<&Bound<'_, PyAny>>,
     index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyDict>>,
-    strided: bool,
+    assume: Option<&Bound<'_, PyAny>>,
+    strided: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyParam> {
     tensor_param(Intent::ReadWrite, dtype, ndim, index, assume, strided)
 }
@@ -416,6 +490,24 @@ pub(crate) fn parse_params(params: &Bound<'_, PyAny>) -> PyResult<Vec<Param>> {
     Ok(out)
 }
 
+/// `obj` as a list of `str` (any iterable of them but a `str` or `bytes` itself), or `None`.
+fn str_list(obj: &Bound<'_, PyAny>) -> Option<Vec<String>> {
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
+        return None;
+    }
+    obj.try_iter()
+        .ok()?
+        .map(|o| {
+            o.ok()?
+                .cast::<PyString>()
+                .ok()?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
 /// Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC.
 ///
 /// Loading raises `tile_py.CudaError` when the driver refuses the image, and its subclass
@@ -436,21 +528,49 @@ impl Library {
     /// Loads a cubin, fatbin or PTX file. Raises `OSError` (`FileNotFoundError`, ...) as
     /// `open()` does when the file cannot be read.
     #[staticmethod]
-    fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Library> {
+    fn from_file(py: Python<'_>, path: &Bound<'_, PyAny>) -> PyResult<Library> {
+        let path: PathBuf = path.extract().map_err(|_| {
+            err(
+                Kind::Type,
+                format!(
+                    "Library.from_file: path must be a str or os.PathLike, got {}",
+                    show(path)
+                ),
+            )
+        })?;
         let r = py.detach(|| tile_launch::Library::from_file(&path));
         loaded(py, r)
     }
 
     /// Loads a cubin, fatbin or PTX image from bytes.
     #[staticmethod]
-    fn from_bytes(py: Python<'_>, data: Vec<u8>) -> PyResult<Library> {
+    fn from_bytes(py: Python<'_>, data: &Bound<'_, PyAny>) -> PyResult<Library> {
+        // A `str` is a sequence too, but of characters: PTX text goes to `from_ptx`.
+        let data: Vec<u8> = (!data.is_instance_of::<PyString>())
+            .then(|| data.extract().ok())
+            .flatten()
+            .ok_or_else(|| {
+                err(
+                    Kind::Type,
+                    format!(
+                        "Library.from_bytes: data must be bytes (a cubin, fatbin or PTX image; \
+                         PTX text as a str goes to Library.from_ptx), got {}",
+                        show(data)
+                    ),
+                )
+            })?;
         let r = py.detach(|| tile_launch::Library::from_image(&data));
         loaded(py, r)
     }
 
     /// Loads PTX text.
     #[staticmethod]
-    fn from_ptx(py: Python<'_>, ptx: String) -> PyResult<Library> {
+    fn from_ptx(py: Python<'_>, ptx: &Bound<'_, PyAny>) -> PyResult<Library> {
+        let ptx = str_arg(
+            ptx,
+            "Library.from_ptx: ptx",
+            "PTX text; an image as bytes goes to Library.from_bytes",
+        )?;
         let r = py.detach(|| tile_launch::Library::from_ptx(&ptx));
         loaded(py, r)
     }
@@ -458,8 +578,26 @@ impl Library {
     /// Compiles CUDA C++ with NVRTC and loads it. Declare kernels `extern "C"`. Raises
     /// `RuntimeError` with NVRTC's log when compilation fails, or when NVRTC cannot be loaded.
     #[staticmethod]
-    #[pyo3(signature = (source, options = Vec::new()))]
-    fn from_cuda_source(py: Python<'_>, source: String, options: Vec<String>) -> PyResult<Library> {
+    #[pyo3(signature = (source, options = None), text_signature = "(source, options=())")]
+    fn from_cuda_source(
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Library> {
+        let source = str_arg(source, "Library.from_cuda_source: source", "CUDA C++ text")?;
+        let options = match options {
+            None => Vec::new(),
+            Some(o) => str_list(o).ok_or_else(|| {
+                err(
+                    Kind::Type,
+                    format!(
+                        "Library.from_cuda_source: options must be a list of str such as \
+                         ['-O3'], got {}",
+                        show(o)
+                    ),
+                )
+            })?,
+        };
         #[cfg(feature = "nvrtc")]
         {
             let r = py.detach(|| {
@@ -479,7 +617,14 @@ impl Library {
 
     /// Looks up kernel `name` and declares its parameters, checked against the compiled
     /// kernel's parameter sizes.
-    fn kernel(&self, py: Python<'_>, name: &str, params: &Bound<'_, PyAny>) -> PyResult<Kernel> {
+    fn kernel(
+        &self,
+        py: Python<'_>,
+        name: &Bound<'_, PyAny>,
+        params: &Bound<'_, PyAny>,
+    ) -> PyResult<Kernel> {
+        let name = str_arg(name, "Library.kernel: name", "the kernel's name")?;
+        let name = name.as_str();
         let params = parse_params(params)?;
         let sig = Signature::new(params.iter().copied());
         let k = self

@@ -272,7 +272,7 @@ def test_raising_attributes_and_float_carry_the_argument_index():
         p = Producer()
         with pytest.raises(exc) as e:
             check([In("float32"), param], (p, obj))
-        assert "while converting argument 1" in notes(e.value)
+        assert "argument 1: raised while converting this argument" in notes(e.value)
         assert p.deleted == 1
 
 

@@ -11,6 +11,7 @@
 //! - `cargo xtask bench` builds the bundle and runs its benchmarks on this machine's GPU.
 //! - `cargo xtask profile` counts host instructions per launch with callgrind against a stub
 //!   driver (no GPU needed).
+//! - `cargo xtask doc [--open]` builds the library crates' API docs with docs.rs's features.
 //!
 //! A task refuses any argument it does not take; `--help` or `-h` after a task prints the usage.
 //! Before it starts, a task checks what it needs from the machine (libclang for codegen, a Python
@@ -18,6 +19,7 @@
 
 mod bundle;
 mod codegen;
+mod doc;
 mod prereq;
 mod profile;
 mod wheel;
@@ -34,10 +36,22 @@ const TASKS: &[(&str, &[&str])] = &[
     ("gpu-bundle", &[]),
     ("bench", &["--burst="]),
     ("profile", &["--launches="]),
+    ("doc", &["--open"]),
 ];
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// Runs the task; a failure is printed as one `xtask: ...` line (the error and its causes), never
+/// as `anyhow`'s debug report, which adds a backtrace under `RUST_BACKTRACE=1`.
+fn main() -> std::process::ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Vec<String>) -> Result<()> {
     let Some(task) = args.first().map(String::as_str) else {
         println!("{USAGE}");
         return Ok(());
@@ -79,6 +93,7 @@ fn main() -> Result<()> {
         "gpu-bundle" => bundle::run(),
         "bench" => bench(rest),
         "profile" => profile::run(rest),
+        "doc" => doc::run(rest.iter().any(|a| a == "--open")),
         "wheel" => wheel::build().map(|w| println!("wheel: {}", w.display())),
         _ => unreachable!("every task of TASKS is matched"),
     }
@@ -104,6 +119,8 @@ tasks:
                       scalars, deferred, bound, queued; N launches each, default 2000), counted
                       by callgrind against a stub driver (bench/profile/cuda_stub.c; no GPU
                       needed; needs valgrind and cc), then where the deferred path's go
+  doc [--open]        the library crates' API docs with the features docs.rs documents
+                      ([package.metadata.docs.rs]; a plain `cargo doc` leaves them out)
 
 A task takes no arguments but those shown; `cargo xtask <task> --help` prints this help.";
 

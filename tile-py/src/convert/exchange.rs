@@ -40,7 +40,7 @@ pub(crate) fn from_exchange_api(
     api: ApiPtr,
     hs: &Handshake,
 ) -> PyResult<Tensor> {
-    let note = |e: PyErr| with_note(py, e, format!("while converting argument {index}"));
+    let note = |e: PyErr| with_note(py, e, argument_note(index));
     // SAFETY: `api` was checked to be a major-version-1 table with these entries non-null.
     let (from_obj, current_stream) = unsafe {
         (

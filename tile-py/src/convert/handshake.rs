@@ -327,7 +327,7 @@ pub(crate) fn host_or(
         .and_then(|d| d.extract::<(i64, i64)>().ok())
         .is_some_and(|(t, _)| t == i64::from(DLDeviceType::CPU.0));
     if !cpu {
-        return with_note(py, e, format!("while converting argument {index}"));
+        return with_note(py, e, argument_note(index));
     }
     let mismatch = tile_launch::Error::DeviceMismatch {
         index,

@@ -29,7 +29,7 @@ use tile_dlpack::ffi::{
 use tile_dlpack::{DType, Unused};
 use tile_launch::{Arg, Dim3, LaunchConfig, Param, Scalar, ScalarType, TensorArg};
 
-use crate::errors::{Kind, arg_err, err, show, with_note};
+use crate::errors::{Kind, arg_err, argument_note, err, show, with_note};
 use crate::producers::{self, Checked, Family};
 use crate::pytypes::TypeCache;
 use crate::release::{COUNTERS, PyGuard, defer_release};
@@ -235,10 +235,10 @@ fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
     args[..at].iter().position(|earlier| earlier.is(obj))
 }
 
-/// `e` with the note `while converting argument {index}`, unless it already names the argument
+/// `e` with the note [`argument_note`], unless it already names the argument
 /// (its message starts with `argument {index}:`, or it has that note). Error path only.
 fn noted(py: Python<'_>, e: PyErr, index: usize) -> PyErr {
-    let note = format!("while converting argument {index}");
+    let note = argument_note(index);
     let value = e.value(py);
     let named = value
         .str()
