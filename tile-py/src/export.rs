@@ -29,29 +29,37 @@ type Layout = ((u8, u8, u16), (i32, i32), u64, Vec<i64>, Vec<i64>);
 /// too; a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
 /// The descriptor is validated as a launch validates it. Nothing is consumed: the capsule
 /// keeps its name, and dropping it unlaunched releases the export through its destructor.
-/// `index` names the argument in error messages.
+/// `index` names the argument in error messages. `device` is the launch stream's device
+/// ordinal, named in the refusal of a host producer; when it is `None` the stream is resolved
+/// (which loads the driver) to read it.
 ///
 /// # Errors
 ///
 /// As `tile_py.launch` raises for the stream and for this argument's export and descriptor.
 #[pyfunction]
-#[pyo3(signature = (obj, stream, index = 0))]
+#[pyo3(signature = (obj, stream, index = 0, device = None))]
 pub(crate) fn _export<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
     stream: &Bound<'py, PyAny>,
     index: usize,
+    device: Option<i32>,
 ) -> PyResult<(Bound<'py, PyAny>, Option<i64>, Layout)> {
     let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
         (obj.clone(), None)
     } else {
         let (spec, cached) = streams::parse_stream_cached(stream)?;
         let dlpack_stream = spec.dlpack_value();
-        let s = streams::resolve(py, stream, spec, cached)?;
+        let device = match device {
+            Some(d) => d,
+            None => streams::resolve(py, stream, spec, cached)?
+                .context()
+                .ordinal(),
+        };
         let hs = Handshake {
             dlpack_stream,
             sync: true,
-            device: s.context().ordinal(),
+            device,
         };
         let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? else {
             return Err(arg_err(

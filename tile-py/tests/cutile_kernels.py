@@ -65,3 +65,17 @@ def copy_list(xs, out):
     """A list-of-arrays parameter, which tile_py.cutile does not launch."""
     bid = ct.bid(0)
     ct.store(out, index=(bid,), tile=ct.load(xs[0], index=(bid,), shape=(TILE,)))
+
+
+@ct.kernel
+def one_arg(x):
+    """One parameter (argument-count tests)."""
+    ct.store(x, index=(0,), tile=ct.load(x, index=(0,), shape=(TILE,)) + 1)
+
+
+@ct.kernel
+def fill_count(n, out):
+    """out[i] = i for i < n, one element per iteration: ``n`` must be a scalar (an array there
+    is cuTile's TileTypeError when compiling)."""
+    for i in range(n):
+        ct.store(out, (i,), tile=ct.full((1,), i, dtype=ct.int32))

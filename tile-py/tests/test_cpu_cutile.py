@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import tile_py
-from dlpack_ctypes import capsule_name, make_capsule
+from dlpack_ctypes import Producer, StreamOnlyProducer, capsule_name, make_capsule
 
 ct = pytest.importorskip("cuda.tile", reason="cuda-tile is not installed (Python >= 3.10)")
 from cuda.tile.compilation import (  # noqa: E402
@@ -186,7 +186,7 @@ def test_refusals_before_anything_is_consumed():
         tc.launch(0x1234, (4,), K.copy_list, ([cap], Dev([64])))
     with pytest.raises(ValueError, match=r"array arguments 0 and 2 .* overlap in memory"):
         key(K.axpy, (Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 128), 1.0))
-    with pytest.raises(TypeError, match=r"takes 4 arguments but 2 were given"):
+    with pytest.raises(TypeError, match=r"^Kernel expects 4 arguments but 2 were given$"):
         key(K.axpy, (Dev([64]), 1.0))
     assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
     assert tc.cache_info()["entries"] == 0
@@ -240,3 +240,238 @@ def test_a_plain_function_is_refused_as_a_kernel():
 
     with pytest.raises(TypeError, match=r"kernel must be a cuTile kernel \(a function decorated with @ct.kernel\), got function"):
         tc.launch(1, 1, f, (1,))
+
+
+# ---- cuTile's launch conventions ---------------------------------------------------------------
+
+
+def test_grid_is_read_as_cutile_reads_it():
+    assert tc._dims(()) == (1, 1, 1)  # cuTile pads an empty grid to one block
+    assert tc._dims((4,)) == (4, 1, 1)
+    assert tc._dims((4, 2)) == (4, 2, 1)
+    assert tc._dims(7) == (7, 1, 1)  # tile's convenience, beyond cuTile
+    assert tc._dims((tc.MAX_GRID_DIM, 1, tc.MAX_GRID_DIM)) == (2**24 - 1, 1, 2**24 - 1)
+    msg = ("Grid[1] exceeds 24-bit limit: max=16777215, got=16777216. "
+           "Use multiple kernel launches for larger workloads.")
+    with pytest.raises(ValueError) as e:
+        tc._dims((1, 2**24))
+    assert str(e.value) == msg
+    with pytest.raises(ValueError, match=r"^Grid dimensions must be at most 3, got length 4$"):
+        tc._dims((1, 1, 1, 1))
+    with pytest.raises(TypeError, match=r"^Grid must be a tuple$"):
+        tc._dims([4])
+    with pytest.raises(OverflowError, match=r"Grid\[0\] is negative"):
+        tc._dims((-1,))
+
+
+def test_grid_limit_is_checked_before_anything_is_exported():
+    producer = Producer(shape=(64,), data=BASE)
+    cap, c = make_capsule(shape=(64,), data=BASE + 0x1000)
+    with pytest.raises(ValueError, match=r"^Grid\[0\] exceeds 24-bit limit"):
+        tc.launch(0x1234, (2**24,), K.axpy, (producer, cap, Dev([64], ptr=BASE + 0x2000), 1.0))
+    with pytest.raises(ValueError, match=r"^Grid\[2\] exceeds 24-bit limit"):
+        tc.launch(0x1234, (1,), K.axpy, (producer, cap, Dev([64], ptr=BASE + 0x2000), 1.0),
+                  block_in_cluster_count=(1, 1, 2**24))
+    assert producer.calls == [] and c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
+
+
+class _NumbaHandle:
+    def __init__(self, value):
+        self.value = value
+
+
+def _numba_stream(value):
+    """A stream object shaped as numba-cuda's (``handle.value``, no ``__cuda_stream__``)."""
+    cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
+    s = cls()
+    s.handle = _NumbaHandle(value)
+    return s
+
+
+def test_streams_as_cutile_takes_them():
+    assert tc._stream(0) == 1  # ct.launch's 0: the legacy default stream (tile_py's 1)
+    assert tc._stream(1) == 1 and tc._stream(2) == 2 and tc._stream(0x1234) == 0x1234
+    assert tc._stream(_numba_stream(0x5678)) == 0x5678
+    assert tc._stream(_numba_stream(None)) == 1  # numba's default stream
+
+    class CudaStream:  # cuda.core's protocol: passed on, tile_py reads it
+        def __cuda_stream__(self):
+            return (0, 0x9ABC)
+
+    s = CudaStream()
+    assert tc._stream(s) is s
+    assert tile_py._export(make_capsule(shape=(16,), data=BASE)[0], s)[1] is None
+
+
+def _kernel_one(x):
+    pass
+
+
+def test_wrong_argument_count_in_cutiles_words():
+    for kernel, args, msg in [
+        (K.axpy, (Dev([64]),), "Kernel expects 4 arguments but 1 was given"),
+        (K.axpy, (1, 2, 3, 4, 5), "Kernel expects 4 arguments but 5 were given"),
+        (K.one_arg, (1, 2), "Kernel expects 1 argument but 2 were given"),
+    ]:
+        with pytest.raises(TypeError) as e:
+            tc.launch(0x1234, (1,), kernel, args)
+        assert str(e.value) == msg
+
+
+# ---- arguments known only through DLPack: exported once, that export launched ------------------
+
+
+def test_export_calls_the_producer_once_with_the_launch_stream_and_consumes_nothing():
+    p = Producer(shape=(64, 32), data=BASE + 0x40)
+    cap, offered, layout = tile_py._export(p, 0x1234, 3, device=0)
+    assert p.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
+    assert offered == 0x1234
+    assert layout == ((2, 32, 1), (2, 0), BASE + 0x40, [64, 32], [32, 1])
+    assert capsule_name(cap) == "dltensor_versioned" and p.deleted == 0
+    del cap  # never launched: the capsule's destructor releases the export
+    assert p.deleted == 1
+    # The per-thread default stream is offered as the legacy one, as a launch offers it.
+    p2 = StreamOnlyProducer(shape=(8,), strides=(4,), data=BASE)
+    cap2, offered2, layout2 = tile_py._export(p2, 2, device=0)
+    assert p2.calls == [{"stream": 1}] and offered2 == 1 and layout2[3:] == ([8], [4])
+    # A capsule is read as it is: no stream is offered, its name stays.
+    own, c = make_capsule(shape=(16,), data=BASE, byte_offset=8)
+    got, offered3, layout3 = tile_py._export(own, 0x1234, device=0)
+    assert got is own and offered3 is None and layout3[2] == BASE + 8
+    assert capsule_name(own) == "dltensor_versioned" and c.calls == 0
+    used, _ = make_capsule(name="used_dltensor_versioned", shape=(16,), data=BASE)
+    with pytest.raises(ValueError, match=r"^argument 5: DLPack capsule already consumed"):
+        tile_py._export(used, 0x1234, 5, device=0)
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """tile_py.cutile.launch up to tile_py.launch, without a GPU: the real exports (with device
+    0 given, so no driver is loaded), a fake compute capability and compiler, and tile_py.launch
+    replaced by a recorder of what it would have been handed."""
+    real_export = tile_py._export
+    calls = {"compile": [], "launch": []}
+    monkeypatch.setattr(tile_py, "_export", lambda o, s, i=0: real_export(o, s, i, device=0))
+    monkeypatch.setattr(tile_py, "compute_capability", lambda s: (9, 0))
+
+    def compile_(kernel, args, cc):
+        calls["compile"].append(args)
+        n = len(tc._leaves(args))
+        return tc._Compiled(kernel=("kernel", n), keep=(True,) * n, signature=None)
+
+    monkeypatch.setattr(tc, "_compile", compile_)
+
+    def launch(stream, grid, kernel, args, **kw):
+        calls["launch"].append((stream, grid, kernel, list(args), kw))
+        return "handle"
+
+    monkeypatch.setattr(tile_py, "launch", launch)
+    tc.clear_cache()
+    yield calls
+    tc.clear_cache()
+
+
+def test_a_generic_producer_is_exported_once_and_that_export_is_launched(fake_device):
+    x = Producer(shape=(64,), data=BASE)
+    y, cy = make_capsule(shape=(64,), data=BASE + 0x1000)
+    out = Dev([64], ptr=BASE + 0x2000)
+    assert tc.launch(0, (), K.axpy, (x, y, out, 2.0)) == "handle"
+    # One export, for the legacy default stream (cuTile's 0), nothing released.
+    assert x.calls == [{"stream": 1, "max_version": (1, 3)}] and x.deleted == 0
+    # cuTile was shown the export's layout, not the producer (which it would export again).
+    (shown,) = fake_device["compile"]
+    assert shown[0].__cuda_array_interface__ == {
+        "shape": (64,), "strides": (4,), "typestr": "<f4", "data": (BASE, False), "version": 3,
+    }
+    assert shown[1].__cuda_array_interface__["data"] == (BASE + 0x1000, False)
+    assert shown[2] is out and shown[3] == 2.0
+    ((stream, grid, kernel, passed, kw),) = fake_device["launch"]
+    assert stream == 1 and grid == (1, 1, 1) and kw["block"] == 1
+    # The capsule is passed as it is; the producer's export through a stand-in that hands
+    # tile_py that very capsule, once, for the stream it was made for.
+    assert passed[1] is y and passed[2] is out and passed[3] == 2.0
+    with pytest.raises(BufferError, match="was made for stream 1, not 4660"):
+        passed[0].__dlpack__(stream=0x1234, max_version=(1, 3))
+    cap = passed[0].__dlpack__(stream=1, max_version=(1, 3))
+    assert capsule_name(cap) == "dltensor_versioned" and x.deleted == 0
+    with pytest.raises(BufferError, match="handed out already"):
+        passed[0].__dlpack__(stream=1, max_version=(1, 3))
+    assert len(x.calls) == 1 and cy.calls == 0
+    # A second launch with the same layouts finds the compiled kernel: no compile, one more
+    # export.
+    tc.launch(0, (), K.axpy, (x, make_capsule(shape=(64,), data=BASE + 0x1000)[0], out, 3.0))
+    assert len(fake_device["compile"]) == 1 and len(x.calls) == 2
+    assert tc.cache_info()["hits"] >= 1
+
+
+def test_a_misaligned_export_gets_its_own_kernel(fake_device):
+    out = Dev([64], ptr=BASE + 0x2000)
+    y = Dev([64], ptr=BASE + 0x1000)
+    tc.launch(1, (4,), K.axpy, (Producer(shape=(64,), data=BASE), y, out, 1.0))
+    tc.launch(1, (4,), K.axpy, (Producer(shape=(64,), data=BASE + 4), y, out, 1.0))
+    tc.launch(1, (4,), K.axpy, (Producer(shape=(32,), strides=(2,), data=BASE), y, out, 1.0))
+    assert len(fake_device["compile"]) == 3
+
+
+def test_cutiles_own_errors_come_before_the_overlap_refusal(fake_device, monkeypatch):
+    class CuTileRefusal(Exception):
+        pass
+
+    def refuse(kernel, args, cc):
+        fake_device["compile"].append(args)
+        raise CuTileRefusal("Expected a scalar")
+
+    x = Dev([64])
+    monkeypatch.setattr(tc, "_compile", refuse)
+    with pytest.raises(CuTileRefusal):
+        tc.launch(1, (1,), K.axpy, (x, x, Dev([64], ptr=BASE + 0x2000), 1.0))
+    # cuTile accepts the arguments: tile's refusal of overlapping arrays follows, and what was
+    # compiled for them is not kept.
+    monkeypatch.setattr(tc, "_compile", lambda k, a, cc: tc._Compiled(("k", 4), (True,) * 4, None))
+    with pytest.raises(ValueError, match=r"array arguments 0 and 1 .* overlap in memory"):
+        tc.launch(1, (1,), K.axpy, (x, x, Dev([64], ptr=BASE + 0x2000), 1.0))
+    assert tc.cache_info()["entries"] == 0 and fake_device["launch"] == []
+
+
+def test_a_constant_is_never_an_array_of_the_overlap_check(fake_device):
+    """An array handed to a ``ct.Constant`` parameter is a constant to key on (cuTile refuses
+    it when compiling), not an array that overlaps another argument."""
+    pair = (Dev([64]), Dev([64], ptr=BASE + 0x1000))
+    tc.launch(1, (4,), K.affine_pair, (pair, Dev([64], ptr=BASE + 0x2000), 1.0, 0.0, pair[0]))
+    assert len(fake_device["compile"]) == 1
+
+
+# ---- install(): every ct.launch through tile ----------------------------------------------------
+
+
+def test_install_routes_ct_launch_through_tile_and_returns_what_ct_launch_returns(monkeypatch):
+    import cuda.tile._cext as cext
+
+    seen = []
+    monkeypatch.setattr(tc, "launch", lambda *a, **kw: seen.append((a, kw)) or "handle")
+    original = ct.launch
+    assert not tc.installed()
+    with tc.install() as inst:
+        assert tc.installed()
+        assert ct.launch is cext.launch is not original
+        from cuda.tile import launch as imported_after
+
+        assert imported_after(0, (1,), K.axpy, (1, 2, 3, 4), programmatic_dependent_launch=True) is None
+        assert ct.launch(5, (2,), K.one_arg, [7]) is None
+        inner = tc.install()  # installing twice is harmless
+        inner.uninstall()
+        assert tc.installed()
+    assert ct.launch is original and cext.launch is original and not tc.installed()
+    inst.uninstall()  # a second uninstall changes nothing
+    assert ct.launch is original
+    assert seen == [
+        ((0, (1,), K.axpy, (1, 2, 3, 4)), {"programmatic_dependent_launch": True}),
+        ((5, (2,), K.one_arg, [7]), {"programmatic_dependent_launch": False}),
+    ]
+    # Without the context manager it stays until uninstalled.
+    handle = tc.install()
+    try:
+        assert tc.installed()
+    finally:
+        handle.uninstall()
+    assert not tc.installed()

@@ -49,12 +49,22 @@ Importing ``tile_py`` does not import ``cuda.tile``; this module imports it on f
 from __future__ import annotations
 
 import io
+import operator
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tile_py
 
-__all__ = ["launch", "specialization_key", "params_from_signature", "cache_info", "clear_cache"]
+__all__ = [
+    "MAX_GRID_DIM",
+    "launch",
+    "install",
+    "installed",
+    "specialization_key",
+    "params_from_signature",
+    "cache_info",
+    "clear_cache",
+]
 
 # The calling convention whose binary layout tile declares (see params_from_signature).
 _CONVENTION = "cutile_python_v2"
@@ -82,12 +92,16 @@ _STATS = {"hits": 0, "misses": 0}
 
 
 def _layout(obj: Any) -> Optional[Tuple[Any, int, int, Tuple[int, ...], Tuple[int, ...]]]:
-    """``(dtype, bits, data_ptr, shape, strides_in_elements)`` of an array argument, or None for
-    anything else. PyTorch-like tensors are read through their attributes, other arrays through
-    ``__cuda_array_interface__``."""
+    """``(dtype, bits, data_ptr, shape, strides_in_elements)`` of an array argument read from its
+    attributes, or None when it has none to read (an argument exported instead, see
+    ``_export_leaf``, or a scalar). PyTorch-like tensors are read through their attributes
+    (tile_py then exports them through PyTorch's DLPack C exchange API, a view of the same
+    memory), objects with ``__cuda_array_interface__`` and no ``__dlpack__`` through it."""
     data_ptr = getattr(obj, "data_ptr", None)
     if data_ptr is not None and hasattr(obj, "stride"):
         return (obj.dtype, obj.element_size() * 8, data_ptr(), tuple(obj.shape), tuple(obj.stride()))
+    if hasattr(obj, "__dlpack__"):
+        return None
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         typestr = cai["typestr"]
@@ -104,14 +118,108 @@ def _layout(obj: Any) -> Optional[Tuple[Any, int, int, Tuple[int, ...], Tuple[in
         else:
             st_e = tuple(s // item for s in st)
         return (typestr, item * 8, int(cai["data"][0]), shape, st_e)
-    if hasattr(obj, "__dlpack__"):
-        raise TypeError(
-            f"tile_py.cutile needs the layout of array argument {type(obj).__name__!r} before "
-            "launching (to pick the kernel compiled for it): pass a PyTorch tensor, a "
-            "__cuda_array_interface__ object, or an object with dtype, element_size(), "
-            "data_ptr(), shape and stride()"
-        )
     return None
+
+
+def _exportable(obj: Any) -> bool:
+    """Whether ``obj`` is an array argument known only through DLPack: a producer with
+    ``__dlpack__`` (and no tensor attributes to read), or a DLPack capsule."""
+    return hasattr(obj, "__dlpack__") or type(obj).__name__ == "PyCapsule"
+
+
+# DLPack type codes to ``__cuda_array_interface__`` kinds, for describing an exported array to
+# cuTile (int, uint, float, bfloat, complex, bool).
+_CAI_KIND = {0: "i", 1: "u", 2: "f", 4: "V", 5: "c", 6: "b"}
+
+
+class _Exported:
+    """The producer tile_py.launch is handed for an argument tile_py.cutile exported already
+    (``tile_py._export``, once, with the launch stream): its ``__dlpack__`` gives that capsule
+    back, once, for the stream it was made for. So the argument is exported once per launch,
+    the capsule launched is the one whose layout picked the kernel, and tile_py.launch orders it
+    as it orders every export (on the per-thread default stream too)."""
+
+    __slots__ = ("capsule", "stream", "device", "source")
+
+    def __init__(self, capsule: Any, stream: int, device: Tuple[int, int], source: Any) -> None:
+        self.capsule = capsule
+        self.stream = stream
+        self.device = device
+        self.source = source
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        cap = self.capsule
+        if cap is None:
+            raise BufferError(f"the export of {self.source!r} made for this launch was handed out already")
+        if stream != self.stream:
+            raise BufferError(
+                f"the export of {self.source!r} was made for stream {self.stream}, not {stream!r}"
+            )
+        self.capsule = None
+        return cap
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return self.device
+
+    def __repr__(self) -> str:
+        return repr(self.source)
+
+
+class _Described:
+    """An exported array as cuTile is shown it to derive a signature
+    (``__cuda_array_interface__`` of the export's layout): cuTile reads the layout and never
+    touches the export itself, which stays the launch's."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, index: int, dtype: Tuple[int, int, int], ptr: int,
+                 shape: Sequence[int], strides: Sequence[int]) -> None:
+        code, bits, lanes = dtype
+        if lanes != 1:
+            raise TypeError("Array dtypes with multiple lanes are not supported")
+        kind = _CAI_KIND.get(code)
+        if kind is None or bits % 8:
+            raise NotImplementedError(
+                f"tile_py.cutile: argument {index}: an array of DLPack dtype code {code} with "
+                f"{bits} bits, which tile_py.cutile cannot describe to cuTile"
+            )
+        item = bits // 8
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "strides": tuple(s * item for s in strides),
+            "typestr": ("|" if item == 1 else "<") + kind + str(item),
+            "data": (ptr, False),
+            "version": 3,
+        }
+
+
+class _Walk:
+    """One launch's walk over its arguments: the launch stream (for exports), the byte spans
+    of the arrays (for the overlap check), and per leaf index what was exported: the object to
+    launch and the one to show cuTile."""
+
+    __slots__ = ("stream", "spans", "leaf", "exports")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.spans: List[Tuple[int, int, int]] = []
+        self.leaf = 0
+        self.exports: Dict[int, Tuple[Any, Any]] = {}
+
+
+def _export_leaf(obj: Any, index: int, w: _Walk):
+    """Exports leaf ``index`` once for the launch stream and returns its layout (as
+    ``_layout``), keeping the export to launch."""
+    if w.stream is None:
+        raise TypeError(
+            f"tile_py.cutile needs the launch stream to read the layout of argument {index} "
+            f"({type(obj).__name__!r}, known only through DLPack): pass stream="
+        )
+    cap, offered, (dtype, device, ptr, shape, strides) = tile_py._export(obj, w.stream, index)
+    launched = cap if offered is None else _Exported(cap, offered, device, obj)
+    w.exports[index] = (launched, _Described(index, dtype, ptr, shape, strides))
+    return (("dlpack",) + tuple(dtype), dtype[1] * dtype[2], ptr, tuple(shape), tuple(strides))
 
 
 def _disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
@@ -202,18 +310,26 @@ def _scalar_key(obj: Any, constant: bool):
     return ("scalar", t, str(obj.dtype))
 
 
-def _leaf_key(obj: Any, constant: bool, spans: List[Tuple[int, int, int]]):
+def _leaf_key(obj: Any, constant: bool, w: _Walk):
+    index = w.leaf
+    w.leaf += 1
+    if constant:
+        # Not passed to the kernel: its value decides the code (cuTile refuses what cannot be a
+        # constant when the kernel is compiled).
+        return _scalar_key(obj, True)
     lay = _layout(obj)
     if lay is None:
-        return _scalar_key(obj, constant)
+        if not _exportable(obj):
+            return _scalar_key(obj, False)
+        lay = _export_leaf(obj, index, w)
     dtype, bits, ptr, shape, strides = lay
     span = _span(bits, ptr, shape, strides)
     if span is not None:
-        spans.append((span[0], span[1], len(spans)))
+        w.spans.append((span[0], span[1], len(w.spans)))
     return _array_features(dtype, bits, ptr, shape, strides)
 
 
-def _arg_key(obj: Any, ann: Any, name: str, spans: List[Tuple[int, int, int]]):
+def _arg_key(obj: Any, ann: Any, name: str, w: _Walk):
     if isinstance(obj, tuple):
         kind = getattr(ann, "KIND", "leaf")
         if kind == "homogeneous_tuple":
@@ -222,47 +338,68 @@ def _arg_key(obj: Any, ann: Any, name: str, spans: List[Tuple[int, int, int]]):
             anns = ann.items
         else:
             anns = [ann] * len(obj)
-        return ("tuple",) + tuple(_arg_key(x, a, name, spans) for x, a in zip(obj, anns))
+        return ("tuple",) + tuple(_arg_key(x, a, name, w) for x, a in zip(obj, anns))
     if isinstance(obj, list):
         raise NotImplementedError(
             f"tile_py.cutile: parameter {name!r} is a list of arrays, which cuTile passes as a "
             "staged device buffer; tile_py.cutile does not launch such kernels yet"
         )
-    return _leaf_key(obj, bool(getattr(ann, "constant", False)), spans)
+    return _leaf_key(obj, bool(getattr(ann, "constant", False)), w)
 
 
-def specialization_key(kernel: Any, args: Sequence[Any]) -> Tuple[Any, ...]:
-    """The cache key of ``kernel`` launched with ``args``: one entry per parameter describing
-    what cuTile specialises the compiled code on (see the module docs). Raises
-    ``NotImplementedError`` naming a parameter tile_py.cutile cannot pass, ``ValueError`` when
-    two array arguments overlap in memory (cuTile compiles arrays as not aliasing), and
-    ``TypeError`` for an argument whose layout cannot be read."""
+def _count_error(kernel: Any, expected: int, given: int) -> TypeError:
+    """cuTile's refusal of a wrong argument count (its words, which its tests match)."""
+    return TypeError(
+        f"Kernel expects {expected} argument{'' if expected == 1 else 's'} but {given} "
+        f"{'was' if given == 1 else 'were'} given"
+    )
+
+
+def _key(kernel: Any, args: Sequence[Any], stream: Any) -> Tuple[Tuple[Any, ...], Optional[str], _Walk]:
+    """The specialisation key, the overlap refusal's message (None when the arrays are
+    disjoint), and the walk (with the exports made for ``stream``)."""
     anns, names, consts = _plan(kernel)
     if len(args) != len(anns):
-        raise TypeError(
-            f"kernel {kernel._annotated_function.pyfunc.__name__!r} takes {len(anns)} arguments "
-            f"but {len(args)} were given"
-        )
-    spans: List[Tuple[int, int, int]] = []
+        raise _count_error(kernel, len(anns), len(args))
+    w = _Walk(stream)
     key = []
     for i, a in enumerate(args):
         t = type(a)
         if t is float or t is bool or t is int:
+            w.leaf += 1
             key.append(_scalar_key(a, consts[i]))
         elif t is tuple or t is list:
-            key.append(_arg_key(a, anns[i], names[i], spans))
+            key.append(_arg_key(a, anns[i], names[i], w))
         else:
-            key.append(_leaf_key(a, consts[i], spans))
+            key.append(_leaf_key(a, consts[i], w))
+    overlap = None
+    spans = w.spans
     if len(spans) > 1:
         spans.sort()
         for (lo_a, hi_a, ia), (lo_b, _hi_b, ib) in zip(spans, spans[1:]):
             if lo_b < hi_a:
-                raise ValueError(
+                overlap = (
                     f"tile_py.cutile: array arguments {min(ia, ib)} and {max(ia, ib)} (in "
                     "order of appearance) overlap in memory; cuTile compiles every array as "
                     "not aliasing any other"
                 )
-    return tuple(key)
+                break
+    return tuple(key), overlap, w
+
+
+def specialization_key(kernel: Any, args: Sequence[Any], stream: Any = None) -> Tuple[Any, ...]:
+    """The cache key of ``kernel`` launched with ``args``: one entry per parameter describing
+    what cuTile specialises the compiled code on (see the module docs). An argument known only
+    through DLPack (a ``__dlpack__`` producer without tensor attributes) is exported for
+    ``stream`` to read its layout (and released again); a DLPack capsule is read as it is.
+    Raises ``NotImplementedError`` naming a parameter tile_py.cutile cannot pass,
+    ``ValueError`` when two array arguments overlap in memory (cuTile compiles arrays as not
+    aliasing), and ``TypeError`` for a wrong argument count or a producer to export without a
+    ``stream``."""
+    key, overlap, _ = _key(kernel, args, stream)
+    if overlap is not None:
+        raise ValueError(overlap)
+    return key
 
 
 # ---- constraints to tile parameters ------------------------------------------------------------
@@ -396,6 +533,21 @@ def _leaves(args: Sequence[Any]) -> List[Any]:
     return out
 
 
+def _replaced(args: Sequence[Any], by: Dict[int, Any]) -> Tuple[Any, ...]:
+    """``args`` with leaf ``i`` (tuples flattened, in order) replaced by ``by[i]``."""
+    at = 0
+
+    def walk(x: Any) -> Any:
+        nonlocal at
+        if isinstance(x, tuple):
+            return tuple(walk(y) for y in x)
+        i = at
+        at += 1
+        return by.get(i, x)
+
+    return tuple(walk(a) for a in args)
+
+
 def _compile(kernel: Any, args: Tuple[Any, ...], cc: Tuple[int, int]) -> _Compiled:
     from cuda.tile.compilation import CallingConvention, KernelSignature, export_kernel
 
@@ -406,6 +558,52 @@ def _compile(kernel: Any, args: Tuple[Any, ...], cc: Tuple[int, int]) -> _Compil
     export_kernel(kernel, [sig], buf, gpu_code=f"sm_{cc[0]}{cc[1]}", output_format="cubin")
     lib = tile_py.Library.from_bytes(buf.getvalue())
     return _Compiled(lib.kernel(sig.symbol, params), keep, sig)
+
+
+# ---- cuTile's launch conventions ---------------------------------------------------------------
+
+# cuTile refuses a grid dimension above 2**24 - 1: larger ones may compute wrong tile block IDs.
+MAX_GRID_DIM = (1 << 24) - 1
+
+
+def _dims(grid: Any) -> Tuple[int, int, int]:
+    """A grid (or cluster) as cuTile reads it: a tuple of at most 3 ints, padded with 1s on
+    the right (``()`` is ``(1, 1, 1)``), each at most ``MAX_GRID_DIM``; an int is taken as a
+    1-tuple. Raises cuTile's errors, in its words where its tests match them."""
+    if isinstance(grid, int) and not isinstance(grid, bool):
+        dims: Tuple[Any, ...] = (grid,)
+    elif isinstance(grid, tuple):
+        dims = grid
+    else:
+        raise TypeError("Grid must be a tuple")
+    if len(dims) > 3:
+        raise ValueError(f"Grid dimensions must be at most 3, got length {len(dims)}")
+    out = []
+    for i in range(3):
+        v = operator.index(dims[i]) if i < len(dims) else 1
+        if v < 0:
+            raise OverflowError(f"Grid[{i}] is negative: {v}")
+        if v > MAX_GRID_DIM:
+            raise ValueError(
+                f"Grid[{i}] exceeds 24-bit limit: max={MAX_GRID_DIM}, got={v}. "
+                "Use multiple kernel launches for larger workloads."
+            )
+        out.append(v)
+    return (out[0], out[1], out[2])
+
+
+def _stream(stream: Any) -> Any:
+    """A stream as cuTile takes it, in a form tile_py.launch takes: the int handle 0 is the
+    legacy default stream (tile_py's 1), and a numba-cuda stream (without ``__cuda_stream__``)
+    its handle. Everything else is passed on as it is."""
+    if type(stream) is int:
+        return 1 if stream == 0 else stream
+    if type(stream).__module__.startswith("numba") and not hasattr(stream, "__cuda_stream__"):
+        handle = getattr(stream, "handle", None)
+        if handle is not None:
+            value = getattr(handle, "value", handle)  # ctypes c_void_p, or a CUstream
+            return 1 if value is None else int(value) or 1
+    return stream
 
 
 def launch(
@@ -425,37 +623,58 @@ def launch(
     ``tile_py.LaunchHandle`` to wait on or poll (the consumed tensors stay on the stream's
     release queue until the kernel has finished).
 
+    Takes what ``ct.launch`` takes: ``stream`` a torch, CuPy or numba-cuda stream, an object
+    with ``__cuda_stream__`` (cuda.core) or an int handle (0 and 1 the legacy default stream);
+    ``grid`` a tuple of at most 3 ints (padded with 1s; ``()`` is one block), each at most
+    ``MAX_GRID_DIM`` (2**24 - 1, cuTile's limit), or an int; ``args`` PyTorch tensors, any
+    ``__dlpack__`` producer, DLPack capsules, ``__cuda_array_interface__`` objects, scalars
+    and tuples of these. An argument known only through DLPack is exported once, with the
+    launch stream, its descriptor picks the kernel, and that export is the one launched.
+
     ``programmatic_dependent_launch``, ``cooperative`` and ``block_in_cluster_count`` (cluster
     dimensions) are ``ct.launch_extended``'s launch attributes, passed to ``tile_py.launch``.
 
     The first launch with a new specialisation (see ``specialization_key``) on a device of a
     new compute capability compiles and exports the kernel (seconds); later ones find it in
-    memory. Raises ``NotImplementedError`` naming a parameter kind tile_py.cutile cannot pass,
+    memory. Raises cuTile's errors first where ``ct.launch`` raises them (the grid, the argument
+    count, and what compiling the kernel for these arguments raises, also when their arrays
+    overlap), then ``NotImplementedError`` naming a parameter kind tile_py.cutile cannot pass,
     ``ValueError`` for overlapping arrays or a tensor that breaks the compiled assumptions,
-    ``TypeError`` for an argument whose layout cannot be read, cuTile's own errors from
-    compilation, and every error of ``tile_py.launch``; all before anything is consumed.
+    and every error of ``tile_py.launch``; all before anything is consumed.
     """
+    stream = _stream(stream)
+    grid = _dims(grid)
+    cluster = None if block_in_cluster_count is None else _dims(block_in_cluster_count)
     if type(kernel).__module__.split(".")[:2] != ["cuda", "tile"]:
         raise TypeError(
             f"kernel must be a cuTile kernel (a function decorated with @ct.kernel), got "
             f"{type(kernel).__name__} {kernel!r}"
         )
     args = tuple(args)
-    key = specialization_key(kernel, args)
+    key, overlap, w = _key(kernel, args, stream)
     cc = tile_py.compute_capability(stream)
     full = (kernel, cc, key)
     entry = _CACHE.get(full)
-    if entry is None:
+    if entry is None or overlap is not None:
+        shown = _replaced(args, {i: d for i, (_, d) in w.exports.items()}) if w.exports else args
+        if overlap is not None:
+            if entry is None:
+                # cuTile's own refusal of these arguments comes first, as with ct.launch; what
+                # compiles is not kept (it was derived for overlapping arrays).
+                _compile(kernel, shown, cc)
+            raise ValueError(overlap)
         with _LOCK:
             entry = _CACHE.get(full)
             if entry is None:
-                entry = _compile(kernel, args, cc)
+                entry = _compile(kernel, shown, cc)
                 _CACHE[full] = entry
                 _STATS["misses"] += 1
     else:
         _STATS["hits"] += 1
     keep = entry.keep
-    if len(keep) == len(args) and all(keep):
+    if w.exports:
+        args = _replaced(args, {i: e for i, (e, _) in w.exports.items()})
+    if len(keep) == len(args) and all(keep) and not any(type(a) is tuple for a in args):
         passed: Sequence[Any] = args  # no tuple, no constant: the arguments as given
     else:
         passed = [x for x, k in zip(_leaves(args), keep) if k]
@@ -465,10 +684,79 @@ def launch(
         entry.kernel,
         passed,
         block=1,
-        cluster=block_in_cluster_count,
+        cluster=cluster,
         cooperative=cooperative,
         programmatic_dependent_launch=programmatic_dependent_launch,
     )
+
+
+# ---- routing ct.launch through tile ------------------------------------------------------------
+
+
+def _as_ct_launch(
+    stream: Any,
+    grid: Any,
+    kernel: Any,
+    kernel_args: Sequence[Any],
+    /,
+    *,
+    programmatic_dependent_launch: bool = False,
+) -> None:
+    """``ct.launch`` through ``tile_py.cutile.launch``, returning what ``ct.launch`` returns
+    (None). The tensors are on the stream's release queue from the launch: nothing is lost by
+    dropping the handle."""
+    launch(stream, grid, kernel, kernel_args,
+           programmatic_dependent_launch=programmatic_dependent_launch)
+
+
+class _Installed:
+    """What ``install()`` returns: ``with install():`` routes ``ct.launch`` through tile for the
+    block and then puts back what was there before; ``uninstall()`` does so at once."""
+
+    __slots__ = ("_previous", "_done")
+
+    def __init__(self, previous: Tuple[Any, Any]) -> None:
+        self._previous = previous
+        self._done = False
+
+    def uninstall(self) -> None:
+        """Puts back the ``launch`` that ``cuda.tile`` had before this ``install()``."""
+        if not self._done:
+            self._done = True
+            import cuda.tile
+            import cuda.tile._cext
+
+            cuda.tile.launch, cuda.tile._cext.launch = self._previous
+
+    def __enter__(self) -> "_Installed":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
+
+def install() -> _Installed:
+    """Routes every ``ct.launch`` of the program through tile: ``cuda.tile.launch`` (what
+    ``ct.launch`` and ``from cuda.tile import launch`` made after this call find) and
+    ``cuda.tile._cext.launch`` become a function with ``ct.launch``'s signature and return value
+    (None) that calls ``tile_py.cutile.launch``. A module that imported ``launch`` by name
+    before the call keeps the original. Returns an object that undoes it: ``uninstall()``, or
+    use it as a context manager (``with tile_py.cutile.install(): ...``). Installing twice is
+    harmless."""
+    import cuda.tile
+    import cuda.tile._cext
+
+    previous = (cuda.tile.launch, cuda.tile._cext.launch)
+    cuda.tile.launch = _as_ct_launch
+    cuda.tile._cext.launch = _as_ct_launch
+    return _Installed(previous)
+
+
+def installed() -> bool:
+    """Whether ``ct.launch`` is routed through tile now (``install()``)."""
+    import cuda.tile
+
+    return cuda.tile.launch is _as_ct_launch
 
 
 def cache_info() -> Dict[str, int]:
