@@ -78,4 +78,4 @@ def fill_count(n, out):
     """out[i] = i for i < n, one element per iteration: ``n`` must be a scalar (an array there
     is cuTile's TileTypeError when compiling)."""
     for i in range(n):
-        ct.store(out, (i,), tile=ct.full((1,), i, dtype=ct.int32))
+        ct.store(out, (i,), tile=ct.full((1,), fill_value=i, dtype=ct.int32))
