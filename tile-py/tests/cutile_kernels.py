@@ -2,6 +2,8 @@
 in a file). Importing this module needs ``cuda.tile``; tests import it only once that is known
 to work."""
 
+from typing import Annotated
+
 import cuda.tile as ct
 
 ConstInt = ct.Constant[int]
@@ -79,3 +81,17 @@ def fill_count(n, out):
     is cuTile's TileTypeError when compiling)."""
     for i in range(n):
         ct.store(out, (i,), tile=ct.full((1,), fill_value=i, dtype=ct.int32))
+
+
+@ct.kernel
+def copy_static(x: Annotated[ct.Array, ct.ArrayAnnotation(static_shape_dims=(0, -1))], out):
+    """A 16 x 16 tile of x (whose extents are compiled in as constants) to out."""
+    ct.store(out, (0, 0), ct.load(x, (0, 0), (16, 16)))
+
+
+@ct.kernel
+def copy_static_strides(
+    x: Annotated[ct.Array, ct.ArrayAnnotation(static_stride_dims=(0, 1))], out
+):
+    """As copy_static, with x's strides compiled in as constants instead."""
+    ct.store(out, (0, 0), ct.load(x, (0, 0), (16, 16)))

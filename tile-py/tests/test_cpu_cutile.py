@@ -115,11 +115,16 @@ def test_unsupported_constraints_name_the_parameter():
     lst = ListConstraint(dense_f32(1), alias_groups=(), elements_may_alias=False)
     with pytest.raises(NotImplementedError, match=r"parameter 'xs': a list of arrays"):
         tc.params_from_signature(v2([lst, dense_f32(1)]), ["xs", "out"])
-    static = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, shape_constant=(64,),
+    static = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, shape_constant=(0,),
                              stride_lower_bound_incl=0, alias_groups=(),
                              may_alias_internally=False)
-    with pytest.raises(NotImplementedError, match=r"parameter 'x': a static extent of 64"):
+    with pytest.raises(NotImplementedError, match=r"parameter 'x': a static extent of 0"):
         tc.params_from_signature(v2([static]), ["x"])
+    broadcast = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_constant=(0,),
+                                stride_lower_bound_incl=0, alias_groups=(),
+                                may_alias_internally=False)
+    with pytest.raises(NotImplementedError, match=r"parameter 'x': a static stride of 0"):
+        tc.params_from_signature(v2([broadcast]), ["x"])
     with pytest.raises(NotImplementedError, match=r"parameter 'h': a scalar of dtype"):
         tc.params_from_signature(v2([ScalarConstraint(ct.float16)]), ["h"])
 
@@ -207,6 +212,8 @@ EXPORTS = {
     "affine_pair": lambda: [(_arr(ct.float32, 1), _arr(ct.float32, 1)), _arr(ct.float32, 1),
                             ScalarConstraint(ct.float32), ScalarConstraint(ct.float32), 16],
     "matmul": lambda: [_arr(ct.float32, 2, stride_constant=(None, 1))] * 3 + [64, 64, 32],
+    "copy_static": lambda: [_arr(ct.float32, 2, stride_constant=(None, 1), shape_constant=(32, 48)),
+                            _arr(ct.float32, 2, stride_constant=(None, 1))],
 }
 
 
@@ -475,3 +482,42 @@ def test_install_routes_ct_launch_through_tile_and_returns_what_ct_launch_return
     finally:
         handle.uninstall()
     assert not tc.installed()
+
+
+# ---- static extents and strides (ct.ArrayAnnotation) -------------------------------------------
+
+
+def test_static_extents_and_strides_map_to_checked_divisibility():
+    c = ArrayConstraint(ct.float32, 2, index_dtype=ct.int32, shape_constant=(48, 16),
+                        stride_constant=(64, 1), shape_divisible_by=(16, 16),
+                        stride_lower_bound_incl=0, alias_groups=(), may_alias_internally=False)
+    (param,), _ = tc.params_from_signature(v2([c]), ["x"])
+    assert param == tile_py.In(
+        "float32", ndim=2, index="i32",
+        assume=dict(shape_divisible_by=[48, 16], stride_divisible_by=[64, 1], unit_stride=[1],
+                    disjoint=True),
+    )
+    ok, _ = make_capsule(shape=(48, 16), strides=(64, 1), data=BASE)
+    assert tile_py._pack_args([param], (ok,), stream=0x1234) == [BASE, 48, 16, 64, 1]
+    for desc, rule in [
+        (dict(shape=(40, 16), strides=(64, 1), data=BASE), "the extent 40 of dimension 0 is not a multiple of 48"),
+        (dict(shape=(48, 16), strides=(32, 1), data=BASE), "the stride 32 of dimension 0 is not a multiple of 64"),
+    ]:
+        cap, counter = make_capsule(**desc)
+        with pytest.raises(ValueError, match=rf"^argument 0: .*{rule}"):
+            tile_py._pack_args([param], (cap,), stream=0x1234)
+        assert counter.calls == 0
+
+
+def test_static_extents_and_strides_key_by_value():
+    out = Dev([16, 16], ptr=BASE + 0x100000)
+    k16 = key(K.copy_static, (Dev([16, 16]), out))
+    assert key(K.copy_static, (Dev([16, 16], ptr=BASE + 0x4000), out)) == k16
+    assert key(K.copy_static, (Dev([32, 32]), out)) != k16  # also multiples of 16: another kernel
+    assert key(K.copy_static, (Dev([16, 32]), out)) != k16  # the last dimension is static too
+    # Without the annotation, 16 and 32 share a kernel.
+    assert (key(K.scale_2d, (Dev([16, 16]), out, 16, 16))
+            == key(K.scale_2d, (Dev([32, 32]), out, 16, 16)))
+    s64 = key(K.copy_static_strides, (Dev([16, 16], strides=[64, 1]), out))
+    assert key(K.copy_static_strides, (Dev([16, 16], strides=[32, 1]), out)) != s64
+    assert key(K.copy_static_strides, (Dev([32, 16], strides=[64, 1]), out)) == s64

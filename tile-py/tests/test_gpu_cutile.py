@@ -219,6 +219,26 @@ def test_same_key_means_same_cutile_signature(torch, ct, tc, K):
     assert all(len(s) == 1 for s in by_key.values()), by_key
 
 
+def test_static_extents_and_strides_recompile_per_value_and_match_ct_launch(torch, ct, tc, K):
+    """``ct.ArrayAnnotation(static_shape_dims=...)`` / ``static_stride_dims``: each value gets
+    its own kernel (a repeated one is found in memory), each result equals ct.launch's."""
+    tc.clear_cache()
+    for shape in [(16, 16), (32, 48), (16, 16)]:
+        x = torch.randn(shape, device="cuda")
+        a, b = both(torch, ct, tc, (1,), K.copy_static, lambda: (x, poisoned(torch, (16, 16))), 1)
+        assert_same(torch, a, b)
+        assert torch.equal(a, x[:16, :16])
+    assert tc.cache_info()["entries"] == 2
+    for cols in (64, 32, 64):
+        x = torch.randn(16, cols, device="cuda")[:, :16]
+        assert x.stride() == (cols, 1)
+        a, b = both(torch, ct, tc, (1,), K.copy_static_strides,
+                    lambda: (x, poisoned(torch, (16, 16))), 1)
+        assert_same(torch, a, b)
+        assert torch.equal(a, x)
+    assert tc.cache_info()["entries"] == 4
+
+
 # ---- the seed scenario ------------------------------------------------------------------------------
 
 

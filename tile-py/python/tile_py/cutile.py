@@ -49,6 +49,7 @@ Importing ``tile_py`` does not import ``cuda.tile``; this module imports it on f
 from __future__ import annotations
 
 import io
+import math
 import operator
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -310,7 +311,27 @@ def _scalar_key(obj: Any, constant: bool):
     return ("scalar", t, str(obj.dtype))
 
 
-def _leaf_key(obj: Any, constant: bool, w: _Walk):
+def _static_dims(ann: Any) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """``(static_shape_dims, static_stride_dims)`` of an array parameter's
+    ``ct.ArrayAnnotation``, or None when it has none."""
+    array = getattr(ann, "array", None)
+    if array is None:
+        return None
+    shape_dims = tuple(getattr(array, "static_shape_dims", ()) or ())
+    stride_dims = tuple(getattr(array, "static_stride_dims", ()) or ())
+    if not shape_dims and not stride_dims:
+        return None
+    return shape_dims, stride_dims
+
+
+def _at(values: Sequence[int], dims: Sequence[int]) -> Tuple[Optional[int], ...]:
+    """``values`` at ``dims`` (negative dims from the end; None out of range, which cuTile
+    refuses when compiling)."""
+    n = len(values)
+    return tuple(values[d] if -n <= d < n else None for d in dims)
+
+
+def _leaf_key(obj: Any, constant: bool, w: _Walk, ann: Any = None):
     index = w.leaf
     w.leaf += 1
     if constant:
@@ -326,7 +347,13 @@ def _leaf_key(obj: Any, constant: bool, w: _Walk):
     span = _span(bits, ptr, shape, strides)
     if span is not None:
         w.spans.append((span[0], span[1], len(w.spans)))
-    return _array_features(dtype, bits, ptr, shape, strides)
+    features = _array_features(dtype, bits, ptr, shape, strides)
+    static = _static_dims(ann)
+    if static is None:
+        return features
+    # The annotated extents and strides are compiled in as constants: their values decide the
+    # code.
+    return (features, _at(shape, static[0]), _at(strides, static[1]))
 
 
 def _arg_key(obj: Any, ann: Any, name: str, w: _Walk):
@@ -344,7 +371,7 @@ def _arg_key(obj: Any, ann: Any, name: str, w: _Walk):
             f"tile_py.cutile: parameter {name!r} is a list of arrays, which cuTile passes as a "
             "staged device buffer; tile_py.cutile does not launch such kernels yet"
         )
-    return _leaf_key(obj, bool(getattr(ann, "constant", False)), w)
+    return _leaf_key(obj, bool(getattr(ann, "constant", False)), w, ann)
 
 
 def _count_error(kernel: Any, expected: int, given: int) -> TypeError:
@@ -371,7 +398,7 @@ def _key(kernel: Any, args: Sequence[Any], stream: Any) -> Tuple[Tuple[Any, ...]
         elif t is tuple or t is list:
             key.append(_arg_key(a, anns[i], names[i], w))
         else:
-            key.append(_leaf_key(a, consts[i], w))
+            key.append(_leaf_key(a, consts[i], w, anns[i]))
     overlap = None
     spans = w.spans
     if len(spans) > 1:
@@ -432,24 +459,36 @@ def _array_param(c: Any, where: str) -> "tile_py.Param":
     assume: Dict[str, Any] = {}
     if c.base_addr_divisible_by > 1:
         assume["base_addr_divisible_by"] = c.base_addr_divisible_by
-    if any(d > 1 for d in c.stride_divisible_by):
-        assume["stride_divisible_by"] = list(c.stride_divisible_by)
-    if any(d > 1 for d in c.shape_divisible_by):
-        assume["shape_divisible_by"] = list(c.shape_divisible_by)
+    stride_div = list(c.stride_divisible_by)
+    shape_div = list(c.shape_divisible_by)
+    # A static stride or extent v other than 1 (``ct.ArrayAnnotation(static_stride_dims=...,
+    # static_shape_dims=...)``) is part of the specialisation key by value, so only arrays with
+    # that value get this kernel; tile checks divisibility by v at every launch (it has no check
+    # of an exact value).
     unit_stride = []
     for d, v in enumerate(c.stride_constant):
         if v is None:
             continue
-        if v != 1:
+        if v == 1:
+            unit_stride.append(d)
+        elif v > 1:
+            stride_div[d] = math.lcm(stride_div[d], v)
+        else:
             raise NotImplementedError(f"{where}: a static stride of {v} in dimension {d}")
-        unit_stride.append(d)
     unit_shape = []
     for d, v in enumerate(c.shape_constant):
         if v is None:
             continue
-        if v != 1:
+        if v == 1:
+            unit_shape.append(d)
+        elif v > 1:
+            shape_div[d] = math.lcm(shape_div[d], v)
+        else:
             raise NotImplementedError(f"{where}: a static extent of {v} in dimension {d}")
-        unit_shape.append(d)
+    if any(d > 1 for d in stride_div):
+        assume["stride_divisible_by"] = stride_div
+    if any(d > 1 for d in shape_div):
+        assume["shape_divisible_by"] = shape_div
     if max(unit_stride + unit_shape, default=-1) >= 8 or (
         ndim > 8 and any(len(assume.get(k, ())) for k in ("stride_divisible_by", "shape_divisible_by"))
     ):
