@@ -64,7 +64,7 @@ def matmul(a, b, c, tm: ConstInt, tn: ConstInt, tk: ConstInt):
 
 @ct.kernel
 def copy_list(xs, out):
-    """A list-of-arrays parameter, which tile_py.cutile does not launch."""
+    """A list-of-arrays parameter: out = xs[0]."""
     bid = ct.bid(0)
     ct.store(out, index=(bid,), tile=ct.load(xs[0], index=(bid,), shape=(TILE,)))
 
@@ -95,3 +95,13 @@ def copy_static_strides(
 ):
     """As copy_static, with x's strides compiled in as constants instead."""
     ct.store(out, (0, 0), ct.load(x, (0, 0), (16, 16)))
+
+
+@ct.kernel
+def sum_list(xs, out):
+    """out = the sum of the arrays of the list xs, one 16-element tile per block."""
+    bid = ct.bid(0)
+    acc = ct.zeros((TILE,), dtype=out.dtype)
+    for i in range(len(xs)):
+        acc += ct.load(xs[i], index=(bid,), shape=(TILE,))
+    ct.store(out, index=(bid,), tile=acc)

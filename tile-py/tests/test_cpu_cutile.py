@@ -112,9 +112,6 @@ def test_mapped_array_refuses_what_breaks_the_constraint():
 
 
 def test_unsupported_constraints_name_the_parameter():
-    lst = ListConstraint(dense_f32(1), alias_groups=(), elements_may_alias=False)
-    with pytest.raises(NotImplementedError, match=r"parameter 'xs': a list of arrays"):
-        tc.params_from_signature(v2([lst, dense_f32(1)]), ["xs", "out"])
     static = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, shape_constant=(0,),
                              stride_lower_bound_incl=0, alias_groups=(),
                              may_alias_internally=False)
@@ -187,8 +184,10 @@ def test_constants_key_by_value_scalars_by_type():
 
 def test_refusals_before_anything_is_consumed():
     cap, c = make_capsule(shape=(64,), data=BASE)
-    with pytest.raises(NotImplementedError, match=r"parameter 'xs' is a list of arrays"):
-        tc.launch(0x1234, (4,), K.copy_list, ([cap], Dev([64])))
+    with pytest.raises(TypeError, match=r"^Empty lists are not supported as kernel arguments$"):
+        tc.launch(0x1234, (4,), K.copy_list, ([], cap))
+    with pytest.raises(TypeError, match=r"^Invalid list item #1: unsupported object type 'float'$"):
+        tc.launch(0x1234, (4,), K.copy_list, ([cap, 1.0], Dev([64])))
     with pytest.raises(ValueError, match=r"array arguments 0 and 2 .* overlap in memory"):
         key(K.axpy, (Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 128), 1.0))
     with pytest.raises(TypeError, match=r"^Kernel expects 4 arguments but 2 were given$"):
@@ -521,3 +520,61 @@ def test_static_extents_and_strides_key_by_value():
     s64 = key(K.copy_static_strides, (Dev([16, 16], strides=[64, 1]), out))
     assert key(K.copy_static_strides, (Dev([16, 16], strides=[32, 1]), out)) != s64
     assert key(K.copy_static_strides, (Dev([32, 16], strides=[64, 1]), out)) == s64
+
+
+# ---- list-of-array parameters ------------------------------------------------------------------
+
+
+def test_a_list_parameter_is_a_staged_buffer_pointer_and_a_length():
+    lst = ListConstraint(dense_f32(1), alias_groups=(), elements_may_alias=False)
+    params, keep = tc.params_from_signature(v2([lst, dense_f32(1)]), ["xs", "out"])
+    assert params[:2] == [tile_py.In("int64"), tile_py.Scalar("i32")]
+    assert keep == (True, True)
+
+
+def test_list_elements_are_exported_once_staged_and_kept_until_the_staged_buffer_goes(
+    fake_device, monkeypatch
+):
+    staged = []
+    real_staged = tc._Staged
+
+    def stage(arg):
+        s = real_staged(0xD000_0000, len(arg.words), 0x99, (None, arg.keep), arg.length)
+        staged.append((list(arg.words), s))
+        return s
+
+    monkeypatch.setattr(tc, "_stage", stage)
+    a = Producer(shape=(64,), data=BASE)
+    b, cb = make_capsule(shape=(32,), strides=(2,), data=BASE + 0x1000)
+    c = Dev([64], ptr=BASE + 0x2000)
+    out = Dev([64], ptr=BASE + 0x3000)
+    tc.launch(0x1234, (4,), K.copy_list, ([a, b, c], out))
+    assert a.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
+    ((words, s),) = staged
+    assert words == [BASE, 64, 1, BASE + 0x1000, 32, 2, BASE + 0x2000, 64, 1]
+    ((_, _, _, passed, _),) = fake_device["launch"]
+    assert passed == [s, 3, out]
+    assert s.__cuda_array_interface__ == {
+        "shape": (9,), "strides": None, "typestr": "<i8", "data": (0xD000_0000, False),
+        "version": 3, "stream": 0x99,
+    }
+    # cuTile is shown the elements' layouts, never the exports.
+    ((shown_list, shown_out),) = fake_device["compile"]
+    assert [x.__cuda_array_interface__["data"][0] for x in shown_list[:2]] == [BASE, BASE + 0x1000]
+    assert shown_list[2] is c and shown_out is out
+    # The staged object (which tile_py keeps until the kernel is done) holds every export.
+    del passed, fake_device["launch"][:], staged[:], shown_list, shown_out
+    fake_device["compile"].clear()
+    assert a.deleted == 0 and cb.calls == 0
+    del s
+    assert a.deleted == 1 and cb.calls == 0  # a caller's capsule stays the caller's
+    assert capsule_name(b) == "dltensor_versioned"
+
+
+def test_list_keys_tell_apart_each_elements_layout_and_static_values(fake_device, monkeypatch):
+    monkeypatch.setattr(tc, "_stage", lambda arg: tc._Staged(0xD000_0000, len(arg.words), 1, arg.keep, arg.length))
+    out = Dev([64], ptr=BASE + 0x9000)
+    k2 = key(K.copy_list, ([Dev([64]), Dev([64], ptr=BASE + 0x1000)], out))
+    assert key(K.copy_list, ([Dev([64], ptr=BASE + 0x2000), Dev([128], ptr=BASE + 0x3000)], out)) == k2
+    assert key(K.copy_list, ([Dev([64]), Dev([64], ptr=BASE + 0x1004)], out)) != k2  # misaligned
+    assert key(K.copy_list, ([Dev([64])], out)) != k2  # another length

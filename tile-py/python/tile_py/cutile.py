@@ -195,6 +195,61 @@ class _Described:
         }
 
 
+class _ListArg:
+    """A list-of-arrays argument once its elements are exported: the descriptor words cuTile's
+    calling convention stages for it (per element the data pointer, the extents, the strides in
+    elements, each a 64-bit word), what the launch must keep alive (the exports), the device,
+    and the length."""
+
+    __slots__ = ("words", "keep", "device", "length")
+
+    def __init__(self, words: List[int], keep: List[Any], device: Optional[int], length: int) -> None:
+        self.words = words
+        self.keep = keep
+        self.device = device
+        self.length = length
+
+
+class _Staged:
+    """A staged list-of-arrays argument as tile_py.launch takes it: the device buffer of
+    descriptor words as a ``__cuda_array_interface__`` object (with the stream its copy was
+    enqueued on, which tile_py orders the launch after), holding the buffer and every listed
+    export. tile_py keeps a ``__cuda_array_interface__`` object alive until the kernel has
+    finished, so the buffer and the listed tensors are released only then."""
+
+    __slots__ = ("__cuda_array_interface__", "keep", "length")
+
+    def __init__(self, ptr: int, words: int, stream: int, keep: Any, length: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (words,),
+            "strides": None,
+            "typestr": "<i8",
+            "data": (ptr, False),
+            "version": 3,
+            "stream": stream,
+        }
+        self.keep = keep
+        self.length = length
+
+
+def _stage(arg: _ListArg) -> _Staged:
+    """Copies a list argument's descriptor words to device memory, through PyTorch (its
+    caching allocator, on its current stream), as cuTile stages them on its own."""
+    try:
+        import torch
+    except ImportError:
+        raise NotImplementedError(
+            "tile_py.cutile stages a list-of-arrays argument's descriptors through PyTorch, "
+            "which is not importable"
+        ) from None
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("List argument in CUDAGraph isn't supported yet")
+    device = torch.device("cuda", torch.cuda.current_device() if arg.device is None else arg.device)
+    buf = torch.tensor(arg.words, dtype=torch.int64, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream or 1  # 1: the legacy default stream
+    return _Staged(buf.data_ptr(), len(arg.words), stream, (buf, arg.keep), arg.length)
+
+
 class _Walk:
     """One launch's walk over its arguments: the launch stream (for exports), the byte spans
     of the arrays (for the overlap check), and per leaf index what was exported: the object to
@@ -314,7 +369,11 @@ def _scalar_key(obj: Any, constant: bool):
 def _static_dims(ann: Any) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
     """``(static_shape_dims, static_stride_dims)`` of an array parameter's
     ``ct.ArrayAnnotation``, or None when it has none."""
-    array = getattr(ann, "array", None)
+    return _static_of(getattr(ann, "array", None))
+
+
+def _static_of(array: Any) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """As ``_static_dims``, of a ``ct.ArrayAnnotation`` itself (None for None)."""
     if array is None:
         return None
     shape_dims = tuple(getattr(array, "static_shape_dims", ()) or ())
@@ -367,11 +426,61 @@ def _arg_key(obj: Any, ann: Any, name: str, w: _Walk):
             anns = [ann] * len(obj)
         return ("tuple",) + tuple(_arg_key(x, a, name, w) for x, a in zip(obj, anns))
     if isinstance(obj, list):
-        raise NotImplementedError(
-            f"tile_py.cutile: parameter {name!r} is a list of arrays, which cuTile passes as a "
-            "staged device buffer; tile_py.cutile does not launch such kernels yet"
-        )
+        return _list_key(obj, ann, name, w)
     return _leaf_key(obj, bool(getattr(ann, "constant", False)), w, ann)
+
+
+def _list_key(obj: List[Any], ann: Any, name: str, w: _Walk):
+    """The key of a list-of-arrays argument: each element's features (and its static extents
+    and strides), in order. Each element is exported once for the launch stream (a capsule is
+    read as it is, a ``__cuda_array_interface__`` object as it says); the exports and the
+    descriptor words to stage are kept for the launch (``_ListArg``)."""
+    index = w.leaf
+    w.leaf += 1
+    if not obj:
+        raise TypeError("Empty lists are not supported as kernel arguments")
+    element = getattr(getattr(ann, "list", None), "element", None)
+    static = _static_of(element)
+    keys: List[Any] = []
+    shown: List[Any] = []
+    words: List[int] = []
+    keep: List[Any] = []
+    device = None
+    for j, item in enumerate(obj):
+        if _exportable(item):
+            if w.stream is None:
+                raise TypeError(
+                    f"tile_py.cutile needs the launch stream to export the elements of list "
+                    f"parameter {name!r}: pass stream="
+                )
+            cap, _offered, (dtype, dev, ptr, shape, strides) = tile_py._export(item, w.stream, index)
+            keep.append(cap)
+            shown.append(_Described(index, dtype, ptr, shape, strides))
+            lay = (("dlpack",) + tuple(dtype), dtype[1] * dtype[2], ptr, tuple(shape), tuple(strides))
+            if device is None and dev[0] in (2, 13):  # kDLCUDA, kDLCUDAManaged
+                device = dev[1]
+        else:
+            cai = getattr(item, "__cuda_array_interface__", None)
+            lay = _layout(item) if isinstance(cai, dict) else None
+            if lay is None:
+                raise TypeError(
+                    f"Invalid list item #{j}: unsupported object type '{type(item).__name__}'"
+                )
+            if cai.get("stream") is not None:
+                raise NotImplementedError(
+                    f"tile_py.cutile: element {j} of list parameter {name!r} is a "
+                    "__cuda_array_interface__ object with a 'stream' to order after"
+                )
+            keep.append(item)
+            shown.append(item)
+        _, bits, ptr, shape, strides = lay
+        words.append(ptr)
+        words.extend(shape)
+        words.extend(strides)
+        f = _array_features(lay[0], bits, ptr, shape, strides)
+        keys.append(f if static is None else (f, _at(shape, static[0]), _at(strides, static[1])))
+    w.exports[index] = (_ListArg(words, keep, device, len(obj)), shown)
+    return ("list",) + tuple(keys)
 
 
 def _count_error(kernel: Any, expected: int, given: int) -> TypeError:
@@ -542,9 +651,12 @@ def params_from_signature(
             for i, item in enumerate(c.items):
                 walk(item, f"{where}[{i}]")
         elif isinstance(c, ListConstraint):
-            raise NotImplementedError(
-                f"{where}: a list of arrays (passed as a staged device buffer)"
-            )
+            # A device pointer to the staged descriptor words and the list's length; the
+            # elements' layout assumptions are in the specialisation key (tile cannot check
+            # what the buffer holds).
+            params.append(tile_py.In("int64"))
+            params.append(tile_py.Scalar("i32"))
+            keep.append(True)
         else:
             raise NotImplementedError(f"{where}: a {type(c).__name__} parameter")
 
@@ -558,33 +670,35 @@ def params_from_signature(
 
 
 def _leaves(args: Sequence[Any]) -> List[Any]:
+    """The leaf arguments, tuples flattened, in order."""
     out: List[Any] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, tuple):
-            for y in x:
-                walk(y)
-        else:
-            out.append(x)
-
     for a in args:
-        walk(a)
+        _add_leaves(a, out)
     return out
+
+
+def _add_leaves(x: Any, out: List[Any]) -> None:
+    # Module-level, not a closure: a nested function that calls itself is a reference cycle,
+    # which would keep the arguments (and exports) alive until the garbage collector runs.
+    if isinstance(x, tuple):
+        for y in x:
+            _add_leaves(y, out)
+    else:
+        out.append(x)
 
 
 def _replaced(args: Sequence[Any], by: Dict[int, Any]) -> Tuple[Any, ...]:
     """``args`` with leaf ``i`` (tuples flattened, in order) replaced by ``by[i]``."""
-    at = 0
+    at = [0]
+    return tuple(_replace_leaves(a, by, at) for a in args)
 
-    def walk(x: Any) -> Any:
-        nonlocal at
-        if isinstance(x, tuple):
-            return tuple(walk(y) for y in x)
-        i = at
-        at += 1
-        return by.get(i, x)
 
-    return tuple(walk(a) for a in args)
+def _replace_leaves(x: Any, by: Dict[int, Any], at: List[int]) -> Any:
+    if isinstance(x, tuple):
+        return tuple(_replace_leaves(y, by, at) for y in x)
+    i = at[0]
+    at[0] += 1
+    return by.get(i, x)
 
 
 def _compile(kernel: Any, args: Tuple[Any, ...], cc: Tuple[int, int]) -> _Compiled:
@@ -712,11 +826,20 @@ def launch(
         _STATS["hits"] += 1
     keep = entry.keep
     if w.exports:
-        args = _replaced(args, {i: e for i, (e, _) in w.exports.items()})
-    if len(keep) == len(args) and all(keep) and not any(type(a) is tuple for a in args):
-        passed: Sequence[Any] = args  # no tuple, no constant: the arguments as given
+        args = _replaced(args, {
+            i: _stage(e) if type(e) is _ListArg else e for i, (e, _) in w.exports.items()
+        })
+    if len(keep) == len(args) and all(keep) and not any(
+        type(a) is tuple or type(a) is _Staged for a in args
+    ):
+        passed: Sequence[Any] = args  # no tuple, list or constant: the arguments as given
     else:
-        passed = [x for x, k in zip(_leaves(args), keep) if k]
+        passed = []
+        for x, k in zip(_leaves(args), keep):
+            if k:
+                passed.append(x)
+                if type(x) is _Staged:
+                    passed.append(x.length)
     return tile_py.launch(
         stream,
         grid,
