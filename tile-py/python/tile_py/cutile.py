@@ -5,9 +5,19 @@
 
     h = tile_py.cutile.launch(torch.cuda.current_stream(), (n // 16,), scale, (x, y, 2.0))
 
-``launch`` has ``ct.launch``'s call shape and returns a ``tile_py.LaunchHandle``: the arguments
-are checked before any is consumed, producers are told the launch stream, and every consumed
-tensor is released only after the kernel has finished, which ``ct.launch`` does not guarantee.
+``launch`` takes ``ct.launch``'s arguments and returns a ``tile_py.LaunchHandle``: the
+arguments are checked before any is consumed, producers are told the launch stream, and every
+consumed tensor is released only after the kernel has finished, which ``ct.launch`` does not
+guarantee. ``install()`` routes every ``ct.launch`` of a program through it, with
+``ct.launch``'s return value (None).
+
+What it takes, as ``ct.launch`` does: PyTorch tensors, any ``__dlpack__`` producer, DLPack
+capsules, ``__cuda_array_interface__`` objects (numba's device arrays), scalars, tuples, lists
+of arrays; streams of torch, CuPy, numba-cuda, cuda.core (``__cuda_stream__``) or int handles
+(0 and 1 the legacy default stream); grids as tuples of at most 3 ints, padded with 1s (``()``
+is one block), each at most ``MAX_GRID_DIM`` (cuTile's 24-bit limit, refused with cuTile's
+message). cuTile's own errors come first where it would raise them (the grid, the argument
+count, and what compiling for these arguments raises).
 
 How it works. The kernel is exported ahead of time (``cuda.tile.compilation.export_kernel``) for
 the signature cuTile itself would use for these arguments (``KernelSignature.from_kernel_args``,
@@ -22,26 +32,41 @@ enabled, serves repeated exports across processes). The cubin is loaded with
   declared with ``assume=``, which tile checks on every launch;
 - a scalar becomes ``Scalar`` of its dtype;
 - a ``ct.Constant`` parameter (and every other compile-time constant) is omitted;
-- a tuple is flattened into its items.
+- a tuple is flattened into its items;
+- a list of arrays becomes cuTile's two parameters: a pointer to its staged descriptor words
+  (``In("int64")``: per element the data pointer, the extents, the strides, 64 bits each) and
+  its length (``Scalar("i32")``). The words are copied to device memory through PyTorch (on its
+  current stream, which the launch is ordered after) and the staged buffer, with every listed
+  export, is held by a ``__cuda_array_interface__`` owner that tile keeps until the kernel has
+  finished.
+
+Layouts are read once per argument and launch: from the attributes of a PyTorch tensor (which
+tile_py then exports through PyTorch's DLPack C exchange API, a view of the same memory) or of a
+``__cuda_array_interface__`` object, and for any other ``__dlpack__`` producer and every DLPack
+capsule from the descriptor of one export made with the launch stream (``tile_py._export``),
+which is then the export launched (a capsule is read as it is and launched as it is).
 
 Specialisation is a correctness rule: code compiled under an assumption is undefined on
 arguments that break it. The cache key (``specialization_key``) is computed on every launch from
 the arguments' layouts, without cuTile, and covers everything cuTile derives its assumptions from
 (dtype, ndim, 16-byte alignment of the base address, per dimension whether the stride is 1 or a
 multiple of 16 bytes and whether the extent is 1 or a multiple of 16, whether the elements are
-disjoint, the value of every constant, the type of every scalar), so arguments that differ in any
-of them get their own cubin. And tile itself refuses, before consuming anything, a tensor that
-breaks an assumption of the cubin it is launched with (``ValueError`` naming the rule), so a
-producer whose ``__dlpack__`` hands out a differently laid out copy is refused, never read wrong.
-Arrays with a negative stride are refused that way: cuTile compiles every array as having
-non-negative strides. cuTile also compiles every array as not overlapping any other argument;
-``launch`` refuses arguments whose memory overlaps (``ValueError``).
+disjoint, the value of every constant, the type of every scalar, and the value of every static
+extent and stride of a ``ct.ArrayAnnotation``), so arguments that differ in any of them get their
+own cubin. And tile itself refuses, before consuming anything, a tensor that breaks an
+assumption of the cubin it is launched with (``ValueError`` naming the rule; a static extent or
+stride is checked as divisibility by its value, the key holding the value itself). Arrays with a
+negative stride are refused that way: cuTile compiles every array as having non-negative
+strides. cuTile also compiles every array as not overlapping any other argument; ``launch``
+refuses arguments whose memory overlaps (``ValueError``), after cuTile's own refusal of the
+arguments where it has one. The elements of a list are keyed one by one (tile cannot check
+what the staged buffer holds) and are not part of the overlap check (cuTile compiles them as
+possibly aliasing).
 
-What cuTile supports and this module does not (yet): list-of-array parameters (they need a staged
-device buffer), tensor-map, pointer and dataclass parameters, and static shape or stride values
-other than 1 (``ct.Array`` annotations). Each raises ``NotImplementedError`` naming the parameter,
-before anything is consumed. tile cannot tell which arrays a cuTile kernel writes: every array is
-declared as read (``In``), so read-only tensors are not refused.
+What cuTile supports and this module does not (yet): tensor-map, pointer and dataclass
+parameters, and static extents or strides of 0 or below. Each raises ``NotImplementedError``
+naming the parameter, before anything is consumed. tile cannot tell which arrays a cuTile kernel
+writes: every array is declared as read (``In``), so read-only tensors are not refused.
 
 Importing ``tile_py`` does not import ``cuda.tile``; this module imports it on first use.
 """
@@ -780,9 +805,10 @@ def launch(
     with ``__cuda_stream__`` (cuda.core) or an int handle (0 and 1 the legacy default stream);
     ``grid`` a tuple of at most 3 ints (padded with 1s; ``()`` is one block), each at most
     ``MAX_GRID_DIM`` (2**24 - 1, cuTile's limit), or an int; ``args`` PyTorch tensors, any
-    ``__dlpack__`` producer, DLPack capsules, ``__cuda_array_interface__`` objects, scalars
-    and tuples of these. An argument known only through DLPack is exported once, with the
-    launch stream, its descriptor picks the kernel, and that export is the one launched.
+    ``__dlpack__`` producer, DLPack capsules, ``__cuda_array_interface__`` objects, scalars,
+    tuples of these and lists of arrays. An argument known only through DLPack (and every
+    element of a list) is exported once, with the launch stream, its descriptor picks the
+    kernel, and that export is the one launched.
 
     ``programmatic_dependent_launch``, ``cooperative`` and ``block_in_cluster_count`` (cluster
     dimensions) are ``ct.launch_extended``'s launch attributes, passed to ``tile_py.launch``.

@@ -36,13 +36,14 @@ def launch(
     ``grid``: a tuple of at most 3 ints, padded with 1s (``()`` is one block), each at most
     ``MAX_GRID_DIM``, or an int. ``args``: PyTorch tensors, any ``__dlpack__`` producer (exported
     once, with the launch stream; that export is launched), DLPack capsules,
-    ``__cuda_array_interface__`` objects, scalars, tuples. The kernel is exported (cubin,
+    ``__cuda_array_interface__`` objects, scalars, tuples, lists of arrays (staged through
+    PyTorch, kept with their exports until the kernel is done). The kernel is exported (cubin,
     calling convention cutile_python_v2, the stream's device's compute capability) once per
     specialisation and kept in memory. Returns a handle to wait on or poll (the consumed
     tensors stay on the stream's release queue until the kernel has finished). Raises cuTile's
     errors first where ct.launch raises them (grid, argument count, compiling for these
-    arguments), NotImplementedError naming a parameter kind it cannot pass (list of arrays,
-    tensor map, pointer, dataclass, static extents or strides other than 1), ValueError for
+    arguments), NotImplementedError naming a parameter kind it cannot pass (tensor map,
+    pointer, dataclass, static extents or strides of 0 or below), ValueError for
     arrays that overlap or a tensor that breaks the compiled layout assumptions, and every
     error of tile_py.launch; all before anything is consumed."""
 
