@@ -139,11 +139,9 @@ fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<La
             unsafe { Unused::from_legacy(ptr.cast()) }
         };
         let view = unused.peek().map_err(|source| {
-            launch_err(
-                py,
-                tile_launch::Error::Descriptor { index, source },
-                |_| None,
-            )
+            launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
+                None
+            })
         })?;
         let (dtype, device) = (view.dtype(), view.device());
         Ok((
