@@ -410,6 +410,21 @@ def test_a_generic_producer_is_exported_once_and_that_export_is_launched(fake_de
     assert tc.cache_info()["hits"] >= 1
 
 
+def test_exports_inside_tuples_are_launched_in_their_own_places(fake_device):
+    """Leaves are counted as tile_py.cutile flattens them, also past a tuple's annotation (which
+    cuTile refuses when compiling): each export is shown to cuTile and launched where its
+    producer was."""
+    p = Producer(shape=(16,), data=BASE + 0x1000)
+    out = Dev([16])
+    tc.launch(1, (1,), K.tuple_head, (out, (1, 2, p)))
+    ((shown,),) = [fake_device["compile"]]
+    assert shown[0] is out and shown[1][:2] == (1, 2)
+    assert shown[1][2].__cuda_array_interface__["data"] == (BASE + 0x1000, False)
+    ((_, _, _, passed, _),) = fake_device["launch"]
+    assert passed[:3] == [out, 1, 2] and isinstance(passed[3], tc._Exported)
+    assert passed[3].source is p and len(p.calls) == 1
+
+
 def test_a_misaligned_export_gets_its_own_kernel(fake_device):
     out = Dev([64], ptr=BASE + 0x2000)
     y = Dev([64], ptr=BASE + 0x1000)

@@ -446,7 +446,9 @@ def _arg_key(obj: Any, ann: Any, name: str, w: _Walk):
         if kind == "homogeneous_tuple":
             anns: Sequence[Any] = [ann.each] * len(obj)
         elif kind == "heterogeneous_tuple":
-            anns = ann.items
+            # Every item is walked, also past the annotation's (cuTile refuses such a tuple
+            # when compiling): the leaf count must stay that of ``_leaves``.
+            anns = list(ann.items)[: len(obj)] + [None] * (len(obj) - len(ann.items))
         else:
             anns = [ann] * len(obj)
         return ("tuple",) + tuple(_arg_key(x, a, name, w) for x, a in zip(obj, anns))
@@ -529,7 +531,7 @@ def _key(kernel: Any, args: Sequence[Any], stream: Any) -> Tuple[Tuple[Any, ...]
         if t is float or t is bool or t is int:
             w.leaf += 1
             key.append(_scalar_key(a, consts[i]))
-        elif t is tuple or t is list:
+        elif isinstance(a, (tuple, list)):  # as ``_leaves`` flattens them
             key.append(_arg_key(a, anns[i], names[i], w))
         else:
             key.append(_leaf_key(a, consts[i], w, anns[i]))
