@@ -38,6 +38,7 @@
 mod bound;
 mod convert;
 mod errors;
+mod export;
 mod kernel;
 mod producers;
 mod pytypes;
@@ -762,6 +763,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(_check_args, m)?)?;
     m.add_function(wrap_pyfunction!(_pack_args, m)?)?;
+    m.add_function(wrap_pyfunction!(export::_export, m)?)?;
     m.add_function(wrap_pyfunction!(compute_capability, m)?)?;
     m.add_function(wrap_pyfunction!(_debug_counters, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown, m)?)?;

@@ -2,6 +2,8 @@
 in a file). Importing this module needs ``cuda.tile``; tests import it only once that is known
 to work."""
 
+from typing import Annotated
+
 import cuda.tile as ct
 
 ConstInt = ct.Constant[int]
@@ -62,6 +64,50 @@ def matmul(a, b, c, tm: ConstInt, tn: ConstInt, tk: ConstInt):
 
 @ct.kernel
 def copy_list(xs, out):
-    """A list-of-arrays parameter, which tile_py.cutile does not launch."""
+    """A list-of-arrays parameter: out = xs[0]."""
     bid = ct.bid(0)
     ct.store(out, index=(bid,), tile=ct.load(xs[0], index=(bid,), shape=(TILE,)))
+
+
+@ct.kernel
+def one_arg(x):
+    """One parameter (argument-count tests)."""
+    ct.store(x, index=(0,), tile=ct.load(x, index=(0,), shape=(TILE,)) + 1)
+
+
+@ct.kernel
+def fill_count(n, out):
+    """out[i] = i for i < n, one element per iteration: ``n`` must be a scalar (an array there
+    is cuTile's TileTypeError when compiling)."""
+    for i in range(n):
+        ct.store(out, (i,), tile=ct.full((1,), fill_value=i, dtype=ct.int32))
+
+
+@ct.kernel
+def copy_static(x: Annotated[ct.Array, ct.ArrayAnnotation(static_shape_dims=(0, -1))], out):
+    """A 16 x 16 tile of x (whose extents are compiled in as constants) to out."""
+    ct.store(out, (0, 0), ct.load(x, (0, 0), (16, 16)))
+
+
+@ct.kernel
+def copy_static_strides(
+    x: Annotated[ct.Array, ct.ArrayAnnotation(static_stride_dims=(0, 1))], out
+):
+    """As copy_static, with x's strides compiled in as constants instead."""
+    ct.store(out, (0, 0), ct.load(x, (0, 0), (16, 16)))
+
+
+@ct.kernel
+def sum_list(xs, out):
+    """out = the sum of the arrays of the list xs, one 16-element tile per block."""
+    bid = ct.bid(0)
+    acc = ct.zeros((TILE,), dtype=out.dtype)
+    for i in range(len(xs)):
+        acc += ct.load(xs[i], index=(bid,), shape=(TILE,))
+    ct.store(out, index=(bid,), tile=acc)
+
+
+@ct.kernel
+def tuple_head(out, items: tuple[int, ct.Constant[int]]):
+    """A tuple annotated shorter than the tuples it may be given (cuTile refuses longer ones)."""
+    ct.scatter(out, (0,), items[0] + items[1])

@@ -31,6 +31,7 @@ from ._tile_py import (
     Param,
     Scalar,
     _check_args,
+    _export,
     _pack_args,
     _debug_counters,
     _after_fork_in_child,

@@ -321,6 +321,18 @@ def _pack_args(
     stream: _StreamLike = ...,
     device: int = 0,
 ) -> list[int]: ...
+def _export(
+    obj: Any, stream: _StreamLike, index: int = 0, device: Optional[int] = None
+) -> Tuple[
+    Any,
+    Optional[int],
+    Tuple[Tuple[int, int, int], Tuple[int, int], int, list[int], list[int]],
+]:
+    """One DLPack export of ``obj`` as a launch on ``stream`` makes it (a DLPack capsule is
+    read as it is), unconsumed: ``(capsule, offered_stream, ((code, bits, lanes),
+    (device_type, device_id), data_ptr, shape, strides))``, strides in elements;
+    ``offered_stream`` is the ``stream=`` the producer was offered (None for a capsule)."""
+
 def _debug_counters() -> dict[str, int]: ...
 def _shutdown(timeout: float = 5.0) -> int: ...
 def _after_fork_in_child() -> None: ...

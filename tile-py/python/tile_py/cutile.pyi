@@ -1,10 +1,22 @@
 """Type stubs for tile_py.cutile: cuTile kernels (``@ct.kernel``) launched through tile."""
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, final
 
 from tile_py import LaunchHandle, Param
 
-__all__ = ["launch", "specialization_key", "params_from_signature", "cache_info", "clear_cache"]
+__all__ = [
+    "MAX_GRID_DIM",
+    "launch",
+    "install",
+    "installed",
+    "specialization_key",
+    "params_from_signature",
+    "cache_info",
+    "clear_cache",
+]
+
+MAX_GRID_DIM: int
+"""cuTile's largest grid dimension, 2**24 - 1 (larger ones may compute wrong tile block IDs)."""
 
 def launch(
     stream: Any,
@@ -17,22 +29,48 @@ def launch(
     cooperative: bool = False,
     block_in_cluster_count: Any = None,
 ) -> LaunchHandle:
-    """Launches the cuTile kernel ``kernel`` on ``stream`` with ``grid`` blocks (an int or a
-    1-3 tuple) and ``args``, as ``ct.launch(stream, grid, kernel, args)`` does, through
-    ``tile_py.launch`` with block (1, 1, 1). The kernel is exported (cubin, calling convention
-    cutile_python_v2, the stream's device's compute capability) once per specialisation and
-    kept in memory. Returns a handle to wait on or poll (the consumed tensors stay on the
-    stream's release queue until the kernel has finished). Raises NotImplementedError naming a parameter kind it cannot pass (list of
-    arrays, tensor map, pointer, dataclass, static extents or strides other than 1), ValueError
-    for arrays that overlap or a tensor that breaks the compiled layout assumptions, TypeError
-    for an argument whose layout cannot be read, and every error of tile_py.launch; all before
-    anything is consumed."""
+    """Launches the cuTile kernel ``kernel`` on ``stream`` with ``grid`` blocks and ``args``, as
+    ``ct.launch(stream, grid, kernel, args)`` does, through ``tile_py.launch`` with block
+    (1, 1, 1). ``stream``: a torch, CuPy or numba-cuda stream, an object with
+    ``__cuda_stream__`` (cuda.core), or an int handle (0 and 1: the legacy default stream).
+    ``grid``: a tuple of at most 3 ints, padded with 1s (``()`` is one block), each at most
+    ``MAX_GRID_DIM``, or an int. ``args``: PyTorch tensors, any ``__dlpack__`` producer (exported
+    once, with the launch stream; that export is launched), DLPack capsules,
+    ``__cuda_array_interface__`` objects, scalars, tuples, lists of arrays (staged through
+    PyTorch, kept with their exports until the kernel is done). The kernel is exported (cubin,
+    calling convention cutile_python_v2, the stream's device's compute capability) once per
+    specialisation and kept in memory. Returns a handle to wait on or poll (the consumed
+    tensors stay on the stream's release queue until the kernel has finished). Raises cuTile's
+    errors first where ct.launch raises them (grid, argument count, compiling for these
+    arguments), NotImplementedError naming a parameter kind it cannot pass (tensor map,
+    pointer, dataclass, static extents or strides of 0 or below), ValueError for
+    arrays that overlap or a tensor that breaks the compiled layout assumptions, and every
+    error of tile_py.launch; all before anything is consumed."""
 
-def specialization_key(kernel: Any, args: Sequence[Any]) -> Tuple[Any, ...]:
+def install() -> _Installed:
+    """Routes every ``ct.launch`` through tile: ``cuda.tile.launch`` and
+    ``cuda.tile._cext.launch`` become a function with ct.launch's signature and return value
+    (None) that calls ``launch``. Returns an object whose ``uninstall()`` (or the end of a
+    ``with`` block) puts back what was there before."""
+
+def installed() -> bool:
+    """Whether ``ct.launch`` is routed through tile now."""
+
+@final
+class _Installed:
+    def __init__(self, previous: Tuple[Any, Any]) -> None: ...
+    def uninstall(self) -> None: ...
+    def __enter__(self) -> _Installed: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+def specialization_key(
+    kernel: Any, args: Sequence[Any], stream: Any = None
+) -> Tuple[Any, ...]:
     """The cache key of ``kernel`` with ``args``: what cuTile specialises on (dtype, ndim, base
     address 16-byte alignment, per dimension unit or 16-byte-divisible stride and unit or
     multiple-of-16 extent, disjoint elements, constant values, scalar types). Computed without
-    cuTile. Raises as launch does for unsupported parameters and overlapping arrays."""
+    cuTile; an argument known only through DLPack is exported for ``stream`` (and released).
+    Raises as launch does for unsupported parameters and overlapping arrays."""
 
 def params_from_signature(
     signature: Any, names: Optional[Sequence[str]] = None

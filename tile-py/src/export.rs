@@ -1,0 +1,155 @@
+//! `tile_py._export`: one DLPack export of a launch argument, made as a launch makes it (the
+//! `__dlpack__` handshake with the launch stream), and the layout its descriptor states, for a
+//! caller that must pick the kernel from the layout before launching (`tile_py.cutile`). The
+//! capsule is handed back unconsumed, to be launched: nothing here renames it or runs its
+//! deleter.
+
+use std::ffi::CStr;
+
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::critical_section::with_critical_section;
+use pyo3::types::PyCapsule;
+use tile_dlpack::Unused;
+
+use crate::convert::{Handshake, call_dlpack, offered_stream};
+use crate::errors::{Kind, arg_err, launch_err, show};
+use crate::streams;
+
+/// What `_export` returns besides the capsule: `((code, bits, lanes), (device_type,
+/// device_id), data_ptr, shape, strides)`, strides in elements (compact row-major when the
+/// descriptor has none).
+type Layout = ((u8, u8, u16), (i32, i32), u64, Vec<i64>, Vec<i64>);
+
+/// Exports `obj` for a launch on `stream` and reads the descriptor: `(capsule, stream_value,
+/// layout)`. A producer is called as a launch on `stream` calls it (`__dlpack__(stream=...,
+/// max_version=(1, 3))`, with the same retries and the same refusal of a host producer), and
+/// `stream_value` is the `stream=` it was offered, which `tile_py.launch` on `stream` offers
+/// too; a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
+/// The descriptor is validated as a launch validates it. Nothing is consumed: the capsule
+/// keeps its name, and dropping it unlaunched releases the export through its destructor.
+/// `index` names the argument in error messages. `device` is the launch stream's device
+/// ordinal, named in the refusal of a host producer; when it is `None` the stream is resolved
+/// (which loads the driver) to read it.
+///
+/// # Errors
+///
+/// As `tile_py.launch` raises for the stream and for this argument's export and descriptor.
+#[pyfunction]
+#[pyo3(signature = (obj, stream, index = 0, device = None))]
+pub(crate) fn _export<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    stream: &Bound<'py, PyAny>,
+    index: usize,
+    device: Option<i32>,
+) -> PyResult<(Bound<'py, PyAny>, Option<i64>, Layout)> {
+    let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
+        (obj.clone(), None)
+    } else {
+        let (spec, cached) = streams::parse_stream_cached(stream)?;
+        let dlpack_stream = spec.dlpack_value();
+        let device = match device {
+            Some(d) => d,
+            None => streams::resolve(py, stream, spec, cached)?
+                .context()
+                .ordinal(),
+        };
+        let hs = Handshake {
+            dlpack_stream,
+            sync: true,
+            device,
+        };
+        let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? else {
+            return Err(arg_err(
+                Kind::Type,
+                index,
+                format!(
+                    "expected an object with __dlpack__ or a DLPack capsule, got {}",
+                    show(obj)
+                ),
+            ));
+        };
+        let (cap, _ready_on) = call_dlpack(py, index, obj, &method, &hs)?;
+        (cap, Some(offered_stream(&hs).0))
+    };
+    let layout = describe(py, index, &cap)?;
+    Ok((cap, offered, layout))
+}
+
+/// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it.
+fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<Layout> {
+    with_critical_section(cap, || {
+        // SAFETY: `cap` is a capsule (checked by the caller, or made by `__dlpack__` and checked
+        // by `call_dlpack`); the name pointer stays valid while the capsule keeps this name,
+        // which it does inside its critical section.
+        let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
+        if name_ptr.is_null() {
+            let _ = PyErr::take(py);
+            return Err(arg_err(
+                Kind::Type,
+                index,
+                "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a \
+                 capsule with no name",
+            ));
+        }
+        // SAFETY: non-null capsule names are NUL-terminated C strings.
+        let name = unsafe { CStr::from_ptr(name_ptr) };
+        let versioned = match name.to_bytes() {
+            b"dltensor" => false,
+            b"dltensor_versioned" => true,
+            b"used_dltensor" | b"used_dltensor_versioned" => {
+                return Err(arg_err(
+                    Kind::Value,
+                    index,
+                    format!(
+                        "DLPack capsule already consumed (its name is {:?})",
+                        name.to_string_lossy()
+                    ),
+                ));
+            }
+            other => {
+                return Err(arg_err(
+                    Kind::Type,
+                    index,
+                    format!(
+                        "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got \
+                         a capsule named {:?}",
+                        String::from_utf8_lossy(other)
+                    ),
+                ));
+            }
+        };
+        // SAFETY: `cap` is a capsule whose name is `name_ptr`.
+        let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name_ptr) };
+        if ptr.is_null() {
+            return Err(PyErr::take(py).unwrap_or_else(|| {
+                arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
+            }));
+        }
+        let unused = if versioned {
+            // SAFETY: a capsule named `dltensor_versioned` holds a `DLManagedTensorVersioned`
+            // that its producer keeps valid until its deleter runs, which nobody can call while
+            // we hold the capsule's critical section and a reference to it: the `Unused` is only
+            // peeked at (no deleter call) and dropped here (dropping it does nothing).
+            unsafe { Unused::from_versioned(ptr.cast()) }
+        } else {
+            // SAFETY: as above, for a legacy `DLManagedTensor` (`dltensor`).
+            unsafe { Unused::from_legacy(ptr.cast()) }
+        };
+        let view = unused.peek().map_err(|source| {
+            launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
+                None
+            })
+        })?;
+        let (dtype, device) = (view.dtype(), view.device());
+        Ok((
+            (dtype.code, dtype.bits, dtype.lanes),
+            (device.device_type.0 as i32, device.device_id),
+            view.data_ptr(),
+            view.shape().to_vec(),
+            view.strides().to_vec(),
+        ))
+    })
+}
