@@ -72,7 +72,9 @@ fn destructor_hands_guards_to_the_release_thread_which_drops_them_once() {
         .unwrap()
         .join()
         .unwrap();
-    wait_until("the release thread", || releaser.stats().guards_released == 3);
+    wait_until("the release thread", || {
+        releaser.stats().guards_released == 3
+    });
     assert_eq!(
         drops.load(Ordering::SeqCst),
         3,
@@ -93,7 +95,9 @@ fn destructor_hands_guards_to_the_release_thread_which_drops_them_once() {
     let more = releaser.parcel(probes(1, &drops, &threads));
     // SAFETY: a parcel of `Probe`s, destroyed once.
     unsafe { release_parcel::<Probe>(more) };
-    wait_until("the second parcel", || releaser.stats().guards_released == 4);
+    wait_until("the second parcel", || {
+        releaser.stats().guards_released == 4
+    });
     thread::sleep(Duration::from_millis(20));
     assert_eq!(drops.load(Ordering::SeqCst), 4);
 }
@@ -171,7 +175,10 @@ fn a_parcel_arriving_after_the_release_side_is_gone_is_leaked_never_dropped() {
     // SAFETY: `p` came from `parcel` and reaches the destructor once.
     unsafe { release_parcel::<Probe>(p) };
     let stats = releaser.stats();
-    assert_eq!((stats.attached, stats.handed_off, stats.guards_leaked), (2, 2, 2));
+    assert_eq!(
+        (stats.attached, stats.handed_off, stats.guards_leaked),
+        (2, 2, 2)
+    );
     assert_eq!(stats.guards_released, 0);
     assert_eq!(
         drops.load(Ordering::SeqCst),
