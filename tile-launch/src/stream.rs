@@ -10,7 +10,7 @@ use cuda_sys::{
     driver,
 };
 
-use crate::context::{Context, HandleKind, SavedContext};
+use crate::context::{Context, HandleKind};
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
@@ -311,32 +311,7 @@ impl Timeline for CudaTimeline {
         // needs its context, and the releasing thread may never have used CUDA), and may change
         // the calling thread's current context themselves (`cudarc` binds its own): the caller's
         // is put back afterwards.
-        let saved = match SavedContext::save(self.d) {
-            Ok(saved) => Some(saved),
-            Err(e) => {
-                log::warn!("releasing without saving the current context: {e}");
-                None
-            }
-        };
-        if let Some(saved) = saved.as_ref().filter(|s| s.saved() != self.ctx.raw()) {
-            // SAFETY: the context is retained by `self.ctx`; dropping `saved` makes the
-            // caller's context current again afterwards.
-            if let Err(e) = unsafe { saved.switch_to(self.ctx.raw()) } {
-                log::warn!("releasing without the stream's context current: {e}");
-            }
-        }
-        let mut ran = false;
-        let relaxed = crate::capture_state::relaxed(self.d, || {
-            ran = true;
-            release();
-            Ok(())
-        });
-        if !ran {
-            if let Err(e) = relaxed {
-                log::warn!("releasing without relaxing the stream-capture mode: {e}");
-            }
-            release();
-        }
+        crate::context::releasing_in(self.d, self.ctx.raw(), release);
     }
 }
 

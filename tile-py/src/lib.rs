@@ -43,6 +43,7 @@ mod producers;
 mod pytypes;
 mod release;
 mod streams;
+mod worker;
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -408,6 +409,7 @@ fn forked_err() -> PyErr {
 #[pyfunction]
 fn _after_fork_in_child() {
     release::after_fork_in_child();
+    worker::after_fork_in_child();
 }
 
 /// Whether the launch of `args` (with `owners` more guards) on `s` may wait for queued work
@@ -592,16 +594,15 @@ fn compute_capability(py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<(u3
 
 /// Waits for the work of every stream that holds tensors not yet released (the GIL is
 /// released meanwhile), then releases every deferred tensor. Streams with nothing pending are
-/// not touched: their handles may have been destroyed since.
+/// not touched: their handles may have been destroyed since. Never raises for one stream's
+/// trouble: a stream whose wait fails is counted in `stats()["errors"]` and the others are
+/// still waited for; when the stream or its context is gone or poisoned (destroyed, reset, a
+/// kernel fault), what it held is leaked and counted (`stats()["leaked"]`) and it is forgotten.
 #[pyfunction]
 fn synchronize(py: Python<'_>) -> PyResult<()> {
-    let streams = SameThread(streams::all());
-    let r = py.detach(move || {
-        let streams = streams;
-        streams.0.iter().try_for_each(|s| s.synchronize())
-    });
+    streams::synchronize_all(py);
     drain(py);
-    r.map_err(|e| launch_err(py, e, |_| None))
+    Ok(())
 }
 
 fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -729,6 +730,7 @@ fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
     }
     FINALIZING.store(true, Ordering::Release);
+    worker::stop(py);
     let pending: u64 = streams::all()
         .iter()
         .map(|s| {
@@ -773,5 +775,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_debug_counters, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::_release_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::_queue_release, m)?)?;
     Ok(())
 }
