@@ -406,7 +406,11 @@ impl Drop for SavedContext {
 }
 
 /// [`Context::releasing`] for context `ctx` (kept alive by the caller).
-pub(crate) fn releasing_in<R>(d: &'static Driver, ctx: CUcontext, release: impl FnOnce() -> R) -> R {
+pub(crate) fn releasing_in<R>(
+    d: &'static Driver,
+    ctx: CUcontext,
+    release: impl FnOnce() -> R,
+) -> R {
     let saved = match SavedContext::save(d) {
         Ok(saved) => Some(saved),
         Err(e) => {

@@ -546,8 +546,8 @@ impl Library {
             // No context current. A driver that answers without one settles the check; trust
             // only a full match that read at least one parameter (an error may just mean "no
             // context").
-            let checked =
-                !signature.params().is_empty() && check_param_info(d, raw, name, &signature).is_ok();
+            let checked = !signature.params().is_empty()
+                && check_param_info(d, raw, name, &signature).is_ok();
             // Left alone, the kernel would be loaded at its first launch, into whatever context
             // exists by then, and (CUDA's lazy loading) that load may wait for the work already
             // queued there. Load it now into the primary context it will most likely launch in
