@@ -24,8 +24,10 @@
 //!   waits on the producer's current stream when the two differ.
 //! - **Releasing.** A consumed tensor belongs to the launch's handle until the work is done;
 //!   then its deleter runs exactly once, with the interpreter attached, on a thread that called
-//!   into tile_py — never on a CUDA callback thread and never while a CUDA wait holds the GIL
-//!   (waits are made detached). See [`release`].
+//!   into tile_py or on the release thread ([`worker`], within 50 ms of the work finishing,
+//!   without a call), with the tensor's context current and the capture mode relaxed — never on
+//!   a CUDA callback thread and never while a CUDA wait holds the GIL (waits are made
+//!   detached). See [`release`].
 //! - **Errors** map to Python exceptions in one place, [`errors`].
 //!
 //! # Layering
@@ -213,8 +215,8 @@ impl LaunchHandle {
 /// pending work before `stream` (`__dlpack__(stream=...)` or the DLPack C exchange API). The launch
 /// is one `cuLaunchKernel` (`cuLaunchKernelEx` when launch attributes are set). Tensors are
 /// released (their deleters run) only after an event shows the work has finished: at
-/// `LaunchHandle.wait()` or `done()`, or at a later call into tile_py (the handle owns nothing:
-/// dropping it does nothing).
+/// `LaunchHandle.wait()` or `done()`, at a later call into tile_py, or by the release thread
+/// within 50 ms (the handle owns nothing: dropping it does nothing).
 ///
 /// Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
 /// `ValueError` (devices, host memory labelled as device memory, read-only, copied or
@@ -640,6 +642,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 /// Counters of tile_py's streams and release queues, as a dict of ints. Polls the streams first
 /// (non-blocking) and runs the queued releases, so tensors whose work has finished are released.
+/// Never raises for one stream's trouble (see `synchronize`).
 ///
 /// - `streams`: streams tile_py holds: one per device and stream handle with launches whose tensors are
 ///   not all released yet. Once its work is released a stream is forgotten: its stream object is
@@ -666,7 +669,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   graph are not counted).
 /// - `errors`: completion events the release queues failed to record, query or wait for.
 /// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
-///   at the next call into tile_py).
+///   at the next call into tile_py, or on the release thread within 50 ms).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     for s in streams::all() {

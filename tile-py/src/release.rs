@@ -7,7 +7,10 @@
 //! consumes is held as a [`PyGuard`], whose `Drop` only moves the tensor onto the global
 //! [`RELEASES`] queue, never calling a deleter and never taking the GIL. [`drain`] runs the
 //! queued deleters; it takes a [`Python`] token, so it runs attached by construction. Every
-//! entry point of the module drains before returning, and `atexit` drains one last time.
+//! entry point of the module drains before returning, the release thread ([`crate::worker`])
+//! drains every 50 ms without a call, and `atexit` drains one last time. Deleters run with the
+//! context of the tensor's device current and the thread's capture mode relaxed
+//! ([`tile_launch::Context::releasing`]), as tile-launch's own releases do.
 //!
 //! Once the interpreter is finalising ([`FINALIZING`], set by the `atexit` hook), nothing is
 //! drained any more: queued and later tensors are counted as leaked instead.
