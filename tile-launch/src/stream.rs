@@ -25,6 +25,14 @@ unsafe impl Send for Event {}
 // state of its own.
 unsafe impl Sync for Event {}
 
+/// The `function` of the error `CudaTimeline::record` returns, without a driver call, where the
+/// handle may not be named (see [`CudaTimeline::reachable`]).
+const RECORD_REFUSED: &str = "cuEventRecord (a stream named only inside launch calls, or another \
+                              thread's per-thread default stream)";
+/// As [`RECORD_REFUSED`], for `CudaTimeline::synchronize`.
+const SYNCHRONIZE_REFUSED: &str = "cuStreamSynchronize (a stream named only inside launch calls, \
+                                   or another thread's per-thread default stream)";
+
 /// The CUDA side of a stream's release queue: records events on the stream, queries and waits
 /// on them, and keeps finished events in a pool for reuse.
 ///
@@ -125,8 +133,7 @@ impl CudaTimeline {
         if !reachable {
             return Err(CudaError::new(
                 CUresult::CUDA_ERROR_INVALID_HANDLE,
-                "cuEventRecord (a stream named only inside launch calls, or another thread's \
-                 per-thread default stream)",
+                RECORD_REFUSED,
             ));
         }
         let _bound = self.ctx.bind_with(d)?;
@@ -214,8 +221,10 @@ impl Timeline for CudaTimeline {
         use CUresult as R;
         match error.code {
             // Our own refusal on a thread (or outside a launch) where the handle names nothing
-            // usable: the stream itself is fine.
-            R::CUDA_ERROR_INVALID_HANDLE => self.reachable(),
+            // usable says nothing about the stream; the driver's says the handle is dead.
+            R::CUDA_ERROR_INVALID_HANDLE => {
+                error.function != RECORD_REFUSED && error.function != SYNCHRONIZE_REFUSED
+            }
             // The stream or its context is gone (destroyed, reset, the driver shut down or not
             // usable in this process), or the context is poisoned by a fault: every later call
             // on it fails the same way.
@@ -264,10 +273,7 @@ impl Timeline for CudaTimeline {
 
     fn synchronize(&self) -> Result<(), Self::Error> {
         let d = self.d;
-        self.refuse_if_unreachable(
-            "cuStreamSynchronize (a stream named only inside launch calls, or another thread's \
-             per-thread default stream)",
-        )?;
+        self.refuse_if_unreachable(SYNCHRONIZE_REFUSED)?;
         let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuStreamSynchronize")?;
         crate::capture_state::relaxed(d, || {
