@@ -688,7 +688,9 @@ impl Stream {
     }
 
     /// Releases deferred tensors whose work has completed, without blocking. Returns how many
-    /// were released.
+    /// were released. Never fails: errors are counted in [`Stats::errors`], and a stream found
+    /// lost (destroyed, its context destroyed or reset, a kernel fault) leaks and counts what its
+    /// release queue held, once (see [`Stream::synchronize`]).
     pub fn poll(&self) -> usize {
         self.inner.trackers().iter().map(|t| t.poll()).sum()
     }

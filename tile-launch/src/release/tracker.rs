@@ -263,7 +263,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// (`cuEventQuery`). Returns how many guards were released.
     ///
     /// Errors (of `record` or `query`) go to the sticky slot ([`last_error`](Tracker::last_error));
-    /// what was not confirmed complete stays queued.
+    /// what was not confirmed complete stays queued, unless the error says the stream is lost
+    /// ([`Timeline::is_lost`]): then everything queued is leaked and counted, once, and later
+    /// polls find nothing to ask about. A timeline that cannot name its stream from here
+    /// ([`Timeline::reachable_here`]) is only queried, never recorded on.
     #[doc(alias = "cuEventQuery")]
     pub fn poll(&self) -> usize {
         let mut st = self.lock();
