@@ -143,8 +143,10 @@ pub(crate) fn after_fork_in_child() {
 /// `tile_py._release_thread()`: `{"running": bool, "period_ms": int, "cycles": int}`.
 pub(crate) fn describe(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let d = pyo3::types::PyDict::new(py);
-    // Read without blocking: the lock is only ever held briefly.
-    let running = STATE.try_lock().map(|st| st.running).unwrap_or(true);
+    // A forked child has no release thread (and may have inherited the lock held); elsewhere
+    // the lock is only ever held briefly.
+    let running = !crate::release::FORKED.load(Ordering::Acquire)
+        && STATE.try_lock().map(|st| st.running).unwrap_or(true);
     d.set_item("running", running)?;
     d.set_item("period_ms", PERIOD.as_millis() as u64)?;
     d.set_item("cycles", CYCLES.load(Ordering::Relaxed))?;

@@ -268,6 +268,8 @@ def test_int_handle_stream_destroyed_after_its_work_without_a_wait(torch, scale,
     release the launches' tensors (from the markers recorded at each launch); the next launch on
     a new stream works."""
     n = 1 << 20
+    torch.cuda.synchronize()
+    tile_py.synchronize()  # nothing of earlier tests left to release during this one
     start = tile_py.stats()
     before = tile_py._debug_counters()
     h = ctypes.c_void_p()
