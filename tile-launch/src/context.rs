@@ -308,6 +308,24 @@ impl Context {
         releasing_in(d, self.raw, release)
     }
 
+    /// Whether the context is still usable: not destroyed since it was retained, as a reset of
+    /// the primary context (`cuDevicePrimaryCtxReset`, e.g. `cudaDeviceReset` in another
+    /// library) destroys it. One `cuCtxGetId`; no context is made current. A cache of contexts
+    /// asks before handing one out for new work, and retains the device's primary context
+    /// afresh ([`Context::new`]) when this says `false`.
+    #[doc(alias = "cuCtxGetId")]
+    pub fn is_alive(&self) -> bool {
+        let Ok(d) = driver() else {
+            return false;
+        };
+        let mut id = 0u64;
+        // SAFETY: out-pointer to a local; `self.raw` was retained (the driver reports an error,
+        // not undefined behaviour, for a destroyed context handle).
+        unsafe { (d.cuCtxGetId)(self.raw, &mut id) }
+            .check("cuCtxGetId")
+            .is_ok()
+    }
+
     /// Makes this context current on the calling thread until the guard is dropped, restoring
     /// the previous one then. Costs one `cuCtxGetCurrent` when this context is already current.
     ///

@@ -525,11 +525,24 @@ pub(crate) fn first_cached_context() -> Option<Arc<Context>> {
         .map(|(_, c)| Arc::clone(c))
 }
 
+/// Contexts found destroyed (a primary context reset by another library): kept, never
+/// dropped, so that their retain is never released against the device's recreated primary
+/// context.
+static STALE: Mutex<Vec<Arc<Context>>> = Mutex::new(Vec::new());
+
+/// tile_py's context for device `ordinal`: its primary context, retained once, and retained
+/// afresh when the cached one was destroyed since (checked for each new stream only, one
+/// `cuCtxGetId`), so that a launch on a new stream works after a reset.
 fn context(ordinal: i32) -> tile_launch::Result<Arc<Context>> {
     let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(c) = map.get(&ordinal) {
-        return Ok(Arc::clone(c));
+        if c.is_alive() {
+            return Ok(Arc::clone(c));
+        }
+        if let Some(stale) = map.remove(&ordinal) {
+            STALE.lock().unwrap_or_else(|p| p.into_inner()).push(stale);
+        }
     }
     let c = Context::new(ordinal)?;
     map.insert(ordinal, Arc::clone(&c));

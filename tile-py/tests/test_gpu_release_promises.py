@@ -332,3 +332,84 @@ def test_stats_and_synchronize_after_a_kernel_fault_do_not_raise_and_leak_counte
     assert errors == first_errors >= 1, (first_errors, errors)
     assert pending == 0
     assert leaked >= 1
+
+
+def test_a_primary_context_reset_does_not_make_stats_or_synchronize_raise_and_a_new_stream_works():
+    """Another library resets the device (`cuDevicePrimaryCtxReset`, as `cudaDeviceReset` does)
+    while tile_py holds launches on it: stats() and synchronize() do not raise, the error is
+    counted once, what the destroyed context's stream held is released or leaked (counted), and
+    a launch on a new stream, in the recreated context, works. Driver calls only (PyTorch does
+    not survive a reset), in a subprocess."""
+    r = run_child(
+        f"""
+        import ctypes, tile_py, dlpack_ctypes
+        from tile_py import In, Out, Scalar
+        cu = ctypes.CDLL("libcuda.so.1")
+        V, U64 = ctypes.c_void_p, ctypes.c_uint64
+        cu.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(V), ctypes.c_int]
+        cu.cuCtxSetCurrent.argtypes = [V]
+        cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(U64), ctypes.c_size_t]
+        cu.cuMemsetD32_v2.argtypes = [U64, ctypes.c_uint, ctypes.c_size_t]
+        cu.cuMemcpyDtoH_v2.argtypes = [V, U64, ctypes.c_size_t]
+        cu.cuStreamCreate.argtypes = [ctypes.POINTER(V), ctypes.c_uint]
+        cu.cuStreamSynchronize.argtypes = [V]
+        assert cu.cuInit(0) == 0
+        n = 1 << 16
+
+        def setup():
+            ctx = V()
+            assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+            assert cu.cuCtxSetCurrent(ctx) == 0
+            s = V()
+            assert cu.cuStreamCreate(ctypes.byref(s), 1) == 0
+            return s.value
+
+        def buffer(value_bits):
+            p = U64()
+            assert cu.cuMemAlloc_v2(ctypes.byref(p), 4 * n) == 0
+            assert cu.cuMemsetD32_v2(p.value, value_bits, n) == 0
+            return p.value
+
+        def capsule(ptr):
+            key, counter, _ = dlpack_ctypes.make_managed(shape=(n,), data=ptr)
+            dtor = ctypes.cast(dlpack_ctypes._capsule_destructor, V)
+            return dlpack_ctypes._api.PyCapsule_New(key, b"dltensor_versioned", dtor), counter
+
+        s = setup()
+        scale = tile_py.Library.from_cuda_source({SOURCE!r}).kernel("scale_f32", {SCALE!r})
+        ONE = 0x3F800000  # 1.0f
+        counters = []
+        for _ in range(3):
+            (x, cx), (y, cy) = capsule(buffer(ONE)), capsule(buffer(0))
+            counters += [cx, cy]
+            tile_py.launch(s, n // 256, scale, (x, y, 2.0, n), block=256)
+        before = tile_py.stats()
+        assert cu.cuDevicePrimaryCtxReset_v2(0) == 0
+        tile_py.synchronize()  # must not raise
+        first = tile_py.stats()
+        for _ in range(5):
+            st = tile_py.stats()
+        tile_py.synchronize()
+        calls = [c.calls for c in counters]
+        assert all(c in (0, 1) for c in calls), calls
+        leaked = st["leaked"] - before["leaked"]
+        # Each tensor either released (after its work was confirmed) or leaked, never both.
+        assert sum(calls) + leaked == 6, (calls, leaked, st)
+        assert st["errors"] == first["errors"], (first, st)
+        assert st["pending_guards"] == 0 and st["streams"] == 0, st
+        # A new stream in the recreated context works.
+        s2 = setup()
+        xp, yp = buffer(ONE), buffer(0)
+        (x, cx), (y, cy) = capsule(xp), capsule(yp)
+        tile_py.launch(s2, n // 256, scale, (x, y, 3.0, n), block=256).wait()
+        out = (ctypes.c_float * n)()
+        assert cu.cuMemcpyDtoH_v2(out, yp, 4 * n) == 0
+        assert all(v == 3.0 for v in out), out[:4]
+        assert (cx.calls, cy.calls) == (1, 1)
+        print("RESET OK", first["errors"] - before["errors"], leaked, flush=True)
+        """
+    )
+    print(r.stdout, r.stderr[-3000:])
+    assert "Fatal Python error" not in r.stderr
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "RESET OK" in r.stdout
