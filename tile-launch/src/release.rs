@@ -306,7 +306,9 @@ pub struct Stats {
     pub launches: u64,
     /// Markers recorded.
     pub markers_recorded: u64,
-    /// Errors stored in the sticky slot, or that would have been had it been empty.
+    /// Errors stored in the sticky slot, or that would have been had it been empty, and failed
+    /// [`Tracker::synchronize`] calls (whose error is returned). A lost stream
+    /// ([`Timeline::is_lost`]) counts once.
     pub errors: u64,
 }
 

@@ -306,16 +306,23 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     #[doc(alias = "cuStreamSynchronize")]
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<(), T::Error> {
+        let Err(e) = self.synchronize_uncounted() else {
+            return Ok(());
+        };
+        let mut st = self.lock();
+        if self.timeline.is_lost(&e) {
+            self.abandon(&mut st, e.clone(), format_args!("synchronize"));
+        } else {
+            st.errors += 1;
+        }
+        Err(e)
+    }
+
+    /// [`synchronize`](Tracker::synchronize) without counting or acting on its error.
+    fn synchronize_uncounted(&self) -> Result<(), T::Error> {
         if let Err(e) = self.wait(Target::Everything) {
             log::error!("tile-launch release queue: synchronize: {e}");
-            let e = e.into_error();
-            let mut st = self.lock();
-            if self.timeline.is_lost(&e) {
-                self.abandon(&mut st, e.clone(), format_args!("synchronize"));
-            } else {
-                st.errors += 1;
-            }
-            return Err(e);
+            return Err(e.into_error());
         }
         let batch = self.lock().take_completed(None);
         self.release_batch(batch);
@@ -336,7 +343,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             // Nothing queued: the stream is not touched (it may be gone already).
             return;
         }
-        let Err(error) = self.synchronize() else {
+        let Err(error) = self.synchronize_uncounted() else {
             return;
         };
         let mut st = self.lock();
