@@ -102,13 +102,14 @@ pub struct CaptureStats {
     pub attached: u64,
     /// Guards whose parcel's destructor has run (handed to the release thread).
     pub handed_off: u64,
-    /// Guards dropped by the release thread (including those whose drop panicked).
-    pub released: u64,
+    /// Guards dropped by the release thread (including those whose drop panicked); named as
+    /// [`Stats::guards_released`](crate::release::Stats::guards_released).
+    pub guards_released: u64,
     /// Guards whose drop panicked (also counted in `released`).
     pub release_panics: u64,
     /// Guards never dropped because the release thread was gone when their parcel was
-    /// destroyed.
-    pub leaked: u64,
+    /// destroyed; named as [`Stats::guards_leaked`](crate::release::Stats::guards_leaked).
+    pub guards_leaked: u64,
 }
 
 #[derive(Default)]
@@ -257,9 +258,9 @@ impl Counters {
         CaptureStats {
             attached: self.attached.load(Ordering::SeqCst),
             handed_off: self.handed_off.load(Ordering::SeqCst),
-            released: self.released.load(Ordering::SeqCst),
+            guards_released: self.released.load(Ordering::SeqCst),
             release_panics: self.release_panics.load(Ordering::SeqCst),
-            leaked: self.leaked.load(Ordering::SeqCst),
+            guards_leaked: self.leaked.load(Ordering::SeqCst),
         }
     }
 }

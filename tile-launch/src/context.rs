@@ -291,6 +291,41 @@ impl Context {
         Ok(name.to_string_lossy().into_owned())
     }
 
+    /// Runs `release` (code that drops consumed tensors, i.e. runs their deleters) as tile's own
+    /// release paths do: with this context current and the calling thread's stream-capture
+    /// mode relaxed (`cuThreadExchangeStreamCaptureMode`), so that a deleter's synchronous free
+    /// neither fails for want of a context nor invalidates a global-mode capture another
+    /// thread (or this one) has in progress. The caller's current context and capture mode are
+    /// put back afterwards, also when a deleter changed the current context. For bindings that
+    /// run deleters later than the release queue hands them over (tile-py, on a thread holding
+    /// the interpreter). Each step that fails is logged and `release` still runs (without the
+    /// context switch, or without relaxing), exactly once.
+    #[doc(alias = "cuThreadExchangeStreamCaptureMode")]
+    pub fn releasing<R>(&self, release: impl FnOnce() -> R) -> R {
+        let Ok(d) = driver() else {
+            return release();
+        };
+        releasing_in(d, self.raw, release)
+    }
+
+    /// Whether the context is still usable: not destroyed since it was retained, as a reset of
+    /// the primary context (`cuDevicePrimaryCtxReset`, e.g. `cudaDeviceReset` in another
+    /// library) destroys it. One `cuCtxGetId`; no context is made current. A cache of contexts
+    /// asks before handing one out for new work, and retains the device's primary context
+    /// afresh ([`Context::new`]) when this says `false`.
+    #[doc(alias = "cuCtxGetId")]
+    pub fn is_alive(&self) -> bool {
+        let Ok(d) = driver() else {
+            return false;
+        };
+        let mut id = 0u64;
+        // SAFETY: out-pointer to a local; `self.raw` was retained (the driver reports an error,
+        // not undefined behaviour, for a destroyed context handle).
+        unsafe { (d.cuCtxGetId)(self.raw, &mut id) }
+            .check("cuCtxGetId")
+            .is_ok()
+    }
+
     /// Makes this context current on the calling thread until the guard is dropped, restoring
     /// the previous one then. Costs one `cuCtxGetCurrent` when this context is already current.
     ///
@@ -385,6 +420,47 @@ impl Drop for SavedContext {
         if let Err(e) = r {
             log::error!("restoring the caller's current context: {e}");
         }
+    }
+}
+
+/// [`Context::releasing`] for context `ctx` (kept alive by the caller).
+pub(crate) fn releasing_in<R>(
+    d: &'static Driver,
+    ctx: CUcontext,
+    release: impl FnOnce() -> R,
+) -> R {
+    let saved = match SavedContext::save(d) {
+        Ok(saved) => Some(saved),
+        Err(e) => {
+            log::warn!("releasing without saving the current context: {e}");
+            None
+        }
+    };
+    if let Some(saved) = saved.as_ref().filter(|s| s.saved() != ctx) {
+        // SAFETY: the caller keeps `ctx` alive; dropping `saved` makes the caller's context
+        // current again afterwards.
+        if let Err(e) = unsafe { saved.switch_to(ctx) } {
+            log::warn!("releasing without the stream's context current: {e}");
+        }
+    }
+    let mut release = Some(release);
+    let mut out = None;
+    let relaxed = crate::capture_state::relaxed(d, || {
+        if let Some(f) = release.take() {
+            out = Some(f());
+        }
+        Ok(())
+    });
+    if let Some(f) = release.take() {
+        if let Err(e) = relaxed {
+            log::warn!("releasing without relaxing the stream-capture mode: {e}");
+        }
+        out = Some(f());
+    }
+    drop(saved);
+    match out {
+        Some(out) => out,
+        None => unreachable!("`release` runs exactly once"),
     }
 }
 

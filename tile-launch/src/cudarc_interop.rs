@@ -108,9 +108,52 @@ impl<T> From<ExportError<T>> for Error {
     }
 }
 
+/// A moved-in `CudaSlice` as a DLPack tensor, with the stream its data becomes ready on (the
+/// slice's stream, where `cudarc` ordered its pending work). The two travel together so that
+/// the ordering cannot be dropped by accident: [`into_arg`](Exported::into_arg) makes a launch
+/// argument ordered after that stream; [`into_parts`](Exported::into_parts) hands both over to a
+/// caller that orders the tensor's users itself.
+#[must_use = "the tensor's data is ready only on `ready_on`: use `into_arg` (ordered after it) or               `into_parts` and order the users yourself"]
+pub struct Exported {
+    used: Used,
+    ready_on: Arc<CudaStream>,
+}
+
+impl fmt::Debug for Exported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exported")
+            .field("ready_on", &self.ready_on.cu_stream())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Exported {
+    /// The stream the tensor's data becomes ready on (the slice's stream).
+    pub fn ready_on(&self) -> &Arc<CudaStream> {
+        &self.ready_on
+    }
+
+    /// The tensor as a launch argument declared ready on [`ready_on`](Exported::ready_on)
+    /// ([`TensorArg::ready_on`]): the launch stream waits for it on the device.
+    pub fn into_arg(self) -> TensorArg<'static> {
+        let raw = self.ready_on.cu_stream() as CUstream;
+        // SAFETY: the slice, now owned by `used`'s deleter context, holds an `Arc` to its
+        // stream, so the stream outlives the launch that consumes this argument; the slice's
+        // context is a primary context (checked by `export`), the one tile launches in.
+        unsafe { TensorArg::from(self.used).ready_on(raw) }
+    }
+
+    /// The tensor and the stream its data becomes ready on. Whoever uses the tensor must first
+    /// order its work after that stream (e.g. [`TensorArg::ready_on`], or an event waited on),
+    /// or it may read the slice before `cudarc`'s pending work on it is done.
+    pub fn into_parts(self) -> (Used, Arc<CudaStream>) {
+        (self.used, self.ready_on)
+    }
+}
+
 /// Moves `slice` into a DLPack tensor of the given `shape` and `strides` (in elements), with
 /// write access (see the module docs), and returns it with the stream its data becomes ready on
-/// (the slice's stream).
+/// (the slice's stream), as one [`Exported`] value.
 ///
 /// # Errors
 ///
@@ -133,7 +176,7 @@ pub fn export<T: DlpackElement>(
     mut slice: CudaSlice<T>,
     shape: &[i64],
     strides: &[i64],
-) -> Result<(Used, Arc<CudaStream>), ExportError<T>> {
+) -> Result<Exported, ExportError<T>> {
     let ready_on = Arc::clone(slice.stream());
     let ptr = {
         let restore = match save_context() {
@@ -157,7 +200,7 @@ pub fn export<T: DlpackElement>(
     match describe(ptr, shape, strides, device, T::DTYPE, Box::new(owner)) {
         Ok(used) => {
             drop(shared);
-            Ok((used, ready_on))
+            Ok(Exported { used, ready_on })
         }
         Err(e) => {
             let slice = Arc::into_inner(shared)
@@ -193,12 +236,7 @@ pub fn strided_tensor<T: DlpackElement>(
     shape: &[i64],
     strides: &[i64],
 ) -> Result<TensorArg<'static>, ExportError<T>> {
-    let (used, ready_on) = export(slice, shape, strides)?;
-    let raw = ready_on.cu_stream() as CUstream;
-    // SAFETY: the slice, now owned by `used`'s deleter context, holds an `Arc` to its stream,
-    // so the stream outlives the launch that consumes this argument; the slice's context is a
-    // primary context (checked by `export`), the one tile launches in.
-    Ok(unsafe { TensorArg::from(used).ready_on(raw) })
+    Ok(export(slice, shape, strides)?.into_arg())
 }
 
 /// A tensor argument (shape `[len]`, stride 1) that borrows `slice` instead of taking it:

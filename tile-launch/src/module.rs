@@ -306,8 +306,27 @@ struct LibraryInner {
     d: &'static Driver,
     raw: CUlibrary,
     /// The ordinal of the device whose context was current when the library was loaded, if one
-    /// was: where [`Library::kernel`] checks a signature when no context is current then.
+    /// was: where [`Library::kernel`] checks a signature, and loads the kernel, when no context
+    /// is current then.
     home: Option<i32>,
+    /// The primary context [`Library::kernel`] loaded kernels into when no context was current
+    /// (the home device's, else device 0's), retained while the library lives so that what was
+    /// loaded into it stays loaded.
+    loaded_into: Mutex<Option<Arc<crate::Context>>>,
+}
+
+impl LibraryInner {
+    /// The primary context of the home device (device 0 when the library has none), retained
+    /// once and kept for the library's life.
+    fn loading_context(&self) -> Result<Arc<crate::Context>> {
+        let mut slot = self.loaded_into.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ctx) = slot.as_ref() {
+            return Ok(Arc::clone(ctx));
+        }
+        let ctx = crate::Context::new(self.home.unwrap_or(0))?;
+        *slot = Some(Arc::clone(&ctx));
+        Ok(ctx)
+    }
 }
 
 // SAFETY: library handles are context-independent and usable from any thread.
@@ -419,7 +438,12 @@ impl Library {
             Ok((raw, home))
         })?;
         Ok(Library {
-            inner: Arc::new(LibraryInner { d, raw, home }),
+            inner: Arc::new(LibraryInner {
+                d,
+                raw,
+                home,
+                loaded_into: Mutex::new(None),
+            }),
         })
     }
 
@@ -489,14 +513,17 @@ impl Library {
     /// parameters the compiled kernel declares (`cuKernelGetParamInfo`): same count, and each
     /// parameter of the declared size.
     ///
-    /// The check may load the kernel into a context. It uses the calling thread's current
-    /// context; when none is current, it first asks the driver without one, and if the driver
-    /// cannot answer so, it uses the primary context of the device whose context was current
-    /// when the library was loaded, and only when there was none either, device 0's (retained
-    /// for the check only). To keep device 0 out of it, call this with your device's context
-    /// current ([`Context::bind`](crate::Context::bind)). With a context current, the kernel is
-    /// also loaded into it now (`cuKernelGetFunction`, best effort), so that its first launch
-    /// does not load it while other work runs. Every driver call runs with the
+    /// The kernel is loaded now (`cuKernelGetFunction`, best effort), so that no launch loads
+    /// it (CUDA's lazy loading) and waits for work queued by then: into the calling thread's
+    /// current context, or, when none is current, into the primary context of the device whose
+    /// context was current when the library was loaded, and when there was none either, device
+    /// 0's. That primary context is retained (created if need be) for as long as the library
+    /// lives, so a context another library makes current later for that device (PyTorch, CuPy)
+    /// is the one holding the kernel. A launch in another context loads the kernel at its first
+    /// launch there: look kernels up with that context current
+    /// ([`Context::bind`](crate::Context::bind)) to avoid it, and to keep device 0 out of it.
+    /// The signature check uses the same context (without one, the driver is asked first).
+    /// Every driver call runs with the
     /// calling thread's stream-capture mode relaxed (`cuThreadExchangeStreamCaptureMode`), so it
     /// cannot invalidate another thread's global-mode capture.
     ///
@@ -523,16 +550,31 @@ impl Library {
                 load_into_current(d, raw, name);
                 return Ok(raw);
             }
-            // No context current. A driver that answers without one settles it; trust only a
-            // full match that read at least one parameter (an error may just mean "no
+            // No context current. A driver that answers without one settles the check; trust
+            // only a full match that read at least one parameter (an error may just mean "no
             // context").
-            if !signature.params().is_empty() && check_param_info(d, raw, name, &signature).is_ok()
-            {
-                return Ok(raw);
+            let checked = !signature.params().is_empty()
+                && check_param_info(d, raw, name, &signature).is_ok();
+            // Left alone, the kernel would be loaded at its first launch, into whatever context
+            // exists by then, and (CUDA's lazy loading) that load may wait for the work already
+            // queued there. Load it now into the primary context it will most likely launch in
+            // (the home device's, else device 0's), which the library keeps retained, so that
+            // the context others create or retain later is that one, with the kernel loaded.
+            match self.inner.loading_context() {
+                Ok(ctx) => {
+                    let _bound = ctx.bind_with(d)?;
+                    if !checked {
+                        check_param_info(d, raw, name, &signature)?;
+                    }
+                    load_into_current(d, raw, name);
+                }
+                // The primary context cannot be had now (a device in exclusive use, say), but
+                // the check was made: the kernel loads at its first launch.
+                Err(e) if checked => log::debug!(
+                    "tile-launch: kernel `{name}` not loaded ahead of its first launch: {e}"
+                ),
+                Err(e) => return Err(e),
             }
-            let fallback = crate::Context::new(self.inner.home.unwrap_or(0))?;
-            let _bound = fallback.bind_with(d)?;
-            check_param_info(d, raw, name, &signature)?;
             Ok(raw)
         })?;
         Ok(Kernel {

@@ -152,6 +152,30 @@ pub trait Timeline: Send + Sync + 'static {
         true
     }
 
+    /// Whether `error` means that this timeline can never again confirm that work completed: the
+    /// stream or its context is gone (destroyed, reset), or the context is poisoned by a fault.
+    /// On such an error the tracker stops waiting for what it holds: it leaks every queued
+    /// guard (counted in [`Stats::guards_leaked`]), gives its markers back and counts the error
+    /// once, so that neither the queue nor the error count grows on every later call, and the
+    /// tracker is left empty ([`Tracker::is_quiescent`]) for its owner to drop. The default is
+    /// `false` (every error is taken as one that may pass).
+    fn is_lost(&self, error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// [`record`](Timeline::record), called by the launching thread inside the launch call
+    /// (for a [`thread_bound`](Timeline::thread_bound) timeline, at every launch). A timeline
+    /// whose handle is vouched for only during launch calls records here and refuses `record`
+    /// elsewhere. The default is `record`.
+    ///
+    /// # Errors
+    ///
+    /// As [`record`](Timeline::record).
+    fn record_at_launch(&self) -> Result<Self::Marker, Self::Error> {
+        self.record()
+    }
+
     /// Whether a marker can be recorded now. `false` while the stream is capturing a CUDA graph
     /// (an event recorded then would become a node of the graph): a non-blocking poll or the
     /// amortised marker policy then records nothing and stores no error (the queued work is
@@ -282,7 +306,9 @@ pub struct Stats {
     pub launches: u64,
     /// Markers recorded.
     pub markers_recorded: u64,
-    /// Errors stored in the sticky slot, or that would have been had it been empty.
+    /// Errors stored in the sticky slot, or that would have been had it been empty, and failed
+    /// [`Tracker::synchronize`] calls (whose error is returned). A lost stream
+    /// ([`Timeline::is_lost`]) counts once.
     pub errors: u64,
 }
 

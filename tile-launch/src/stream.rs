@@ -10,7 +10,7 @@ use cuda_sys::{
     driver,
 };
 
-use crate::context::{Context, HandleKind, SavedContext};
+use crate::context::{Context, HandleKind};
 use crate::error::Result;
 use crate::guard::Guard;
 use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
@@ -24,6 +24,14 @@ unsafe impl Send for Event {}
 // SAFETY: every operation on the handle is a thread-safe driver call; `Event` has no interior
 // state of its own.
 unsafe impl Sync for Event {}
+
+/// The `function` of the error `CudaTimeline::record` returns, without a driver call, where the
+/// handle may not be named (see [`CudaTimeline::reachable`]).
+const RECORD_REFUSED: &str = "cuEventRecord (a stream named only inside launch calls, or another \
+                              thread's per-thread default stream)";
+/// As [`RECORD_REFUSED`], for `CudaTimeline::synchronize`.
+const SYNCHRONIZE_REFUSED: &str = "cuStreamSynchronize (a stream named only inside launch calls, \
+                                   or another thread's per-thread default stream)";
 
 /// The CUDA side of a stream's release queue: records events on the stream, queries and waits
 /// on them, and keeps finished events in a pool for reuse.
@@ -40,6 +48,9 @@ pub struct CudaTimeline {
     /// For [`HandleKind::PerThread`]: the thread whose per-thread default stream this is.
     thread: Option<ThreadId>,
     owned: bool,
+    /// The handle is vouched for only inside launch calls ([`Stream::from_raw_launch_only`]):
+    /// a marker is recorded at every launch, and nothing else ever names the stream.
+    launch_only: bool,
     ctx: Arc<Context>,
     pool: Mutex<Vec<Event>>,
     /// Events of [`wait_for`](CudaTimeline::wait_for), kept apart from the markers': an event a
@@ -64,6 +75,7 @@ impl CudaTimeline {
         ctx: &Arc<Context>,
         raw: CUstream,
         owned: bool,
+        launch_only: bool,
         keep: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> CudaTimeline {
         let kind = HandleKind::of(raw);
@@ -73,6 +85,7 @@ impl CudaTimeline {
             kind,
             thread: (kind == HandleKind::PerThread).then(|| std::thread::current().id()),
             owned,
+            launch_only,
             ctx: Arc::clone(ctx),
             pool: Mutex::new(Vec::new()),
             waits: Mutex::new(Vec::new()),
@@ -101,11 +114,39 @@ impl CudaTimeline {
         Ok(Event(ev))
     }
 
-    /// Whether the calling thread is one where this timeline's stream handle names its stream:
-    /// always, except for a per-thread default stream on a thread other than its own.
+    /// Whether the calling thread is one where this timeline's stream handle names its stream,
+    /// outside a launch call: always, except for a per-thread default stream on a thread other
+    /// than its own, and a handle vouched for only inside launch calls (`launch_only`).
     fn reachable(&self) -> bool {
+        !self.launch_only && self.reachable_in_launch()
+    }
+
+    /// As [`reachable`](CudaTimeline::reachable), from inside a launch call.
+    fn reachable_in_launch(&self) -> bool {
         self.thread
             .is_none_or(|owner| owner == std::thread::current().id())
+    }
+
+    /// `record`, refusing (without a driver call) where the handle may not be named.
+    fn record_if(&self, reachable: bool) -> Result<Event, CudaError> {
+        let d = self.d;
+        if !reachable {
+            return Err(CudaError::new(
+                CUresult::CUDA_ERROR_INVALID_HANDLE,
+                RECORD_REFUSED,
+            ));
+        }
+        let _bound = self.ctx.bind_with(d)?;
+        self.refuse_if_capturing("cuEventRecord")?;
+        let ev = self.event()?;
+        // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
+        match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                self.recycle(ev);
+                Err(e)
+            }
+        }
     }
 
     /// Refuses, without making the call `call` names, on a thread where the handle names
@@ -169,18 +210,40 @@ impl Timeline for CudaTimeline {
     type Error = CudaError;
 
     fn record(&self) -> Result<Event, Self::Error> {
-        let d = self.d;
-        self.refuse_if_unreachable("cuEventRecord (another thread's per-thread default stream)")?;
-        let _bound = self.ctx.bind_with(d)?;
-        self.refuse_if_capturing("cuEventRecord")?;
-        let ev = self.event()?;
-        // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
-        match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
-            Ok(()) => Ok(ev),
-            Err(e) => {
-                self.recycle(ev);
-                Err(e)
+        self.record_if(self.reachable())
+    }
+
+    fn record_at_launch(&self) -> Result<Event, Self::Error> {
+        self.record_if(self.reachable_in_launch())
+    }
+
+    fn is_lost(&self, error: &CudaError) -> bool {
+        use CUresult as R;
+        match error.code {
+            // Our own refusal on a thread (or outside a launch) where the handle names nothing
+            // usable says nothing about the stream; the driver's says the handle is dead.
+            R::CUDA_ERROR_INVALID_HANDLE => {
+                error.function != RECORD_REFUSED && error.function != SYNCHRONIZE_REFUSED
             }
+            // The stream or its context is gone (destroyed, reset, the driver shut down or not
+            // usable in this process), or the context is poisoned by a fault: every later call
+            // on it fails the same way.
+            R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | R::CUDA_ERROR_INVALID_CONTEXT
+            | R::CUDA_ERROR_DEINITIALIZED
+            | R::CUDA_ERROR_NOT_INITIALIZED
+            | R::CUDA_ERROR_DEVICE_UNAVAILABLE
+            | R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE => true,
+            _ => false,
         }
     }
 
@@ -210,9 +273,7 @@ impl Timeline for CudaTimeline {
 
     fn synchronize(&self) -> Result<(), Self::Error> {
         let d = self.d;
-        self.refuse_if_unreachable(
-            "cuStreamSynchronize (another thread's per-thread default stream)",
-        )?;
+        self.refuse_if_unreachable(SYNCHRONIZE_REFUSED)?;
         let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuStreamSynchronize")?;
         crate::capture_state::relaxed(d, || {
@@ -240,7 +301,7 @@ impl Timeline for CudaTimeline {
     }
 
     fn thread_bound(&self) -> bool {
-        self.kind == HandleKind::PerThread
+        self.kind == HandleKind::PerThread || self.launch_only
     }
 
     fn reachable_here(&self) -> bool {
@@ -256,32 +317,7 @@ impl Timeline for CudaTimeline {
         // needs its context, and the releasing thread may never have used CUDA), and may change
         // the calling thread's current context themselves (`cudarc` binds its own): the caller's
         // is put back afterwards.
-        let saved = match SavedContext::save(self.d) {
-            Ok(saved) => Some(saved),
-            Err(e) => {
-                log::warn!("releasing without saving the current context: {e}");
-                None
-            }
-        };
-        if let Some(saved) = saved.as_ref().filter(|s| s.saved() != self.ctx.raw()) {
-            // SAFETY: the context is retained by `self.ctx`; dropping `saved` makes the
-            // caller's context current again afterwards.
-            if let Err(e) = unsafe { saved.switch_to(self.ctx.raw()) } {
-                log::warn!("releasing without the stream's context current: {e}");
-            }
-        }
-        let mut ran = false;
-        let relaxed = crate::capture_state::relaxed(self.d, || {
-            ran = true;
-            release();
-            Ok(())
-        });
-        if !ran {
-            if let Err(e) = relaxed {
-                log::warn!("releasing without relaxing the stream-capture mode: {e}");
-            }
-            release();
-        }
+        crate::context::releasing_in(self.d, self.ctx.raw(), release);
     }
 }
 
@@ -421,7 +457,7 @@ impl Stream {
             unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
                 .check("cuStreamCreate")
         })?;
-        Ok(Self::wrap(d, ctx, raw, true, None, config))
+        Ok(Self::wrap(d, ctx, raw, true, false, None, config))
     }
 
     /// Wraps a stream created by another library (PyTorch, CuPy, `cudarc`, ...). The stream is
@@ -452,6 +488,41 @@ impl Stream {
             ctx,
             raw,
             false,
+            false,
+            None,
+            ReleaseConfig::default(),
+        ))
+    }
+
+    /// As [`Stream::from_raw`], for a handle that its owner may destroy once the work launched
+    /// on it has finished, without telling tile (an int handle from another library, say): the
+    /// handle is named only inside the calls that launch on it (and
+    /// [`wait_for_raw`](Stream::wait_for_raw)). Each launch records a completion marker on the
+    /// stream, inside the launch call (one `cuEventRecord` per launch); waits, polls,
+    /// synchronisations and releases are answered from those markers and never name the
+    /// stream. [`synchronize`](Stream::synchronize) then waits for the launches made through
+    /// this value, not for the stream's other work.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a valid stream of `ctx` (or a default-stream handle) during every call
+    /// that launches on this value or its clones, and must keep naming that stream until the
+    /// work so launched has finished (destroying it after that is fine; a handle destroyed
+    /// while the work runs may be reused by a new stream).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`](crate::Error::Driver) without a driver.
+    pub unsafe fn from_raw_launch_only(ctx: &Arc<Context>, raw: CUstream) -> Result<Stream> {
+        let d = driver()?;
+        // The default streams are always valid: those are wrapped as by `from_raw`.
+        let launch_only = HandleKind::of(raw) == HandleKind::Explicit;
+        Ok(Self::wrap(
+            d,
+            ctx,
+            raw,
+            false,
+            launch_only,
             None,
             ReleaseConfig::default(),
         ))
@@ -477,6 +548,7 @@ impl Stream {
             ctx,
             raw,
             false,
+            false,
             Some(owner),
             ReleaseConfig::default(),
         ))
@@ -487,10 +559,11 @@ impl Stream {
         ctx: &Arc<Context>,
         raw: CUstream,
         owned: bool,
+        launch_only: bool,
         keep: Option<Box<dyn std::any::Any + Send + Sync>>,
         config: ReleaseConfig,
     ) -> Stream {
-        let timeline = CudaTimeline::new(d, ctx, raw, owned, keep);
+        let timeline = CudaTimeline::new(d, ctx, raw, owned, launch_only, keep);
         let per_thread = timeline.thread.is_some();
         let tracker = Tracker::new(timeline, config);
         let per_thread = per_thread
@@ -532,7 +605,7 @@ impl Stream {
             keep
         });
         let first = self.inner.tracker.timeline();
-        let timeline = CudaTimeline::new(first.d, &first.ctx, first.raw, false, None);
+        let timeline = CudaTimeline::new(first.d, &first.ctx, first.raw, false, false, None);
         let tracker = Tracker::new(timeline, self.inner.config);
         map.push((me, Arc::clone(&tracker)));
         Cow::Owned(tracker)
@@ -596,17 +669,28 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`](crate::Error::Cuda) if the wait fails; nothing is released then.
+    /// [`Error::Cuda`](crate::Error::Cuda) if the wait fails (counted in
+    /// [`Stats::errors`]); nothing is released then, and when the error says the stream or its
+    /// context is gone or poisoned (destroyed, reset, a kernel fault), what the release queue
+    /// held is leaked and counted ([`Stats::guards_leaked`]) and the queue is left empty.
     #[doc(alias = "cuStreamSynchronize")]
     pub fn synchronize(&self) -> Result<()> {
+        // Every queue is synchronised, even after one failed; the first error is returned.
+        let mut first = Ok(());
         for tracker in self.inner.trackers() {
-            tracker.synchronize()?;
+            if let Err(e) = tracker.synchronize()
+                && first.is_ok()
+            {
+                first = Err(e.into());
+            }
         }
-        Ok(())
+        first
     }
 
     /// Releases deferred tensors whose work has completed, without blocking. Returns how many
-    /// were released.
+    /// were released. Never fails: errors are counted in [`Stats::errors`], and a stream found
+    /// lost (destroyed, its context destroyed or reset, a kernel fault) leaks and counts what its
+    /// release queue held, once (see [`Stream::synchronize`]).
     pub fn poll(&self) -> usize {
         self.inner.trackers().iter().map(|t| t.poll()).sum()
     }

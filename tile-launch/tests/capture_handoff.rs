@@ -54,7 +54,7 @@ fn destructor_hands_guards_to_the_release_thread_which_drops_them_once() {
     let parcel = releaser.parcel(probes(3, &drops, &threads));
     let stats = releaser.stats();
     assert_eq!(
-        (stats.attached, stats.handed_off, stats.released),
+        (stats.attached, stats.handed_off, stats.guards_released),
         (3, 0, 0)
     );
     // Held by the "graph": nothing dropped until the destructor runs.
@@ -72,7 +72,9 @@ fn destructor_hands_guards_to_the_release_thread_which_drops_them_once() {
         .unwrap()
         .join()
         .unwrap();
-    wait_until("the release thread", || releaser.stats().released == 3);
+    wait_until("the release thread", || {
+        releaser.stats().guards_released == 3
+    });
     assert_eq!(
         drops.load(Ordering::SeqCst),
         3,
@@ -87,13 +89,15 @@ fn destructor_hands_guards_to_the_release_thread_which_drops_them_once() {
     let stats = releaser.stats();
     assert_eq!(stats.handed_off, 3);
     assert_eq!(stats.release_panics, 1, "the panicking deleter is counted");
-    assert_eq!(stats.leaked, 0);
+    assert_eq!(stats.guards_leaked, 0);
 
     // The release thread survived the panic: another parcel is released too.
     let more = releaser.parcel(probes(1, &drops, &threads));
     // SAFETY: a parcel of `Probe`s, destroyed once.
     unsafe { release_parcel::<Probe>(more) };
-    wait_until("the second parcel", || releaser.stats().released == 4);
+    wait_until("the second parcel", || {
+        releaser.stats().guards_released == 4
+    });
     thread::sleep(Duration::from_millis(20));
     assert_eq!(drops.load(Ordering::SeqCst), 4);
 }
@@ -113,7 +117,7 @@ fn reclaimed_parcel_gives_the_guards_back_and_drops_nothing() {
     assert_eq!(releaser.stats().attached, 0);
     drop(back);
     assert_eq!(drops.load(Ordering::SeqCst), 2);
-    assert_eq!(releaser.stats().released, 0);
+    assert_eq!(releaser.stats().guards_released, 0);
 }
 
 #[test]
@@ -171,8 +175,11 @@ fn a_parcel_arriving_after_the_release_side_is_gone_is_leaked_never_dropped() {
     // SAFETY: `p` came from `parcel` and reaches the destructor once.
     unsafe { release_parcel::<Probe>(p) };
     let stats = releaser.stats();
-    assert_eq!((stats.attached, stats.handed_off, stats.leaked), (2, 2, 2));
-    assert_eq!(stats.released, 0);
+    assert_eq!(
+        (stats.attached, stats.handed_off, stats.guards_leaked),
+        (2, 2, 2)
+    );
+    assert_eq!(stats.guards_released, 0);
     assert_eq!(
         drops.load(Ordering::SeqCst),
         0,

@@ -120,7 +120,7 @@ fn captured_launch_keeps_tensors_until_graph_and_exec_are_destroyed() -> Result<
     c.cb.expect_eventually(1, "b")?;
     cc.expect_eventually(1, "c")?;
     let stats = tile_launch::capture_stats();
-    ensure!(stats.leaked == 0, "{stats:?}");
+    ensure!(stats.guards_leaked == 0, "{stats:?}");
     println!("capture stats: {stats:?}");
     Ok(())
 }

@@ -9,6 +9,7 @@ mod gpu_common;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
+use cuda_sys::CuResultExt;
 use cudarc::driver::DevicePtr;
 use gpu_common::{address, gpu, random, vector_add, vector_add_args, view};
 use tile_launch::{Context, Error, LaunchConfig, MemoryKind, Stream};
@@ -120,5 +121,130 @@ fn host_memory_labelled_as_device_is_refused_before_consuming() -> Result<()> {
             .all(|(c, (x, y))| *c == x + y),
         "wrong sums after the refused launch"
     );
+    Ok(())
+}
+
+/// Issue 24, class 1: kernels compiled and looked up before the process has any CUDA context
+/// (kernels built at import, the context made later by another library), then launched onto
+/// a stream busy with a 1.5 s kernel: the launch call must not wait for that kernel (it used to
+/// return after about 0.75 s, loading the module lazily at the first launch). Runs in a fresh
+/// process, where nothing made a context before the lookup.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn first_launch_of_a_kernel_looked_up_without_a_context_does_not_wait() -> Result<()> {
+    const NAME: &str = "first_launch_of_a_kernel_looked_up_without_a_context_does_not_wait";
+    if !gpu_common::is_child(NAME) {
+        return gpu_common::run_in_child(NAME);
+    }
+    cuda_sys::driver().context("no CUDA driver")?;
+    ensure!(
+        gpu_common::current_context_raw()?.is_null(),
+        "a context is current before the lookup"
+    );
+    // At "import": compile and look up with no context current.
+    let lib = tile_launch::Library::from_cuda_source(gpu_common::VECTOR_ADD, &[])?;
+    let add = lib.kernel("vector_add", gpu_common::vector_add_signature())?;
+    let spin = lib.kernel(
+        "spin",
+        tile_launch::Signature::new([tile_launch::Param::scalar(tile_launch::ScalarType::U64)]),
+    )?;
+    ensure!(
+        gpu_common::current_context_raw()?.is_null(),
+        "the lookup left a context current"
+    );
+    // Later, another library makes the context and its buffers.
+    let g = gpu(0)?;
+    let n = 1 << 20;
+    let a = g.producer.clone_htod(&random(n, 24))?;
+    let b = g.producer.clone_htod(&random(n, 25))?;
+    let c = g.producer.alloc_zeros::<f32>(n)?;
+    g.producer.synchronize()?;
+    let s = Stream::new(&g.ctx)?;
+    let busy = s.launch(&spin, &LaunchConfig::new(1, 1), [1_500_000_000u64.into()])?;
+    let (ta, ca) = view(address(&a), n, 0)?;
+    let (tb, cb) = view(address(&b), n, 0)?;
+    let (tc, cc) = view(address(&c), n, 0)?;
+    let t = Instant::now();
+    let h = s.launch(
+        &add,
+        &LaunchConfig::for_elements(n as u64, 256),
+        vector_add_args(ta, tb, tc, 1, n),
+    )?;
+    let took = t.elapsed();
+    println!("first launch of a kernel looked up without a context: {took:?}");
+    ensure!(
+        !busy.is_complete()?,
+        "the 1.5 s kernel finished before the launch returned: the launch waited for it"
+    );
+    ensure!(
+        took.as_millis() < 100,
+        "the first launch took {took:?} behind a busy stream (it waited for queued work)"
+    );
+    h.retire()?;
+    busy.retire()?;
+    ensure!((ca.get(), cb.get(), cc.get()) == (1, 1, 1));
+    let (ha, hb, hc) = (
+        g.producer.clone_dtoh(&a)?,
+        g.producer.clone_dtoh(&b)?,
+        g.producer.clone_dtoh(&c)?,
+    );
+    g.producer.synchronize()?;
+    let wrong = (0..n).filter(|&i| hc[i] != ha[i] + hb[i]).count();
+    ensure!(wrong == 0, "{wrong} of {n} elements wrong");
+    Ok(())
+}
+
+/// Issue 24, class 5: a stream another library owns, wrapped with `Stream::from_raw_launch_only`,
+/// launched on (deferred) and then synchronised and destroyed by its owner without telling tile:
+/// polls release every tensor from the markers recorded at launch, never naming the destroyed
+/// stream (no error counted), and the stream is forgettable afterwards.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_launch_only_stream_destroyed_after_its_work_is_never_touched_again() -> Result<()> {
+    let g = gpu(0)?;
+    let k = vector_add(&g.ctx)?;
+    let d = cuda_sys::driver()?;
+    let n = 1 << 16;
+    let a = g.producer.clone_htod(&random(n, 41))?;
+    let b = g.producer.clone_htod(&random(n, 42))?;
+    let c = g.producer.alloc_zeros::<f32>(n)?;
+    g.producer.synchronize()?;
+    let _bound = g.ctx.bind()?;
+    let mut raw: cuda_sys::CUstream = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; the context is current.
+    unsafe { (d.cuStreamCreate)(&mut raw, 1) }.check("cuStreamCreate")?;
+    // SAFETY: `raw` is a live stream of the context during the launches, and names it until
+    // their work is done (synchronised below before it is destroyed).
+    let s = unsafe { Stream::from_raw_launch_only(&g.ctx, raw) }?;
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let (ta, ca) = view(address(&a), n, 0)?;
+        let (tb, cb) = view(address(&b), n, 0)?;
+        let (tc, cc) = view(address(&c), n, 0)?;
+        s.launch_deferred(
+            &k,
+            &LaunchConfig::for_elements(n as u64, 256),
+            vector_add_args(ta, tb, tc, 1, n),
+        )?;
+        counts.extend([ca, cb, cc]);
+    }
+    ensure!(s.stats().markers_recorded == 3, "{:?}", s.stats());
+    // SAFETY: `raw` is ours; nothing tile makes names it after the launches.
+    unsafe { (d.cuStreamSynchronize)(raw) }.check("cuStreamSynchronize")?;
+    // SAFETY: as above.
+    unsafe { (d.cuStreamDestroy)(raw) }.check("cuStreamDestroy")?;
+    let mut released = 0;
+    for _ in 0..5 {
+        released += s.poll();
+    }
+    s.synchronize()?;
+    let st = s.stats();
+    ensure!(released == 9, "released {released} of 9: {st:?}");
+    ensure!(st.errors == 0 && st.guards_leaked == 0, "{st:?}");
+    ensure!(
+        counts.iter().all(|c| c.get() == 1),
+        "a deleter did not run once"
+    );
+    ensure!(s.is_forgettable(), "{st:?}");
     Ok(())
 }

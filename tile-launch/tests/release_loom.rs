@@ -394,8 +394,8 @@ fn graph_destructors_hand_off_to_the_release_thread() {
             (
                 stats.attached,
                 stats.handed_off,
-                stats.released,
-                stats.leaked
+                stats.guards_released,
+                stats.guards_leaked
             ),
             (3, 3, 3, 0)
         );

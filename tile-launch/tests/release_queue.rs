@@ -1632,3 +1632,134 @@ fn queued_launch_whose_wait_fails_leaks_its_own_guards_and_releases_nothing() {
         (1, 2, 0)
     );
 }
+
+/// A stream that is lost (its context destroyed or reset, the stream gone, a fault poisoning the
+/// context) can never confirm completion: the first poll that finds out leaks what the queue
+/// holds (counted), counts the error once, and leaves the queue empty, so that later polls make
+/// no driver call, add no error and the tracker can be forgotten.
+#[test]
+fn a_lost_stream_is_abandoned_once_by_poll_and_leaks_counted() {
+    let h = Harness::new(config(1));
+    h.launch_deferred(2);
+    h.launch_deferred(1);
+    assert!(h.fake.markers_recorded() >= 1);
+    h.fake.lose();
+    assert_eq!(h.tracker.poll(), 0);
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.pending_guards,
+            stats.pending_bytes,
+            stats.guards_leaked,
+            stats.guards_released,
+            stats.errors
+        ),
+        (0, 0, 3, 0, 1)
+    );
+    assert!(h.tracker.last_error().is_some_and(|e| e.lost));
+    assert!(h.tracker.is_quiescent(), "nothing left to wait for");
+    let calls = h.fake.calls();
+    for _ in 0..5 {
+        assert_eq!(h.tracker.poll(), 0);
+    }
+    assert_eq!(h.stats().errors, 1, "no error more on every later poll");
+    assert_eq!(h.fake.calls(), calls, "no driver call after abandoning");
+    // Every marker went back to the timeline (no event kept for a lost stream).
+    assert_eq!(calls.recycle, h.fake.markers_recorded());
+    assert_eq!(h.dropped(), 0, "leaked guards are never released");
+}
+
+/// A failed query that does not say the stream is lost leaves the queue as it was (the next
+/// poll may succeed): only lost errors abandon.
+#[test]
+fn a_passing_query_error_keeps_the_queue() {
+    let h = Harness::new(config(1));
+    h.launch_deferred(2);
+    h.fake.fail_next(FakeOp::Query, 1);
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 0);
+    assert_eq!((h.stats().pending_guards, h.stats().guards_leaked), (2, 0));
+    assert_eq!(h.tracker.poll(), 2);
+    h.assert_sound();
+}
+
+/// `synchronize` on a lost stream returns the error, counts it, leaks what was queued and
+/// leaves the queue empty; a later launch on the same tracker is queued and released as usual
+/// once the timeline works again (a new stream under the same handle, say).
+#[test]
+fn synchronize_on_a_lost_stream_leaks_the_queue_and_counts_the_error() {
+    let h = Harness::new(config(64));
+    h.launch_deferred(2);
+    h.fake.lose();
+    let e = h.tracker.synchronize().unwrap_err();
+    assert!(e.lost);
+    let stats = h.stats();
+    assert_eq!(
+        (stats.pending_guards, stats.guards_leaked, stats.errors),
+        (0, 2, 1)
+    );
+    assert!(h.tracker.is_quiescent());
+    assert_eq!(h.dropped(), 0);
+}
+
+/// A failed `synchronize` that does not lose the stream is counted in `errors` and keeps the
+/// queue (nothing released, nothing leaked).
+#[test]
+fn a_failed_synchronize_is_counted_and_keeps_the_queue() {
+    let h = Harness::new(config(64));
+    h.launch_deferred(2);
+    h.fake.fail_next(FakeOp::Record, 1);
+    h.fake.fail_next(FakeOp::Synchronize, 1);
+    assert!(h.tracker.synchronize().is_err());
+    let stats = h.stats();
+    assert_eq!(
+        (stats.pending_guards, stats.guards_leaked, stats.errors),
+        (2, 0, 1)
+    );
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 2);
+    h.assert_sound();
+}
+
+/// A handle vouched for only inside launch calls (an int stream handle its owner may destroy
+/// once the work is done): every launch records its marker at launch time, and polls, waits,
+/// synchronisations and releases never name the stream afterwards — so a stream destroyed after
+/// its work is never touched again, and its guards are released from the launch-time markers.
+#[test]
+fn a_launch_only_timeline_is_never_named_after_the_launch() {
+    let fake = FakeTimeline::new();
+    fake.set_launch_only(true);
+    let h = Harness::with_fake(fake, config(64));
+    let handle = h.launch(1);
+    h.launch_deferred(2);
+    h.launch_deferred(3);
+    assert_eq!(
+        h.fake.markers_recorded(),
+        3,
+        "one marker per launch, at launch time"
+    );
+    let calls = h.fake.calls();
+    assert_eq!(calls.foreign, 0);
+    assert_eq!(h.tracker.poll(), 0, "nothing completed yet");
+    h.fake.complete_work(2);
+    assert_eq!(
+        h.tracker.poll(),
+        2,
+        "the second launch, from its own marker"
+    );
+    let Ok(_) = handle.try_retire() else {
+        panic!("the first launch's work is complete");
+    };
+    h.tracker
+        .synchronize()
+        .expect("answered from the newest marker");
+    assert_eq!(h.dropped(), 6);
+    h.assert_sound();
+    let calls = h.fake.calls();
+    assert_eq!(
+        (calls.record, calls.synchronize, calls.foreign),
+        (3, 0, 0),
+        "the stream was named only by the three launches"
+    );
+    assert!(h.tracker.is_quiescent());
+}

@@ -24,8 +24,10 @@
 //!   waits on the producer's current stream when the two differ.
 //! - **Releasing.** A consumed tensor belongs to the launch's handle until the work is done;
 //!   then its deleter runs exactly once, with the interpreter attached, on a thread that called
-//!   into tile_py — never on a CUDA callback thread and never while a CUDA wait holds the GIL
-//!   (waits are made detached). See [`release`].
+//!   into tile_py or on the release thread ([`worker`], within 50 ms of the work finishing,
+//!   without a call), with the tensor's context current and the capture mode relaxed — never on
+//!   a CUDA callback thread and never while a CUDA wait holds the GIL (waits are made
+//!   detached). See [`release`].
 //! - **Errors** map to Python exceptions in one place, [`errors`].
 //!
 //! # Layering
@@ -44,6 +46,7 @@ mod producers;
 mod pytypes;
 mod release;
 mod streams;
+mod worker;
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -213,8 +216,8 @@ impl LaunchHandle {
 /// pending work before `stream` (`__dlpack__(stream=...)` or the DLPack C exchange API). The launch
 /// is one `cuLaunchKernel` (`cuLaunchKernelEx` when launch attributes are set). Tensors are
 /// released (their deleters run) only after an event shows the work has finished: at
-/// `LaunchHandle.wait()` or `done()`, or at a later call into tile_py (the handle owns nothing:
-/// dropping it does nothing).
+/// `LaunchHandle.wait()` or `done()`, at a later call into tile_py, or by the release thread
+/// within 50 ms (the handle owns nothing: dropping it does nothing).
 ///
 /// Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
 /// `ValueError` (devices, host memory labelled as device memory, read-only, copied or
@@ -421,6 +424,7 @@ fn forked_err() -> PyErr {
 #[pyfunction]
 fn _after_fork_in_child() {
     release::after_fork_in_child();
+    worker::after_fork_in_child();
 }
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the
@@ -586,16 +590,15 @@ fn compute_capability(py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<(u3
 
 /// Waits for the work of every stream that holds tensors not yet released (the GIL is
 /// released meanwhile), then releases every deferred tensor. Streams with nothing pending are
-/// not touched: their handles may have been destroyed since.
+/// not touched: their handles may have been destroyed since. Never raises for one stream's
+/// trouble: a stream whose wait fails is counted in `stats()["errors"]` and the others are
+/// still waited for; when the stream or its context is gone or poisoned (destroyed, reset, a
+/// kernel fault), what it held is leaked and counted (`stats()["leaked"]`) and it is forgotten.
 #[pyfunction]
 fn synchronize(py: Python<'_>) -> PyResult<()> {
-    let streams = SameThread(streams::all());
-    let r = py.detach(move || {
-        let streams = streams;
-        streams.0.iter().try_for_each(|s| s.synchronize())
-    });
+    streams::synchronize_all(py);
     drain(py);
-    r.map_err(|e| launch_err(py, e, |_| None))
+    Ok(())
 }
 
 fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -633,6 +636,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 /// Counters of tile_py's streams and release queues, as a dict of ints. Polls the streams first
 /// (non-blocking) and runs the queued releases, so tensors whose work has finished are released.
+/// Never raises for one stream's trouble (see `synchronize`).
 ///
 /// - `streams`: streams tile_py holds: one per device and stream handle with launches whose tensors are
 ///   not all released yet. Once its work is released a stream is forgotten: its stream object is
@@ -659,7 +663,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   graph are not counted).
 /// - `errors`: completion events the release queues failed to record, query or wait for.
 /// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
-///   at the next call into tile_py).
+///   at the next call into tile_py, or on the release thread within 50 ms).
 #[pyfunction]
 fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     for s in streams::all() {
@@ -723,6 +727,7 @@ fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
     }
     FINALIZING.store(true, Ordering::Release);
+    worker::stop(py);
     let pending: u64 = streams::all()
         .iter()
         .map(|s| {
@@ -768,5 +773,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_debug_counters, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::_release_thread, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::_queue_release, m)?)?;
     Ok(())
 }

@@ -7,7 +7,10 @@
 //! consumes is held as a [`PyGuard`], whose `Drop` only moves the tensor onto the global
 //! [`RELEASES`] queue, never calling a deleter and never taking the GIL. [`drain`] runs the
 //! queued deleters; it takes a [`Python`] token, so it runs attached by construction. Every
-//! entry point of the module drains before returning, and `atexit` drains one last time.
+//! entry point of the module drains before returning, the release thread ([`crate::worker`])
+//! drains every 50 ms without a call, and `atexit` drains one last time. Deleters run with the
+//! context of the tensor's device current and the thread's capture mode relaxed
+//! ([`tile_launch::Context::releasing`]), as tile-launch's own releases do.
 //!
 //! Once the interpreter is finalising ([`FINALIZING`], set by the `atexit` hook), nothing is
 //! drained any more: queued and later tensors are counted as leaked instead.
@@ -17,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 use tile_dlpack::Used;
+use tile_dlpack::dlpark::ffi::DLDeviceType;
 
 /// Set by the `atexit` hook: from then on deleters are skipped and counted as leaked.
 pub(crate) static FINALIZING: AtomicBool = AtomicBool::new(false);
@@ -28,7 +32,7 @@ pub(crate) static FINALIZING: AtomicBool = AtomicBool::new(false);
 pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
 
 /// Whether releases are leaked instead of run (interpreter exit, or a forked child).
-fn leaking() -> bool {
+pub(crate) fn leaking() -> bool {
     FINALIZING.load(Ordering::Acquire) || FORKED.load(Ordering::Acquire)
 }
 
@@ -139,26 +143,78 @@ pub(crate) fn drain(py: Python<'_>) {
             return;
         }
         let saved = PyErr::take(py);
-        for item in batch {
-            let is_tensor = matches!(item, Release::Tensor(_));
-            // A panic cannot come from a C deleter (it would abort), only from Rust code
-            // around it; catch it so that the remaining releases still run.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(item)));
-            if is_tensor {
-                COUNTERS.released.fetch_add(1, Ordering::Relaxed);
-            }
-            if let Some(err) = PyErr::take(py) {
-                COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
-                err.write_unraisable(py, None);
-            }
-            if r.is_err() {
-                COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        release_batch(py, batch);
         if let Some(err) = saved {
             err.restore(py);
         }
     }
+}
+
+/// The device whose context a release runs in: a tensor's device for device and managed
+/// memory; `None` (any) for pinned host memory and for objects.
+fn device_of(item: &Release) -> Option<i32> {
+    match item {
+        Release::Tensor(used) => {
+            let device = used.view().device();
+            (device.is_cuda() || device.device_type == DLDeviceType::CUDAMANAGED)
+                .then_some(device.device_id)
+        }
+        Release::Object(_) => None,
+    }
+}
+
+/// Releases `batch` in order, in groups of consecutive releases of one device, each group with
+/// that device's context current and the thread's stream-capture mode relaxed
+/// ([`tile_launch::Context::releasing`], the context tile_py launched on for that device: the
+/// launch stream's, since a launch's tensors are on its stream's device). A release of no
+/// particular device (pinned host memory, an object kept alive) joins the group before it, or,
+/// first in the batch, runs in the first device's context tile_py made. No context is ever
+/// made here: without one (no launch yet, or no driver) the batch runs as it is.
+fn release_batch(py: Python<'_>, batch: Vec<Release>) {
+    let mut items = batch.into_iter().peekable();
+    let mut device = None;
+    while let Some(first) = items.peek() {
+        device = device_of(first).or(device);
+        let mut group = Vec::new();
+        while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device)) {
+            group.push(item);
+        }
+        let ctx = match device {
+            Some(d) => crate::streams::cached_context(d),
+            None => crate::streams::first_cached_context(),
+        };
+        match ctx {
+            Some(ctx) => ctx.releasing(|| release_each(py, group)),
+            None => release_each(py, group),
+        }
+    }
+}
+
+/// Runs each release of `group` (attached, in order), counting them and reporting a deleter's
+/// exception through `sys.unraisablehook`.
+fn release_each(py: Python<'_>, group: Vec<Release>) {
+    for item in group {
+        let is_tensor = matches!(item, Release::Tensor(_));
+        // A panic cannot come from a C deleter (it would abort), only from Rust code
+        // around it; catch it so that the remaining releases still run.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(item)));
+        if is_tensor {
+            COUNTERS.released.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(err) = PyErr::take(py) {
+            COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
+            err.write_unraisable(py, None);
+        }
+        if r.is_err() {
+            COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether releases are queued (read without the lock; a push racing with it is seen next
+/// time).
+pub(crate) fn any_queued() -> bool {
+    QUEUED.load(Ordering::Acquire) > 0
 }
 
 /// What a launch holds for one Python-made tensor (or object): on drop, whatever thread it is

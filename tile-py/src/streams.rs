@@ -3,6 +3,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_sys::CUstream;
@@ -456,6 +457,14 @@ struct Entry {
 }
 
 static STREAMS: Mutex<Option<HashMap<(i32, usize), Entry>>> = Mutex::new(None);
+/// `STREAMS`' length, updated under its lock, read without it ([`any_held`]).
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether tile_py holds a stream (one with work whose tensors are not all released). Takes no
+/// lock: read by the release thread ([`crate::worker`]) to skip attaching when idle.
+pub(crate) fn any_held() -> bool {
+    HELD.load(Ordering::Acquire) > 0
+}
 /// The counters of the streams [`forget_idle`] dropped, so that totals stay totals.
 static GONE: Mutex<Option<Stats>> = Mutex::new(None);
 
@@ -473,6 +482,7 @@ fn forget_idle(map: &mut HashMap<(i32, usize), Entry>) -> Vec<Stream> {
         }
         !forget
     });
+    HELD.store(map.len(), Ordering::Release);
     if !dropped.is_empty() {
         let mut gone = GONE.lock().unwrap_or_else(|p| p.into_inner());
         let sum = dropped
@@ -500,11 +510,39 @@ pub(crate) fn forgotten_stats() -> Stats {
         .unwrap_or_default()
 }
 
+/// The context tile_py made for device `ordinal`, if it made one (never makes one).
+pub(crate) fn cached_context(ordinal: i32) -> Option<Arc<Context>> {
+    let g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    g.as_ref()?.get(&ordinal).cloned()
+}
+
+/// The context tile_py made for the lowest device ordinal, if it made any (never makes one).
+pub(crate) fn first_cached_context() -> Option<Arc<Context>> {
+    let g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    g.as_ref()?
+        .iter()
+        .min_by_key(|(ordinal, _)| **ordinal)
+        .map(|(_, c)| Arc::clone(c))
+}
+
+/// Contexts found destroyed (a primary context reset by another library): kept, never
+/// dropped, so that their retain is never released against the device's recreated primary
+/// context.
+static STALE: Mutex<Vec<Arc<Context>>> = Mutex::new(Vec::new());
+
+/// tile_py's context for device `ordinal`: its primary context, retained once, and retained
+/// afresh when the cached one was destroyed since (checked for each new stream only, one
+/// `cuCtxGetId`), so that a launch on a new stream works after a reset.
 fn context(ordinal: i32) -> tile_launch::Result<Arc<Context>> {
     let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(c) = map.get(&ordinal) {
-        return Ok(Arc::clone(c));
+        if c.is_alive() {
+            return Ok(Arc::clone(c));
+        }
+        if let Some(stale) = map.remove(&ordinal) {
+            STALE.lock().unwrap_or_else(|p| p.into_inner()).push(stale);
+        }
     }
     let c = Context::new(ordinal)?;
     map.insert(ordinal, Arc::clone(&c));
@@ -548,17 +586,24 @@ fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stream, usize)>
         // primary context (PyTorch, CuPy and cuda.core use primary contexts), which stays
         // valid while `owner` lives; the cached `Stream` holds `owner`.
         Some(owner) => unsafe { Stream::from_raw_keeping(&ctx, raw, Box::new(owner)) },
-        // SAFETY: an int handle: the caller promises a live stream of this device (documented
-        // on `tile_py.launch`); 0 and 2 are the default streams, always valid.
-        None => unsafe { Stream::from_raw(&ctx, raw) },
+        // SAFETY: an int handle: the caller promises a live stream of this device while it
+        // launches on it, naming that stream until the work launched finished (documented on
+        // `tile_py.launch`); 0 and 2 are the default streams, always valid. Nothing keeps the
+        // stream alive, so it is named only inside launch calls: its release queue is answered
+        // from markers recorded at each launch, and a stream destroyed once its work is done
+        // is never touched again.
+        None => unsafe { Stream::from_raw_launch_only(&ctx, raw) },
     }
     .map_err(to_py)?;
     let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    let e = g
-        .get_or_insert_with(HashMap::new)
-        .entry(key)
-        .or_insert(Entry { stream, owner });
-    Ok((e.stream.clone(), e.owner))
+    let map = g.get_or_insert_with(HashMap::new);
+    let e = map.entry(key).or_insert(Entry { stream, owner });
+    let found = (e.stream.clone(), e.owner);
+    HELD.store(map.len(), Ordering::Release);
+    drop(g);
+    // Releases of this stream's work must not wait for a later call into tile_py.
+    crate::worker::start();
+    Ok(found)
 }
 
 /// Every cached stream with work tile_py still holds, after forgetting the others
@@ -578,4 +623,19 @@ pub(crate) fn all() -> Vec<Stream> {
     };
     drop(dropped);
     busy
+}
+
+/// Synchronises every stream with work tile_py still holds (detached from the interpreter),
+/// each even after another failed: a failed wait is counted in that stream's
+/// [`Stats::errors`], and a stream found lost (destroyed, reset, poisoned) has leaked and
+/// counted what it held ([`Stream::synchronize`]), so that [`all`] forgets it next. Never fails.
+pub(crate) fn synchronize_all(py: Python<'_>) {
+    let streams = crate::SameThread(all());
+    py.detach(move || {
+        let streams = streams;
+        for s in &streams.0 {
+            // Counted by the stream's release queue; nothing to report to the caller.
+            let _ = s.synchronize();
+        }
+    });
 }

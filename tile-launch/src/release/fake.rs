@@ -71,6 +71,15 @@ pub struct FakeCalls {
 pub struct FakeError {
     /// The operation that failed.
     pub op: FakeOp,
+    /// Whether the failure says the stream is lost ([`Timeline::is_lost`]): injected by
+    /// [`FakeTimeline::lose`].
+    pub lost: bool,
+}
+
+impl FakeError {
+    fn of(op: FakeOp) -> Self {
+        Self { op, lost: false }
+    }
 }
 
 /// A marker of the fake: its number (1 for the first recorded) and the work it covers.
@@ -111,30 +120,40 @@ struct FakeState {
     /// Whether the stream is "capturing": [`Timeline::can_record_now`] answers `false`, and
     /// `record` fails.
     capturing: bool,
+    /// Whether the stream is lost ([`FakeTimeline::lose`]): every operation fails with a lost
+    /// error.
+    lost: bool,
+    /// Whether the handle may be named only inside launch calls
+    /// ([`FakeTimeline::set_launch_only`]).
+    launch_only: bool,
 }
 
 impl FakeState {
     /// Refuses `op` (record or synchronize) on a thread other than the owner's, as the
     /// per-thread default stream cannot be named from there.
     fn refuse_if_foreign(&mut self, op: FakeOp) -> Result<(), FakeError> {
-        if self
-            .owner
-            .is_some_and(|owner| owner != std::thread::current().id())
+        if self.launch_only
+            || self
+                .owner
+                .is_some_and(|owner| owner != std::thread::current().id())
         {
             self.calls.foreign += 1;
-            return Err(FakeError { op });
+            return Err(FakeError::of(op));
         }
         Ok(())
     }
 
     fn should_fail(&mut self, op: FakeOp) -> Result<(), FakeError> {
+        if self.lost {
+            return Err(FakeError { op, lost: true });
+        }
         let left = &mut self.failures[op.index()];
         match *left {
             0 => Ok(()),
-            ALWAYS => Err(FakeError { op }),
+            ALWAYS => Err(FakeError::of(op)),
             _ => {
                 *left -= 1;
-                Err(FakeError { op })
+                Err(FakeError::of(op))
             }
         }
     }
@@ -184,6 +203,8 @@ impl FakeTimeline {
                     owner: None,
                     device_memory: None,
                     capturing: false,
+                    lost: false,
+                    launch_only: false,
                 }),
                 progressed: Condvar::new(),
             }),
@@ -299,6 +320,22 @@ impl FakeTimeline {
         self.with(|st| st.failures[op.index()] = ALWAYS);
     }
 
+    /// Loses the stream, as a destroyed stream or context, or a fault that poisons the context,
+    /// does: from now on every operation fails with an error that [`Timeline::is_lost`] says is
+    /// lost ([`FakeError::lost`]). Not undone by [`clear_failures`](FakeTimeline::clear_failures).
+    pub fn lose(&self) {
+        self.with(|st| st.lost = true);
+    }
+
+    /// Makes the handle usable only inside launch calls, as for
+    /// `Stream::from_raw_launch_only`: the timeline is [`thread_bound`](Timeline::thread_bound)
+    /// (a marker at every launch, [`Timeline::record_at_launch`]), never
+    /// [`reachable_here`](Timeline::reachable_here), and [`Timeline::record`] and
+    /// [`Timeline::synchronize`] fail (counted in [`FakeCalls::foreign`]).
+    pub fn set_launch_only(&self, on: bool) {
+        self.with(|st| st.launch_only = on);
+    }
+
     /// Stops injecting failures.
     pub fn clear_failures(&self) {
         self.with(|st| st.failures = [0; 4]);
@@ -307,6 +344,32 @@ impl FakeTimeline {
     /// How many times each operation was called.
     pub fn calls(&self) -> FakeCalls {
         self.with(|st| st.calls)
+    }
+
+    /// [`Timeline::record`]; with `checked`, refused where the handle cannot be named
+    /// (another thread of a bound timeline, or a launch-only one outside a launch); without it
+    /// ([`Timeline::record_at_launch`]), refused on another thread of a bound timeline only.
+    fn record_checked(&self, checked: bool) -> Result<FakeMarker, FakeError> {
+        self.with(|st| {
+            st.calls.record += 1;
+            if checked {
+                st.refuse_if_foreign(FakeOp::Record)?;
+            } else {
+                let launch_only = std::mem::replace(&mut st.launch_only, false);
+                let r = st.refuse_if_foreign(FakeOp::Record);
+                st.launch_only = launch_only;
+                r?;
+            }
+            if st.capturing {
+                return Err(FakeError::of(FakeOp::Record));
+            }
+            st.should_fail(FakeOp::Record)?;
+            st.markers.push(st.enqueued);
+            Ok(FakeMarker {
+                id: st.markers.len() as u64,
+                covers: st.enqueued,
+            })
+        })
     }
 
     /// Blocks (blocking mode) or completes (default) until units `1..=work` have completed.
@@ -333,19 +396,15 @@ impl Timeline for FakeTimeline {
     type Error = FakeError;
 
     fn record(&self) -> Result<FakeMarker, FakeError> {
-        self.with(|st| {
-            st.calls.record += 1;
-            st.refuse_if_foreign(FakeOp::Record)?;
-            if st.capturing {
-                return Err(FakeError { op: FakeOp::Record });
-            }
-            st.should_fail(FakeOp::Record)?;
-            st.markers.push(st.enqueued);
-            Ok(FakeMarker {
-                id: st.markers.len() as u64,
-                covers: st.enqueued,
-            })
-        })
+        self.record_checked(true)
+    }
+
+    fn record_at_launch(&self) -> Result<FakeMarker, FakeError> {
+        self.record_checked(false)
+    }
+
+    fn is_lost(&self, error: &FakeError) -> bool {
+        error.lost
     }
 
     fn query(&self, marker: &FakeMarker) -> Result<bool, FakeError> {
@@ -380,11 +439,11 @@ impl Timeline for FakeTimeline {
     }
 
     fn thread_bound(&self) -> bool {
-        self.with(|st| st.owner.is_some())
+        self.with(|st| st.owner.is_some() || st.launch_only)
     }
 
     fn reachable_here(&self) -> bool {
-        self.with(|st| st.owner.is_none_or(|o| o == std::thread::current().id()))
+        self.with(|st| !st.launch_only && st.owner.is_none_or(|o| o == std::thread::current().id()))
     }
 
     fn device_memory(&self) -> Option<u64> {

@@ -235,8 +235,12 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         if self.timeline.thread_bound() {
             // Later waits, polls and releases may come from threads where the stream cannot be
             // named: cover this launch now, on the launching thread.
-            if let Err(e) = self.record_locked(&mut st) {
-                st.note_error(e, format_args!("recording the marker of launch #{seq}"));
+            if let Err(e) = self.record_at_launch_locked(&mut st) {
+                self.note_or_abandon(
+                    &mut st,
+                    e,
+                    format_args!("recording the marker of launch #{seq}"),
+                );
             }
         } else {
             self.maybe_record(&mut st);
@@ -259,18 +263,30 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// (`cuEventQuery`). Returns how many guards were released.
     ///
     /// Errors (of `record` or `query`) go to the sticky slot ([`last_error`](Tracker::last_error));
-    /// what was not confirmed complete stays queued.
+    /// what was not confirmed complete stays queued, unless the error says the stream is lost
+    /// ([`Timeline::is_lost`]): then everything queued is leaked and counted, once, and later
+    /// polls find nothing to ask about. A timeline that cannot name its stream from here
+    /// ([`Timeline::reachable_here`]) is only queried, never recorded on.
     #[doc(alias = "cuEventQuery")]
     pub fn poll(&self) -> usize {
         let mut st = self.lock();
         if st.has_uncovered()
+            && self.timeline.reachable_here()
             && self.timeline.can_record_now()
             && let Err(e) = self.record_locked(&mut st)
         {
-            st.note_error(e, format_args!("recording a completion marker in poll"));
+            self.note_or_abandon(
+                &mut st,
+                e,
+                format_args!("recording a completion marker in poll"),
+            );
         }
         if let Err(e) = self.poll_locked(&mut st) {
-            st.note_error(e, format_args!("querying a completion marker in poll"));
+            self.note_or_abandon(
+                &mut st,
+                e,
+                format_args!("querying a completion marker in poll"),
+            );
         }
         let batch = st.take_completed(None);
         drop(st);
@@ -284,10 +300,26 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// # Errors
     ///
     /// The wait's error, or the synchronisation's when recording failed too (the record error is
-    /// logged). Nothing is released then; the queue keeps its entries.
+    /// logged), counted in [`Stats::errors`]. Nothing is released then; the queue keeps its
+    /// entries, unless the error says the stream is lost ([`Timeline::is_lost`]): then every
+    /// queued guard is leaked (counted) and the queue is left empty.
     #[doc(alias = "cuStreamSynchronize")]
     #[doc(alias = "cuEventSynchronize")]
     pub fn synchronize(&self) -> Result<(), T::Error> {
+        let Err(e) = self.synchronize_uncounted() else {
+            return Ok(());
+        };
+        let mut st = self.lock();
+        if self.timeline.is_lost(&e) {
+            self.abandon(&mut st, e.clone(), format_args!("synchronize"));
+        } else {
+            st.errors += 1;
+        }
+        Err(e)
+    }
+
+    /// [`synchronize`](Tracker::synchronize) without counting or acting on its error.
+    fn synchronize_uncounted(&self) -> Result<(), T::Error> {
         if let Err(e) = self.wait(Target::Everything) {
             log::error!("tile-launch release queue: synchronize: {e}");
             return Err(e.into_error());
@@ -311,7 +343,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             // Nothing queued: the stream is not touched (it may be gone already).
             return;
         }
-        let Err(error) = self.synchronize() else {
+        let Err(error) = self.synchronize_uncounted() else {
             return;
         };
         let mut st = self.lock();
@@ -510,25 +542,83 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         self.record_fresh(st)
     }
 
+    /// [`record_locked`](Tracker::record_locked) from inside a launch call
+    /// ([`Timeline::record_at_launch`]).
+    fn record_at_launch_locked(&self, st: &mut State<T, G>) -> Result<usize, T::Error> {
+        if st.markers.back().is_some_and(|m| m.covers == st.next_seq) {
+            return Ok(st.markers.len() - 1);
+        }
+        let marker = self.timeline.record_at_launch()?;
+        Ok(Self::push_marker(st, marker))
+    }
+
     fn record_fresh(&self, st: &mut State<T, G>) -> Result<usize, T::Error> {
         let marker = self.timeline.record()?;
+        Ok(Self::push_marker(st, marker))
+    }
+
+    fn push_marker(st: &mut State<T, G>, marker: T::Marker) -> usize {
         st.markers.push_back(MarkerSlot {
             covers: st.next_seq,
             marker: Arc::new(marker),
         });
         st.markers_recorded += 1;
         st.launches_since_marker = 0;
-        Ok(st.markers.len() - 1)
+        st.markers.len() - 1
+    }
+
+    /// Stores an error nobody can receive ([`State::note_error`]), or, when it says the stream
+    /// is lost ([`Timeline::is_lost`]), [`abandon`](Tracker::abandon)s the queue.
+    fn note_or_abandon(&self, st: &mut State<T, G>, error: T::Error, context: fmt::Arguments<'_>) {
+        if self.timeline.is_lost(&error) {
+            self.abandon(st, error, context);
+        } else {
+            st.note_error(error, context);
+        }
+    }
+
+    /// The stream is lost ([`Timeline::is_lost`]): nothing queued can ever be confirmed complete.
+    /// Leaks every queued guard (counted in [`Stats::guards_leaked`]: never dropped, since the
+    /// work may still use the memory), gives every marker back to the timeline, and stores the
+    /// error once. Guards held by handles stay with them (their retire reports and leaks).
+    fn abandon(&self, st: &mut State<T, G>, error: T::Error, context: fmt::Arguments<'_>) {
+        let queue = st.deferred.take_all();
+        let launches = queue.len();
+        let guards = st.deferred_guards;
+        st.deferred_guards = 0;
+        st.deferred_bytes = 0;
+        st.note_error(
+            error,
+            format_args!(
+                "{context}: the stream is lost; leaking {guards} guard(s) of {launches} queued \
+                 launch(es)"
+            ),
+        );
+        for (_, entry) in queue {
+            self.leak(entry.guards);
+        }
+        let markers = mem::take(&mut st.markers);
+        st.orphans
+            .extend(markers.into_iter().map(|slot| slot.marker));
+        // Launches so far are settled (leaked or held): none is waited for again, and a later
+        // launch starts from a fresh marker.
+        st.launches_since_marker = 0;
+        st.sweep_orphans(&self.timeline);
     }
 
     /// The amortised marker policy.
     fn maybe_record(&self, st: &mut State<T, G>) {
         if st.launches_since_marker >= self.config.marker_every.max(1)
             && st.has_uncovered()
+            && self.timeline.reachable_here()
             && self.timeline.can_record_now()
             && let Err(e) = self.record_locked(st)
         {
-            st.note_error(e, format_args!("recording an amortised completion marker"));
+            self.note_or_abandon(
+                st,
+                e,
+                format_args!("recording an amortised completion marker"),
+            );
         }
     }
 
@@ -548,7 +638,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         if st.worth_polling()
             && let Err(e) = self.poll_locked(st)
         {
-            st.note_error(e, format_args!("querying a completion marker"));
+            self.note_or_abandon(st, e, format_args!("querying a completion marker"));
         }
     }
 

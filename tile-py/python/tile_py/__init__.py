@@ -35,6 +35,8 @@ from ._tile_py import (
     _pack_args,
     _debug_counters,
     _after_fork_in_child,
+    _queue_release,
+    _release_thread,
     _shutdown,
     compute_capability,
     launch,

@@ -250,8 +250,8 @@ def launch(
     pending work before `stream` (`__dlpack__(stream=...)` or the DLPack C exchange API). The launch
     is one `cuLaunchKernel` (`cuLaunchKernelEx` when launch attributes are set). Tensors are
     released (their deleters run) only after an event shows the work has finished: at
-    `LaunchHandle.wait()` or `done()`, or at a later call into tile_py (the handle owns nothing:
-    dropping it does nothing).
+    `LaunchHandle.wait()` or `done()`, at a later call into tile_py, or by the release thread
+    within 50 ms (the handle owns nothing: dropping it does nothing).
 
     Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
     `ValueError` (devices, host memory labelled as device memory, read-only, copied or
@@ -264,11 +264,15 @@ def launch(
 
 def synchronize() -> None:
     """Wait for the work of every stream that holds tensors not yet released (streams with
-    nothing pending are not touched), then release every deferred tensor."""
+    nothing pending are not touched), then release every deferred tensor. Never raises for one
+    stream's trouble: a failed wait is counted in `stats()["errors"]`, and a stream found lost
+    (destroyed, its context reset, a kernel fault) leaks what it held (counted in `leaked`) and
+    is forgotten."""
 
 def stats() -> dict[str, int]:
     """Counters of tile_py's streams and release queues. Polls the streams first (non-blocking)
-    and runs the queued releases, so tensors whose work has finished are released.
+    and runs the queued releases, so tensors whose work has finished are released. Never raises
+    for one stream's trouble (see `synchronize`).
 
     - `streams`: streams tile_py holds: one per device and stream handle with launches whose tensors are
       not all released yet. Once its work is released a stream is forgotten: its stream object is
@@ -295,7 +299,7 @@ def stats() -> dict[str, int]:
       graph are not counted).
     - `errors`: completion events the release queues failed to record, query or wait for.
     - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
-      at the next call into tile_py).
+      at the next call into tile_py, or on the release thread within 50 ms).
     """
 
 def compute_capability(stream: _StreamLike) -> Tuple[int, int]:
@@ -336,3 +340,5 @@ def _export(
 def _debug_counters() -> dict[str, int]: ...
 def _shutdown(timeout: float = 5.0) -> int: ...
 def _after_fork_in_child() -> None: ...
+def _release_thread() -> dict[str, int | bool]: ...
+def _queue_release(obj: Any) -> None: ...

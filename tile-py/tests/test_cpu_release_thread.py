@@ -1,0 +1,154 @@
+"""CPU tests of the release thread (issue 24, class 2): a release queued for a thread holding the
+interpreter is run within a bounded time without any call into tile_py, on the release thread,
+with the GIL held; the thread does not keep the interpreter from exiting, and a forked child has
+no such thread and runs none of the parent's releases."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import tile_py
+
+HERE = os.path.dirname(__file__)
+
+
+class Released:
+    """An object whose release (its last reference dropped) records the thread it ran on and
+    whether that thread held the GIL."""
+
+    def __init__(self, done):
+        self.done = done
+
+    def __del__(self):
+        import ctypes
+
+        self.done.append((threading.get_ident(), ctypes.pythonapi.PyGILState_Check()))
+
+
+def wait_for(cond, seconds):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_a_queued_release_runs_without_a_call_within_the_bound():
+    done = []
+    obj = Released(done)
+    t0 = time.monotonic()
+    tile_py._queue_release(obj)
+    del obj  # the queued release holds the last reference now
+    assert done == [], "released before the release thread ran"
+    period = tile_py._release_thread()["period_ms"] / 1000
+    # No call into tile_py from here until it is released: the bound is one period, plus
+    # handing the interpreter over (this thread sleeps, so at once) and scheduling slack.
+    assert wait_for(lambda: done, 10 * period), "not released without a call"
+    took = time.monotonic() - t0
+    (thread, gil), = done
+    assert thread != threading.get_ident(), "released on the caller's thread, not the release thread"
+    assert gil == 1, "released without the GIL held"
+    assert took < period + 0.5, f"released after {took:.3f} s; the bound is {period} s"
+    state = tile_py._release_thread()
+    assert state["running"] is True and state["cycles"] >= 1, state
+    print(f"released {took * 1000:.1f} ms after queueing (period {period * 1000:.0f} ms)")
+
+
+def test_many_releases_all_run_exactly_once():
+    done = []
+    for _ in range(200):
+        tile_py._queue_release(Released(done))
+    assert wait_for(lambda: len(done) == 200, 5), len(done)
+    time.sleep(0.2)
+    assert len(done) == 200
+
+
+def run_child(code, timeout=60):
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_release_thread_does_not_keep_the_interpreter_from_exiting():
+    # Releases queued right before exit, and a release thread started: the interpreter exits
+    # at once, cleanly, whatever the thread was doing.
+    r = run_child(
+        """
+        import time, tile_py
+        class Slow:
+            def __del__(self):
+                time.sleep(0.01)
+        for _ in range(50):
+            tile_py._queue_release(Slow())
+        assert tile_py._release_thread()["running"]
+        print("EXITING", flush=True)
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "EXITING" in r.stdout
+    assert "Fatal Python error" not in r.stderr and "panicked" not in r.stderr, r.stderr[-2000:]
+
+
+def test_exit_while_the_release_thread_is_attached_is_clean():
+    # Many rounds of exit racing the thread's wake-up (it attaches every period).
+    for i in range(5):
+        r = run_child(
+            f"""
+            import time, tile_py
+            class Obj:
+                pass
+            tile_py._queue_release(Obj())
+            time.sleep({i} * 0.013)
+            for _ in range(20):
+                tile_py._queue_release(Obj())
+            """
+        )
+        assert r.returncode == 0, (i, r.stderr[-2000:])
+        assert "Fatal Python error" not in r.stderr and "panicked" not in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_forked_child_has_no_release_thread_and_runs_none_of_the_parents_releases():
+    r = run_child(
+        """
+        import os, sys, time, threading, tile_py
+        done = []
+        class Obj:
+            def __del__(self):
+                done.append(os.getpid())
+        tile_py._queue_release(Obj())
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert done, "the parent's release did not run"
+        parent = os.getpid()
+        for round_ in range(10):
+            # Queue a release and fork at once: the child must not run it, nor deadlock.
+            tile_py._queue_release(Obj())
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(0.2)
+                ok = (
+                    os.getpid() not in done
+                    and tile_py._release_thread()["running"] is False
+                    and tile_py._debug_counters()["leaked_at_exit"] >= 0
+                )
+                os._exit(0 if ok else 3)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, (round_, status)
+        deadline = time.monotonic() + 5
+        while len(done) < 11 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(done) == 11 and set(done) == {parent}, done
+        assert tile_py._release_thread()["running"] is True
+        print("FORK OK", flush=True)
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "FORK OK" in r.stdout, r.stdout
