@@ -56,11 +56,7 @@ pub(crate) fn _export<'py>(
                 .context()
                 .ordinal(),
         };
-        let hs = Handshake {
-            dlpack_stream,
-            sync: true,
-            device,
-        };
+        let hs = Handshake::new(dlpack_stream, true, device);
         let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? else {
             return Err(arg_err(
                 Kind::Type,
@@ -71,7 +67,7 @@ pub(crate) fn _export<'py>(
                 ),
             ));
         };
-        let (cap, _ready_on) = call_dlpack(py, index, obj, &method, &hs)?;
+        let (cap, _ready_on) = call_dlpack(py, index, obj, &method, &hs, offered_stream(&hs))?;
         (cap, Some(offered_stream(&hs).0))
     };
     let layout = describe(py, index, &cap)?;
