@@ -6,8 +6,10 @@ use pyo3::types::PyTuple;
 
 use crate::convert::parse_config;
 use crate::errors::launch_err;
+use crate::handle::LaunchHandle;
 use crate::kernel::{Kernel, bool_arg};
-use crate::{LaunchHandle, Target, arg_list, as_kernel, check_count, check_usable, streams};
+use crate::launch::{Target, arg_list, as_kernel, check_count, check_usable};
+use crate::streams;
 
 /// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
 /// `bound(*args, sync=True)`, launches as `tile_py.launch` does and returns a `LaunchHandle`;
@@ -49,7 +51,7 @@ impl BoundLaunch {
             programmatic_dependent_launch,
             "programmatic_dependent_launch",
         )?;
-        let (spec, cached) = crate::prelude(py, stream)?;
+        let (spec, cached) = crate::launch::prelude(py, stream)?;
         let config = parse_config(
             grid,
             block,
@@ -87,7 +89,7 @@ impl BoundLaunch {
         let kernel = self.kernel.get();
         let args = arg_list(args.as_any())?;
         check_count(kernel.inner.name(), &kernel.params, args.len())?;
-        crate::launch_on(
+        crate::launch::launch_on(
             py,
             &Target {
                 stream: self.inner.stream(),

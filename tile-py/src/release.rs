@@ -180,8 +180,8 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>) {
             group.push(item);
         }
         let ctx = match device {
-            Some(d) => crate::streams::cached_context(d),
-            None => crate::streams::first_cached_context(),
+            Some(d) => crate::contexts::cached_context(d),
+            None => crate::contexts::first_cached_context(),
         };
         match ctx {
             Some(ctx) => ctx.releasing(|| release_each(py, group)),

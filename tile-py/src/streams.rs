@@ -3,8 +3,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use cuda_sys::CUstream;
 use pyo3::intern;
@@ -449,7 +449,6 @@ fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
     None
 }
 
-static CONTEXTS: Mutex<Option<HashMap<i32, Arc<Context>>>> = Mutex::new(None);
 /// A cached stream and the address of the Python object it keeps alive (0 for an int handle).
 struct Entry {
     stream: Stream,
@@ -510,45 +509,6 @@ pub(crate) fn forgotten_stats() -> Stats {
         .unwrap_or_default()
 }
 
-/// The context tile_py made for device `ordinal`, if it made one (never makes one).
-pub(crate) fn cached_context(ordinal: i32) -> Option<Arc<Context>> {
-    let g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    g.as_ref()?.get(&ordinal).cloned()
-}
-
-/// The context tile_py made for the lowest device ordinal, if it made any (never makes one).
-pub(crate) fn first_cached_context() -> Option<Arc<Context>> {
-    let g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    g.as_ref()?
-        .iter()
-        .min_by_key(|(ordinal, _)| **ordinal)
-        .map(|(_, c)| Arc::clone(c))
-}
-
-/// Contexts found destroyed (a primary context reset by another library): kept, never
-/// dropped, so that their retain is never released against the device's recreated primary
-/// context.
-static STALE: Mutex<Vec<Arc<Context>>> = Mutex::new(Vec::new());
-
-/// tile_py's context for device `ordinal`: its primary context, retained once, and retained
-/// afresh when the cached one was destroyed since (checked for each new stream only, one
-/// `cuCtxGetId`), so that a launch on a new stream works after a reset.
-fn context(ordinal: i32) -> tile_launch::Result<Arc<Context>> {
-    let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = g.get_or_insert_with(HashMap::new);
-    if let Some(c) = map.get(&ordinal) {
-        if c.is_alive() {
-            return Ok(Arc::clone(c));
-        }
-        if let Some(stale) = map.remove(&ordinal) {
-            STALE.lock().unwrap_or_else(|p| p.into_inner()).push(stale);
-        }
-    }
-    let c = Context::new(ordinal)?;
-    map.insert(ordinal, Arc::clone(&c));
-    Ok(c)
-}
-
 /// The device a raw stream belongs to, or, for the default streams, the current context's
 /// device (0 if none is current).
 fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {
@@ -579,7 +539,7 @@ fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stream, usize)>
     // dropped in a loop must not pile up).
     forget_idle_streams();
     let owner = spec.owner.as_ref().map_or(0, |o| o.as_ptr() as usize);
-    let ctx = context(device).map_err(to_py)?;
+    let ctx = crate::contexts::context(device).map_err(to_py)?;
     let raw = spec.raw as CUstream;
     let stream = match spec.owner {
         // SAFETY: `raw` is the handle of the stream object `owner`, a stream of the device's
@@ -601,8 +561,6 @@ fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stream, usize)>
     let found = (e.stream.clone(), e.owner);
     HELD.store(map.len(), Ordering::Release);
     drop(g);
-    // Releases of this stream's work must not wait for a later call into tile_py.
-    crate::worker::start();
     Ok(found)
 }
 
@@ -630,7 +588,7 @@ pub(crate) fn all() -> Vec<Stream> {
 /// [`Stats::errors`], and a stream found lost (destroyed, reset, poisoned) has leaked and
 /// counted what it held ([`Stream::synchronize`]), so that [`all`] forgets it next. Never fails.
 pub(crate) fn synchronize_all(py: Python<'_>) {
-    let streams = crate::SameThread(all());
+    let streams = crate::pytypes::SameThread(all());
     py.detach(move || {
         let streams = streams;
         for s in &streams.0 {

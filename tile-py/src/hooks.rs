@@ -1,0 +1,187 @@
+//! Test hooks (`tile_py._check_args`, `tile_py._pack_args`, `tile_py._debug_counters`): the
+//! conversion and checks of a launch without a device, and tile_py's own counters. Nothing on the
+//! launch path calls them.
+
+use std::sync::atomic::Ordering;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use smallvec::SmallVec;
+use tile_launch::{Arg, Param};
+
+use crate::convert::{Converted, Handshake, convert_args, parse_config};
+use crate::errors::launch_err;
+use crate::launch::*;
+use crate::release::{COUNTERS, FORKED, PyGuard, drain};
+use crate::{kernel, release, streams};
+
+/// Runs the conversion and the checks of `launch` against `params`, without a device: the
+/// DLPack handshake (producers see `stream`), capsule claims, tile-launch's argument checks
+/// (device `device`), then consumes and releases every tensor (`consume=True`) or rolls back
+/// as a failed launch does (`consume=False`). For tests on machines without a GPU.
+#[pyfunction]
+#[pyo3(signature = (params, args, *, stream = None, device = 0, sync = true, consume = true,
+                    grid = None, block = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn _check_args(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    device: i32,
+    sync: bool,
+    consume: bool,
+    grid: Option<&Bound<'_, PyAny>>,
+    block: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    drain(py);
+    if FORKED.load(Ordering::Acquire) {
+        return Err(forked_err());
+    }
+    let none = py.None().into_bound(py);
+    let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
+    let one = 1i32.into_pyobject(py)?.into_any();
+    parse_config(
+        grid.unwrap_or(&one),
+        block.unwrap_or(&one),
+        None,
+        None,
+        false,
+        false,
+    )?;
+    let (params, hs, converted) =
+        convert_declared(py, "_check_args", &spec, params, args, device, sync, true)?;
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = converted;
+    let sig = tile_launch::Signature::new(params.iter().copied());
+    let checked = tile_launch::check_args("_check_args", &sig, &args, hs.device);
+    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
+    let r = match checked {
+        Err(e) => {
+            drop(args);
+            Err(launch_err(py, e, expected(&params)))
+        }
+        Ok(()) if !consume => {
+            drop(args);
+            Ok(())
+        }
+        Ok(()) => {
+            let mut r = Ok(());
+            for (index, arg) in args.into_iter().enumerate() {
+                let Arg::Tensor(t) = arg else { continue };
+                // Same consumption as tile-launch's: `Unused::consume` into a guard.
+                match tile_launch::TensorArg::into_source(t) {
+                    tile_launch::TensorSource::Unused(u) => {
+                        consumed[index] = true;
+                        match u.consume() {
+                            Ok(used) => {
+                                COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+                                drop(PyGuard::tensor(used));
+                            }
+                            Err(source) if r.is_ok() => {
+                                r = Err(launch_err(
+                                    py,
+                                    tile_launch::Error::Descriptor { index, source },
+                                    expected(&params),
+                                ));
+                            }
+                            Err(_) => {}
+                        }
+                    }
+                    tile_launch::TensorSource::Used(used) => drop(PyGuard::tensor(used)),
+                }
+            }
+            r
+        }
+    };
+    let all_consumed = consume && r.is_ok();
+    if !all_consumed {
+        Converted::rollback(claims, owners, &consumed);
+    } else {
+        drop(claims);
+        for o in owners {
+            drop(PyGuard::object(o));
+        }
+    }
+    drain(py);
+    r
+}
+
+/// What `_check_args` and `_pack_args` share: the declared parameters parsed, the argument
+/// count checked, and the arguments converted with the handshake a launch on `spec` (device
+/// `device` when the stream does not say) would make; with `count`, the attempt is counted as
+/// a launch's is.
+#[allow(clippy::too_many_arguments)]
+fn convert_declared(
+    py: Python<'_>,
+    what: &str,
+    spec: &streams::StreamSpec,
+    params: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    device: i32,
+    sync: bool,
+    count: bool,
+) -> PyResult<(Vec<Param>, Handshake, Converted)> {
+    let params = kernel::parse_params(params)?;
+    let args = arg_list(args)?;
+    check_count(what, &params, args.len())?;
+    let hs = Handshake::new(spec.dlpack_value(), sync, spec.device.unwrap_or(device));
+    if count {
+        COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
+    }
+    let converted = convert_args(py, &params, &args, &hs)?;
+    Ok((params, hs, converted))
+}
+
+/// The kernel parameter values a launch with `params` and `args` would pass, one int per
+/// kernel parameter (an array parameter gives its pointer, extents and strides), after the
+/// conversion and checks of `_check_args` (device `device`); nothing is consumed (every claim is
+/// rolled back). For tests on machines without a GPU.
+#[pyfunction]
+#[pyo3(signature = (params, args, *, stream = None, device = 0))]
+pub(crate) fn _pack_args(
+    py: Python<'_>,
+    params: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    device: i32,
+) -> PyResult<Vec<u64>> {
+    drain(py);
+    let none = py.None().into_bound(py);
+    let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
+    let (params, hs, converted) =
+        convert_declared(py, "_pack_args", &spec, params, args, device, true, false)?;
+    let Converted {
+        args,
+        claims,
+        owners,
+    } = converted;
+    let sig = tile_launch::Signature::new(params.iter().copied());
+    let packed = tile_launch::pack_args("_pack_args", &sig, &args, hs.device);
+    drop(args);
+    Converted::rollback(claims, owners, &[]);
+    drain(py);
+    packed.map_err(|e| launch_err(py, e, expected(&params)))
+}
+
+/// Debug counters of this process: launches attempted and issued, tensors consumed, released
+/// (deleters run), leaked at exit, deleter errors, releases queued.
+#[pyfunction]
+pub(crate) fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let c = &COUNTERS;
+    d.set_item(
+        "launches_attempted",
+        c.launches_attempted.load(Ordering::Relaxed),
+    )?;
+    d.set_item("launches_issued", c.launches_issued.load(Ordering::Relaxed))?;
+    d.set_item("consumed", c.consumed.load(Ordering::Relaxed))?;
+    d.set_item("released", c.released.load(Ordering::Relaxed))?;
+    d.set_item("leaked_at_exit", c.leaked_at_exit.load(Ordering::Relaxed))?;
+    d.set_item("deleter_errors", c.deleter_errors.load(Ordering::Relaxed))?;
+    d.set_item("queued_releases", release::queued())?;
+    Ok(d)
+}

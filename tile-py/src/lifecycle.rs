@@ -1,0 +1,168 @@
+//! The calls around launches: `synchronize`, `stats`, `compute_capability`, and the process's
+//! lifecycle hooks (`atexit`: `_shutdown`; `os.fork`: `_after_fork_in_child`).
+
+use std::sync::atomic::Ordering;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{Kind, err};
+use crate::pytypes::SameThread;
+use crate::release::{COUNTERS, FINALIZING, drain};
+use crate::{release, streams, worker};
+
+/// The compute capability `(major, minor)` of `stream`'s device (read once per device with
+/// `cuDeviceGetAttribute` when tile_py first uses it). `stream` as for `launch`.
+#[pyfunction]
+pub(crate) fn compute_capability(
+    py: Python<'_>,
+    stream: &Bound<'_, PyAny>,
+) -> PyResult<(u32, u32)> {
+    let (spec, cached) = streams::parse_stream_cached(stream)?;
+    let s = streams::resolve(py, stream, spec, cached)?;
+    Ok(s.context().limits().compute_capability)
+}
+
+/// Waits for the work of every stream that holds tensors not yet released (the GIL is
+/// released meanwhile), then releases every deferred tensor. Streams with nothing pending are
+/// not touched: their handles may have been destroyed since. Never raises for one stream's
+/// trouble: a stream whose wait fails is counted in `stats()["errors"]` and the others are
+/// still waited for; when the stream or its context is gone or poisoned (destroyed, reset, a
+/// kernel fault), what it held is leaked and counted (`stats()["leaked"]`) and it is forgotten.
+#[pyfunction]
+pub(crate) fn synchronize(py: Python<'_>) -> PyResult<()> {
+    streams::synchronize_all(py);
+    drain(py);
+    Ok(())
+}
+
+fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let streams = streams::all();
+    // Streams already forgotten (their work released) keep their totals.
+    let st = streams
+        .iter()
+        .fold(streams::forgotten_stats(), |sum, s| sum.plus(&s.stats()));
+    let (pg, pb, hg, hb) = (
+        st.pending_guards,
+        st.pending_bytes,
+        st.held_guards,
+        st.held_bytes,
+    );
+    let (rel, leak, launches, errs) =
+        (st.guards_released, st.guards_leaked, st.launches, st.errors);
+    d.set_item("streams", streams.len())?;
+    d.set_item("pending_guards", pg)?;
+    d.set_item("pending_bytes", pb)?;
+    d.set_item("held_guards", hg)?;
+    d.set_item("held_bytes", hb)?;
+    d.set_item("released", COUNTERS.released.load(Ordering::Relaxed))?;
+    d.set_item(
+        "leaked",
+        leak + COUNTERS.leaked_at_exit.load(Ordering::Relaxed),
+    )?;
+    d.set_item("guards_released", rel)?;
+    d.set_item("guards_leaked", leak)?;
+    d.set_item("launches", launches)?;
+    d.set_item("errors", errs)?;
+    d.set_item("queued_releases", release::queued())?;
+    Ok(d)
+}
+
+/// Counters of tile_py's streams and release queues, as a dict of ints. Polls the streams first
+/// (non-blocking) and runs the queued releases, so tensors whose work has finished are released.
+/// Never raises for one stream's trouble (see `synchronize`).
+///
+/// - `streams`: streams tile_py holds: one per device and stream handle with launches whose tensors are
+///   not all released yet. Once its work is released a stream is forgotten: its stream object is
+///   no longer kept alive and its handle is never touched again (it may be destroyed and reused).
+/// - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
+///   `__cuda_array_interface__` object kept alive) of launches, queued on the streams'
+///   release queues until an event shows their work finished, and the bytes among them that
+///   only the queue keeps alive (exports the producer copied for the launch, DLPack
+///   `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
+///   of the device's memory: past it, a launch that adds such bytes first waits for older work.
+/// - `held_guards`, `held_bytes`: always 0 in tile_py, whose launches put their tensors straight on
+///   the release queue (kept for parity with Rust's `Stream::stats`).
+/// - `released`: DLPack deleters tile_py has run (tensors released), on every path:
+///   `wait()` / `done()`, release queues, CUDA graphs, and exports dropped by a failed check.
+/// - `guards_released`: guards the streams' release queues dropped, once the work was done (or
+///   at once when the driver refused the launch). Dropping a guard only queues its release for
+///   a thread that holds the GIL; this count includes `__cuda_array_interface__` objects and
+///   leaves out captured launches and failed checks, so it differs from `released`.
+/// - `guards_leaked`: guards the streams' release queues leaked because their completion could
+///   not be confirmed (a failed wait); part of `leaked`.
+/// - `leaked`: tensors never released: their completion could not be confirmed (a failed
+///   wait), the interpreter was exiting, or they were inherited by a child of `os.fork()`.
+/// - `launches`: launches the driver accepted on those streams (launches captured into a CUDA
+///   graph are not counted).
+/// - `errors`: completion events the release queues failed to record, query or wait for.
+/// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
+///   at the next call into tile_py, or on the release thread within 50 ms).
+#[pyfunction]
+pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    for s in streams::all() {
+        s.poll();
+    }
+    drain(py);
+    totals(py)
+}
+
+/// The `atexit` hook: waits up to `timeout` seconds for pending work (polling, detached),
+/// releases what completed, then stops releasing: whatever is still pending is leaked and
+/// counted, with one warning on stderr.
+#[pyfunction]
+#[pyo3(signature = (timeout = 5.0))]
+pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
+    if timeout.is_nan() {
+        return Err(err(Kind::Value, "timeout is nan; seconds expected"));
+    }
+    // Negative is 0; a timeout too large for `Duration` / `Instant` (inf included) has no
+    // deadline: wait until the work is done.
+    let deadline = std::time::Duration::try_from_secs_f64(timeout.max(0.0))
+        .ok()
+        .and_then(|d| std::time::Instant::now().checked_add(d));
+    loop {
+        let streams = SameThread(streams::all());
+        let busy = py.detach(move || {
+            let streams = streams;
+            streams
+                .0
+                .iter()
+                .map(|s| {
+                    s.poll();
+                    let st = s.stats();
+                    st.pending_guards + st.held_guards
+                })
+                .sum::<usize>()
+        });
+        drain(py);
+        if busy == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+            break;
+        }
+        py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+    }
+    FINALIZING.store(true, Ordering::Release);
+    worker::stop(py);
+    let pending: u64 = streams::all()
+        .iter()
+        .map(|s| {
+            let st = s.stats();
+            (st.pending_guards + st.held_guards) as u64
+        })
+        .sum::<u64>()
+        + release::queued() as u64;
+    if pending > 0 {
+        eprintln!(
+            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work had not finished)"
+        );
+    }
+    Ok(pending)
+}
+
+/// `os.register_at_fork(after_in_child=...)`: see [`release::FORKED`].
+#[pyfunction]
+pub(crate) fn _after_fork_in_child() {
+    release::after_fork_in_child();
+    worker::after_fork_in_child();
+}
