@@ -122,7 +122,103 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
             break;
         }
     }
+    python_paths(&root, &out, &stub, launches)?;
     println!("\ncallgrind files: {}", out.display());
+    Ok(())
+}
+
+/// tile_py's paths: `bench/profile/py_launch_profile.py` in `target/py-venv` (with the
+/// installed tile_py wheel) against the stub driver, with tensors of
+/// `bench/profile/fake_exchange.c` (built here against that Python). Each path runs twice, with
+/// `launches` and `3 * launches` launches; the difference over `2 * launches` is the
+/// instructions per launch (the interpreter's start-up cancels out). Skipped, with the reason,
+/// when the virtual environment or its tile_py is missing.
+fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<()> {
+    const PY_PATHS: &[(&str, &str)] = &[
+        (
+            "torch",
+            "tile_py.launch, 3 torch-like tensors (C exchange API) + 4 u64 scalars",
+        ),
+        (
+            "cross",
+            "the same, the producer's current stream another than the launch stream",
+        ),
+        ("scalars", "tile_py.launch, 7 u64 scalars"),
+        (
+            "bound",
+            "tile_py prepared (Kernel.bind), 3 torch-like tensors + 4 u64 scalars",
+        ),
+    ];
+    let py = root.join("target/py-venv/bin/python");
+    let probe = Command::new(&py)
+        .args([
+            "-c",
+            "import sysconfig, tile_py; print(sysconfig.get_paths()['include']); \
+                      print(sysconfig.get_config_var('EXT_SUFFIX'))",
+        ])
+        .output();
+    let Some(probe) = probe.ok().filter(|o| o.status.success()) else {
+        println!(
+            "\ntile_py paths skipped: {} cannot import tile_py (run `cargo xtask wheel` first)",
+            py.display()
+        );
+        return Ok(());
+    };
+    let text = String::from_utf8_lossy(&probe.stdout).to_string();
+    let mut lines = text.lines();
+    let (Some(include), Some(suffix)) = (lines.next(), lines.next()) else {
+        bail!("unexpected answer from {}: {text}", py.display());
+    };
+    let ext_dir = out.join("py");
+    std::fs::create_dir_all(&ext_dir)?;
+    run_cmd(
+        Command::new("cc")
+            .args(["-O2", "-shared", "-fPIC"])
+            .arg(format!("-I{include}"))
+            .arg("-o")
+            .arg(ext_dir.join(format!("fake_exchange{suffix}")))
+            .arg(root.join("bench/profile/fake_exchange.c")),
+    )?;
+    let script = root.join("bench/profile/py_launch_profile.py");
+    println!(
+        "\ntile_py: host instructions per launch (callgrind, stub driver, interpreter included; \
+         ({} - {launches} launches) / {})",
+        3 * launches,
+        2 * launches
+    );
+    println!("{:<8} {:>12}  what", "path", "instr/launch");
+    for (path, what) in PY_PATHS {
+        let total = |n: u64| -> Result<u64> {
+            let file = out.join(format!("callgrind.py-{path}.{n}"));
+            let o = Command::new("valgrind")
+                .arg("--tool=callgrind")
+                .arg(format!("--callgrind-out-file={}", file.display()))
+                .arg(&py)
+                .arg(&script)
+                .args([*path, &n.to_string()])
+                .env("TILE_LIBCUDA", stub)
+                .env("PYTHONPATH", &ext_dir)
+                .output()
+                .context("cannot run valgrind")?;
+            if !o.status.success() {
+                bail!(
+                    "py_launch_profile.py {path} failed under valgrind:\n{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            let text = std::fs::read_to_string(&file)?;
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix("summary:")
+                        .or_else(|| l.strip_prefix("totals:"))
+                })
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .with_context(|| format!("no total in {}", file.display()))
+        };
+        let (a, b) = (total(launches)?, total(3 * launches)?);
+        let per = b.saturating_sub(a) as f64 / (2 * launches) as f64;
+        println!("{path:<8} {per:>12.0}  {what}");
+    }
     Ok(())
 }
 

@@ -1,0 +1,49 @@
+"""The measured loop of `cargo xtask profile`'s tile_py paths: N launches of one path through
+tile_py against the stub driver (bench/profile/cuda_stub.c, through TILE_LIBCUDA), with tensors
+of bench/profile/fake_exchange.c (a C producer with the DLPack C exchange API, named as PyTorch's
+tensor base so that tile_py treats it as a torch tensor). Run twice with different N under
+callgrind; the difference over the difference in N is the instructions per launch.
+
+    python py_launch_profile.py PATH N
+
+PATH: torch (3 tensors + 4 u64 scalars, producer's current stream = launch stream), cross (the
+same, producer's current stream another), scalars (7 u64 scalars), bound (Kernel.bind, 3 tensors).
+"""
+
+import gc
+import sys
+
+import tile_py
+from tile_py import In, Out, Scalar
+
+import fake_exchange
+
+STREAM = 0x5000  # a stream handle the stub driver accepts
+
+
+def main():
+    path, n = sys.argv[1], int(sys.argv[2])
+    lib = tile_py.Library.from_bytes(b"\x7fELF stub image\0")
+    # The stub's kernels take seven 8-byte parameters.
+    k3 = lib.kernel("k", [In("float32"), In("float32"), Out("float32")] + [Scalar("u64")] * 4)
+    k7 = lib.kernel("k", [Scalar("u64")] * 7)
+    a, b, c = (fake_exchange.Tensor(4096) for _ in range(3))
+    fake_exchange.set_current_stream(0x777 if path == "cross" else STREAM)
+    bound = k3.bind(STREAM, 16, block=256)
+    paths = {
+        "torch": lambda: tile_py.launch(STREAM, 16, k3, (a, b, c, 1, 2, 3, 4), block=256),
+        "cross": lambda: tile_py.launch(STREAM, 16, k3, (a, b, c, 1, 2, 3, 4), block=256),
+        "scalars": lambda: tile_py.launch(STREAM, 16, k7, (1, 2, 3, 4, 5, 6, 7), block=256),
+        "bound": lambda: bound(a, b, c, 1, 2, 3, 4),
+    }
+    launch = paths[path]
+    for _ in range(300):  # warm-up: caches, first-use paths
+        launch()
+    gc.disable()
+    for _ in range(n):
+        launch()
+    tile_py.synchronize()
+
+
+if __name__ == "__main__":
+    main()
