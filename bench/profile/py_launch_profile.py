@@ -18,7 +18,18 @@ from tile_py import In, Out, Scalar
 
 import fake_exchange
 
-STREAM = 0x5000  # a stream handle the stub driver accepts
+HANDLE = 0x5000  # a stream handle the stub driver accepts
+
+
+class CudaStream:
+    """A stream object as torch and cuda.core hand out (`__cuda_stream__`), kept alive by the
+    caller: the common case (an int handle is a launch-only stream, with an event per launch)."""
+
+    def __cuda_stream__(self):
+        return (0, HANDLE)
+
+
+STREAM = CudaStream()
 
 
 def main():
@@ -28,7 +39,7 @@ def main():
     k3 = lib.kernel("k", [In("float32"), In("float32"), Out("float32")] + [Scalar("u64")] * 4)
     k7 = lib.kernel("k", [Scalar("u64")] * 7)
     a, b, c = (fake_exchange.Tensor(4096) for _ in range(3))
-    fake_exchange.set_current_stream(0x777 if path == "cross" else STREAM)
+    fake_exchange.set_current_stream(0x777 if path == "cross" else HANDLE)
     bound = k3.bind(STREAM, 16, block=256)
     paths = {
         "torch": lambda: tile_py.launch(STREAM, 16, k3, (a, b, c, 1, 2, 3, 4), block=256),

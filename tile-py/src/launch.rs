@@ -228,25 +228,26 @@ pub(crate) fn launch_on(
     // thread. It can block only when the release queue is near its bound (it then waits for the
     // oldest queued work first), which the checked launch tells: then it is made detached.
     let blocking = checked.may_wait(owner_guards.len());
-    let go = |consumed: &mut [bool]| {
-        let guard = |index: usize, used| {
+    // What each consumed tensor is held by: no allocation per tensor (the release queue hands it
+    // to `release_tensor`); `consumed` records which were taken, for the rollback.
+    fn guard(consumed: &mut [bool]) -> impl FnMut(usize, tile_dlpack::Used) -> Guard + '_ {
+        |index, used| {
             consumed[index] = true;
-            // No allocation per tensor: the release queue hands it to `release_tensor`.
             Guard::HandedOff(tile_launch::HandOff::new(used, release::release_tensor))
-        };
-        // Queued: the guards go straight to the release queue (one lock of it per launch),
-        // and the handle only waits or asks.
-        checked.launch_queued_with(guard, owner_guards)
-    };
+        }
+    }
+    // Queued: the guards go straight to the release queue (one lock of it per launch), and the
+    // handle only waits or asks. The common, attached case calls it in place: the checked launch
+    // (about a kilobyte of inline arguments) is not moved into a closure.
     let r = if blocking {
-        let work = SameThread((go, consumed.as_mut_slice()));
+        let work = SameThread((checked, owner_guards, consumed.as_mut_slice()));
         py.detach(move || {
             let work = work;
-            let (go, consumed) = work.0;
-            go(consumed)
+            let (checked, owners, consumed) = work.0;
+            checked.launch_queued_with(guard(consumed), owners)
         })
     } else {
-        go(consumed.as_mut_slice())
+        checked.launch_queued_with(guard(consumed.as_mut_slice()), owner_guards)
     };
     // Counted once per launch rather than once per tensor (one atomic add).
     let taken = consumed.iter().filter(|&&c| c).count() as u64;
