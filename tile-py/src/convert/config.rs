@@ -69,8 +69,9 @@ pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
             err(
                 Kind::Value,
                 format!(
-                    "{what}[{i}] is {}, outside 0..={} (a CUDA dimension is a 32-bit unsigned \
-                     int; the device's limits are checked at launch)",
+                    "{what}[{i}] is {}, outside 0..={}, what a 32-bit unsigned CUDA dimension \
+                     can hold (a dimension of 0 and the device's limits are refused when the \
+                     launch is checked)",
                     int_text(item),
                     u32::MAX
                 ),
