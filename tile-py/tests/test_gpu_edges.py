@@ -354,8 +354,9 @@ def test_row13_limits_are_checked_once_by_the_launch(torch, lib, grid, block, pa
     back (the capsule keeps its name, its deleter has not run, and it launches afterwards)."""
     x = torch.arange(256, device="cuda", dtype=torch.float32)
     y = torch.empty_like(x)
-    cap = x.__dlpack__(stream=torch.cuda.current_stream().cuda_stream)
-    s = torch.cuda.current_stream()
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    cap = x.__dlpack__(stream=s.cuda_stream)
     k = copy_f32(lib)
     with pytest.raises(ValueError, match=r"invalid launch configuration: " + pattern):
         tile_py.launch(s, grid, k, (cap, y, 256), block=block)
