@@ -115,6 +115,17 @@ impl DType {
     /// Two packed `float4_e2m1fn` values in one byte (PyTorch's `float4_e2m1fn_x2`).
     pub const F4_E2M1FN_X2: Self = Self::of(DLDataTypeCode::FLOAT4_E2M1FN, 4, 2);
 
+    /// The dtype named `name`: the name it prints as (`float32`, `bfloat16`, `bool`,
+    /// `float8_e4m3fn`, PyTorch's `float4_e2m1fn_x2`, ...) or its short form (`f32`, `bf16`,
+    /// `i64`, `u8`, `c64`), for the dtypes of the supported table; `None` for any other name.
+    /// The one table of dtype names of the Rust crates (tile-py parses its declarations with it).
+    pub fn from_name(name: &str) -> Option<DType> {
+        NAMES
+            .iter()
+            .find(|(_, long, short)| *long == name || short.is_some_and(|s| s == name))
+            .map(|&(dtype, _, _)| dtype)
+    }
+
     /// Whether this dtype is in the table of supported dtypes (see the type docs).
     pub const fn is_supported(self) -> bool {
         matches!(
@@ -193,6 +204,36 @@ impl From<DType> for DLDataType {
         }
     }
 }
+
+/// Every supported dtype with its name and short name ([`DType::from_name`]).
+const NAMES: [(DType, &str, Option<&str>); 26] = [
+    (DType::BOOL, "bool", None),
+    (DType::I8, "int8", Some("i8")),
+    (DType::I16, "int16", Some("i16")),
+    (DType::I32, "int32", Some("i32")),
+    (DType::I64, "int64", Some("i64")),
+    (DType::U8, "uint8", Some("u8")),
+    (DType::U16, "uint16", Some("u16")),
+    (DType::U32, "uint32", Some("u32")),
+    (DType::U64, "uint64", Some("u64")),
+    (DType::F16, "float16", Some("f16")),
+    (DType::BF16, "bfloat16", Some("bf16")),
+    (DType::F32, "float32", Some("f32")),
+    (DType::F64, "float64", Some("f64")),
+    (DType::C64, "complex64", Some("c64")),
+    (DType::C128, "complex128", Some("c128")),
+    (DType::F8_E3M4, "float8_e3m4", None),
+    (DType::F8_E4M3, "float8_e4m3", None),
+    (DType::F8_E4M3B11FNUZ, "float8_e4m3b11fnuz", None),
+    (DType::F8_E4M3FN, "float8_e4m3fn", None),
+    (DType::F8_E4M3FNUZ, "float8_e4m3fnuz", None),
+    (DType::F8_E5M2, "float8_e5m2", None),
+    (DType::F8_E5M2FNUZ, "float8_e5m2fnuz", None),
+    (DType::F8_E8M0FNU, "float8_e8m0fnu", None),
+    (DType::F6_E2M3FN_X4, "float6_e2m3fn_x4", None),
+    (DType::F6_E3M2FN_X4, "float6_e3m2fn_x4", None),
+    (DType::F4_E2M1FN_X2, "float4_e2m1fn_x2", None),
+];
 
 /// Codes printed by name, with the bit width the name implies.
 const NAMED: [(DLDataTypeCode, &str, u8); 13] = [

@@ -28,6 +28,18 @@ impl IndexType {
         }
     }
 
+    /// The index type named `name`, by tile-dlpack's dtype names (`i32` or `int32`, `u32` or
+    /// `uint32`, `i64` or `int64`; see [`DType::from_name`](tile_dlpack::DType::from_name)).
+    pub fn from_name(name: &str) -> Option<IndexType> {
+        use tile_dlpack::DType;
+        match tile_dlpack::DType::from_name(name)? {
+            DType::I32 => Some(IndexType::I32),
+            DType::U32 => Some(IndexType::U32),
+            DType::I64 => Some(IndexType::I64),
+            _ => None,
+        }
+    }
+
     /// The C-like name: `i32`, `u32` or `i64`.
     pub fn name(self) -> &'static str {
         match self {

@@ -71,6 +71,45 @@ impl ScalarType {
         }
     }
 
+    /// Every scalar type.
+    pub const ALL: [ScalarType; 11] = [
+        ScalarType::Bool,
+        ScalarType::I8,
+        ScalarType::I16,
+        ScalarType::I32,
+        ScalarType::I64,
+        ScalarType::U8,
+        ScalarType::U16,
+        ScalarType::U32,
+        ScalarType::U64,
+        ScalarType::F32,
+        ScalarType::F64,
+    ];
+
+    /// The DLPack dtype of the same values (`bool` is one byte).
+    pub fn dtype(self) -> DType {
+        match self {
+            ScalarType::Bool => DType::BOOL,
+            ScalarType::I8 => DType::I8,
+            ScalarType::I16 => DType::I16,
+            ScalarType::I32 => DType::I32,
+            ScalarType::I64 => DType::I64,
+            ScalarType::U8 => DType::U8,
+            ScalarType::U16 => DType::U16,
+            ScalarType::U32 => DType::U32,
+            ScalarType::U64 => DType::U64,
+            ScalarType::F32 => DType::F32,
+            ScalarType::F64 => DType::F64,
+        }
+    }
+
+    /// The scalar type named `name`, by tile-dlpack's dtype names (`int32` or `i32`,
+    /// `float64` or `f64`, `bool`; see [`DType::from_name`]); `None` for any other name.
+    pub fn from_name(name: &str) -> Option<ScalarType> {
+        let dtype = DType::from_name(name)?;
+        Self::ALL.into_iter().find(|t| t.dtype() == dtype)
+    }
+
     /// The C-like name, e.g. `i32`.
     pub fn name(self) -> &'static str {
         match self {

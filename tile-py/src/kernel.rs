@@ -121,65 +121,41 @@ pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     }
     let name = name_of(obj)?;
     let n = name.strip_prefix("torch.").unwrap_or(&name);
-    Ok(match n {
-        "bool" | "bool_" => DType::BOOL,
-        "int8" | "i8" => DType::I8,
-        "int16" | "i16" | "short" => DType::I16,
-        "int32" | "i32" | "int" => DType::I32,
-        "int64" | "i64" | "long" => DType::I64,
-        "uint8" | "u8" => DType::U8,
-        "uint16" | "u16" => DType::U16,
-        "uint32" | "u32" => DType::U32,
-        "uint64" | "u64" => DType::U64,
-        "float16" | "f16" | "half" => DType::F16,
-        "bfloat16" | "bf16" => DType::BF16,
-        "float32" | "f32" | "float" => DType::F32,
-        "float64" | "f64" | "double" => DType::F64,
-        "complex64" | "c64" | "cfloat" => DType::C64,
-        "complex128" | "c128" | "cdouble" => DType::C128,
-        "float8_e4m3fn" => DType::F8_E4M3FN,
-        "float8_e4m3fnuz" => DType::F8_E4M3FNUZ,
-        "float8_e5m2" => DType::F8_E5M2,
-        "float8_e5m2fnuz" => DType::F8_E5M2FNUZ,
-        "float8_e8m0fnu" => DType::F8_E8M0FNU,
-        "float8_e3m4" => DType::F8_E3M4,
-        "float8_e4m3" => DType::F8_E4M3,
-        _ => {
-            return Err(err(
-                Kind::Value,
-                format!(
-                    "unknown dtype {}: use a name such as 'float32', 'bfloat16' or 'int64'",
-                    show(obj)
-                ),
-            ));
-        }
+    // PyTorch's and NumPy's other spellings of a dtype, then tile-dlpack's one table of names.
+    let canonical = match n {
+        "bool_" => "bool",
+        "short" => "int16",
+        "int" => "int32",
+        "long" => "int64",
+        "half" => "float16",
+        "float" => "float32",
+        "double" => "float64",
+        "cfloat" => "complex64",
+        "cdouble" => "complex128",
+        other => other,
+    };
+    DType::from_name(canonical).ok_or_else(|| {
+        err(
+            Kind::Value,
+            format!(
+                "unknown dtype {}: use a name such as 'float32', 'bfloat16' or 'int64'",
+                show(obj)
+            ),
+        )
     })
 }
 
 fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
     let name = name_of(obj)?;
     let n = name.strip_prefix("torch.").unwrap_or(&name);
-    Ok(match n {
-        "bool" => ScalarType::Bool,
-        "i8" | "int8" => ScalarType::I8,
-        "i16" | "int16" => ScalarType::I16,
-        "i32" | "int32" => ScalarType::I32,
-        "i64" | "int64" => ScalarType::I64,
-        "u8" | "uint8" => ScalarType::U8,
-        "u16" | "uint16" => ScalarType::U16,
-        "u32" | "uint32" => ScalarType::U32,
-        "u64" | "uint64" => ScalarType::U64,
-        "f32" | "float32" => ScalarType::F32,
-        "f64" | "float64" => ScalarType::F64,
-        _ => {
-            return Err(err(
-                Kind::Value,
-                format!(
-                    "unknown scalar type {}: use one of bool, i8..i64, u8..u64, f32, f64",
-                    show(obj)
-                ),
-            ));
-        }
+    ScalarType::from_name(n).ok_or_else(|| {
+        err(
+            Kind::Value,
+            format!(
+                "unknown scalar type {}: use one of bool, i8..i64, u8..u64, f32, f64",
+                show(obj)
+            ),
+        )
     })
 }
 
@@ -194,19 +170,14 @@ fn intent_fn(intent: Intent) -> &'static str {
 fn parse_index_type(obj: &Bound<'_, PyAny>) -> PyResult<IndexType> {
     let name = name_of(obj)?;
     let n = name.strip_prefix("torch.").unwrap_or(&name);
-    Ok(match n {
-        "i32" | "int32" => IndexType::I32,
-        "u32" | "uint32" => IndexType::U32,
-        "i64" | "int64" => IndexType::I64,
-        _ => {
-            return Err(err(
-                Kind::Value,
-                format!(
-                    "unknown index type {}: use 'i32', 'u32' or 'i64'",
-                    show(obj)
-                ),
-            ));
-        }
+    IndexType::from_name(n).ok_or_else(|| {
+        err(
+            Kind::Value,
+            format!(
+                "unknown index type {}: use 'i32', 'u32' or 'i64'",
+                show(obj)
+            ),
+        )
     })
 }
 

@@ -49,6 +49,7 @@ mod lifecycle;
 mod producers;
 mod pytypes;
 mod release;
+mod stream_numbers;
 mod streams;
 mod worker;
 

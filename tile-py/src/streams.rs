@@ -30,7 +30,7 @@ impl StreamSpec {
     /// default stream (never 0), 2 for the per-thread default stream.
     pub(crate) fn dlpack_value(&self) -> i64 {
         // `raw` is at most `i64::MAX` (checked in `handle_from_int` and `torch_read`).
-        if self.raw == 0 { 1 } else { self.raw as i64 }
+        crate::stream_numbers::to_number(self.raw).unwrap_or(i64::MAX)
     }
 }
 
@@ -68,7 +68,7 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
         ));
     }
     // 0 and 1 both name the legacy default stream.
-    Ok(if n == 1 { 0 } else { n as usize })
+    Ok(crate::stream_numbers::to_raw(n as u64))
 }
 
 /// The stream object this thread launched on last, what it resolved to, and its cached
@@ -150,7 +150,7 @@ fn torch_read(obj: &Bound<'_, PyAny>) -> Option<(usize, i32)> {
         return None;
     }
     // 0 and 1 both name the legacy default stream, as in `handle_from_int`.
-    let raw = if h == 1 { 0 } else { h as usize };
+    let raw = crate::stream_numbers::to_raw(h as u64);
     Some((raw, d as i32))
 }
 

@@ -375,3 +375,40 @@ fn view_debug_lists_the_fields() {
         assert!(debug.contains("data_ptr: 0x7f0000000000"), "{debug}");
     });
 }
+
+#[test]
+fn every_supported_dtype_is_found_by_its_name_and_short_name() {
+    let cases: [(&str, Option<&str>, DType); 8] = [
+        ("bool", None, DType::BOOL),
+        ("int64", Some("i64"), DType::I64),
+        ("uint8", Some("u8"), DType::U8),
+        ("bfloat16", Some("bf16"), DType::BF16),
+        ("float32", Some("f32"), DType::F32),
+        ("complex128", Some("c128"), DType::C128),
+        ("float8_e4m3fn", None, DType::F8_E4M3FN),
+        ("float4_e2m1fn_x2", None, DType::F4_E2M1FN_X2),
+    ];
+    for (name, short, dtype) in cases {
+        assert_eq!(DType::from_name(name), Some(dtype), "{name}");
+        if let Some(short) = short {
+            assert_eq!(DType::from_name(short), Some(dtype), "{short}");
+        }
+        assert!(dtype.is_supported());
+    }
+    // Names print back as they are parsed (one lane: the name is the display).
+    for dtype in [
+        DType::I16,
+        DType::F16,
+        DType::F64,
+        DType::C64,
+        DType::F8_E8M0FNU,
+    ] {
+        assert_eq!(DType::from_name(&dtype.to_string()), Some(dtype), "{dtype}");
+    }
+    // Framework aliases are not dtype names: `float` is float32 to PyTorch, float64 to NumPy.
+    for name in [
+        "float", "double", "half", "long", "int", "float33", "", "F32",
+    ] {
+        assert_eq!(DType::from_name(name), None, "{name:?}");
+    }
+}

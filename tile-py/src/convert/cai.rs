@@ -79,12 +79,6 @@ pub(crate) fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
     })
 }
 
-/// Maps a DLPack / CAI stream number to a raw handle: 1 is the legacy default stream (null),
-/// 2 the per-thread default stream.
-pub(crate) fn stream_number_to_raw(n: usize) -> usize {
-    if n == 1 { 0 } else { n }
-}
-
 pub(crate) fn cai_device(ptr: u64, fallback: i32) -> i32 {
     tile_launch::Context::device_of_pointer(ptr).unwrap_or(fallback)
 }
@@ -228,7 +222,7 @@ pub(crate) fn from_cai(
             if n < 0 {
                 return Err(bad(format!("'stream' is {n}")));
             }
-            hs.sync.then_some(stream_number_to_raw(n as usize))
+            hs.sync.then_some(crate::stream_numbers::to_raw(n as u64))
         }
         _ => None,
     };

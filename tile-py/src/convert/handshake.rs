@@ -107,8 +107,9 @@ impl Keywords {
 /// every CUDA producer supports, and the launch stream waits for the legacy stream on the
 /// device (an event, through [`TensorArg::ready_on`](tile_launch::TensorArg::ready_on)).
 pub(crate) fn offered_stream(hs: &Handshake) -> (i64, Option<usize>) {
-    if hs.sync && hs.dlpack_stream == 2 {
-        (1, Some(0))
+    use crate::stream_numbers::{LEGACY, LEGACY_RAW, PER_THREAD};
+    if hs.sync && hs.dlpack_stream == PER_THREAD {
+        (LEGACY, Some(LEGACY_RAW))
     } else {
         (hs.dlpack_stream, None)
     }
@@ -186,12 +187,8 @@ fn read_cupy_stream(py: Python<'_>, hs: &Handshake) -> FamilyStream {
 /// legacy default stream; 2: the per-thread default stream), for a launch with handshake `hs`.
 pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
     // The stream's number in DLPack's `stream=` convention (1: legacy default stream).
-    let offer = match ptr {
-        0 | 1 => 1,
-        p => match i64::try_from(p) {
-            Ok(v) => v,
-            Err(_) => return FamilyStream::Unknown,
-        },
+    let Some(offer) = crate::stream_numbers::to_number(ptr) else {
+        return FamilyStream::Unknown;
     };
     if offer == hs.dlpack_stream {
         return FamilyStream::Known {
@@ -201,7 +198,7 @@ pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
     }
     FamilyStream::Known {
         offer,
-        ready_on: Some(stream_number_to_raw(offer as usize)),
+        ready_on: Some(crate::stream_numbers::to_raw(offer as u64)),
     }
 }
 

@@ -69,7 +69,11 @@ impl Handshake {
     /// when `sync` is false), on device `device`.
     pub(crate) fn new(dlpack_stream: i64, sync: bool, device: i32) -> Handshake {
         Handshake {
-            dlpack_stream: if sync { dlpack_stream } else { -1 },
+            dlpack_stream: if sync {
+                dlpack_stream
+            } else {
+                crate::stream_numbers::NO_SYNC
+            },
             sync,
             device,
             cupy: Cell::new(FamilyStream::Unread),
