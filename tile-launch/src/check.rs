@@ -62,20 +62,8 @@ impl std::fmt::Debug for Checked<'_, '_> {
 
 impl Drop for Checked<'_, '_> {
     fn drop(&mut self) {
-        // Not launched (or launched: then `args` is empty). Tensors handed over consumed are
-        // released here; their deleters must not disturb another thread's global capture.
-        if self.args.iter().any(|a| {
-            matches!(
-                a,
-                Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_))
-            )
-        }) {
-            let args = std::mem::take(&mut self.args);
-            let _ = crate::capture_state::relaxed(self.d, || {
-                drop(args);
-                Ok(())
-            });
-        }
+        // Not launched (or launched: then `args` is empty), released as a refusal is.
+        release_refused(self.d, &mut self.args);
     }
 }
 
@@ -164,7 +152,7 @@ impl Stream {
         let bound_ctx = match ctx.bind_with(d) {
             Ok(b) => b,
             Err(e) => {
-                release_refused(d, v);
+                release_refused(d, &mut v);
                 return Err(e.into());
             }
         };
@@ -182,7 +170,7 @@ impl Stream {
                 _bound: bound_ctx,
             }),
             Err(e) => {
-                release_refused(d, v);
+                release_refused(d, &mut v);
                 drop(bound_ctx);
                 Err(e)
             }
@@ -190,16 +178,17 @@ impl Stream {
     }
 }
 
-/// Releases the tensors of a refused launch that were handed over already consumed, with the
-/// capture mode relaxed (their deleters must not invalidate another thread's global capture).
-fn release_refused(d: &Driver, args: SmallVec<[Arg<'_>; INLINE_ARGS]>) {
+/// Releases the tensors of a refused (or dropped) launch that were handed over already
+/// consumed, with the capture mode relaxed (their deleters must not invalidate another thread's
+/// global capture). `Unused` tensors and scalars release nothing and make no driver call.
+fn release_refused(d: &Driver, args: &mut SmallVec<[Arg<'_>; INLINE_ARGS]>) {
     let consumed =
         |a: &Arg<'_>| matches!(a, Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_)));
     if !args.iter().any(consumed) {
-        return; // only `Unused` tensors and scalars: dropping them releases nothing
+        return;
     }
     let _ = crate::capture_state::relaxed(d, || {
-        drop(args);
+        args.clear();
         Ok(())
     });
 }

@@ -4,16 +4,12 @@
 //! capsule is handed back unconsumed, to be launched: nothing here renames it or runs its
 //! deleter.
 
-use std::ffi::CStr;
-
-use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::critical_section::with_critical_section;
 use pyo3::types::PyCapsule;
-use tile_dlpack::Unused;
 
-use crate::convert::{Handshake, call_dlpack, offered_stream};
+use crate::convert::{Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream};
 use crate::errors::{Kind, arg_err, launch_err, show};
 use crate::streams;
 
@@ -67,8 +63,9 @@ pub(crate) fn _export<'py>(
                 ),
             ));
         };
-        let (cap, _ready_on) = call_dlpack(py, index, obj, &method, &hs, offered_stream(&hs))?;
-        (cap, Some(offered_stream(&hs).0))
+        let offer = offered_stream(&hs);
+        let (cap, _ready_on) = call_dlpack(py, index, obj, &method, &hs, offer)?;
+        (cap, Some(offer.0))
     };
     let layout = describe(py, index, &cap)?;
     Ok((cap, offered, layout))
@@ -77,63 +74,11 @@ pub(crate) fn _export<'py>(
 /// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it.
 fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<Layout> {
     with_critical_section(cap, || {
-        // SAFETY: `cap` is a capsule (checked by the caller, or made by `__dlpack__` and checked
-        // by `call_dlpack`); the name pointer stays valid while the capsule keeps this name,
-        // which it does inside its critical section.
-        let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
-        if name_ptr.is_null() {
-            let _ = PyErr::take(py);
-            return Err(arg_err(
-                Kind::Type,
-                index,
-                "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a \
-                 capsule with no name",
-            ));
-        }
-        // SAFETY: non-null capsule names are NUL-terminated C strings.
-        let name = unsafe { CStr::from_ptr(name_ptr) };
-        let versioned = match name.to_bytes() {
-            b"dltensor" => false,
-            b"dltensor_versioned" => true,
-            b"used_dltensor" | b"used_dltensor_versioned" => {
-                return Err(arg_err(
-                    Kind::Value,
-                    index,
-                    format!(
-                        "DLPack capsule already consumed (its name is {:?})",
-                        name.to_string_lossy()
-                    ),
-                ));
-            }
-            other => {
-                return Err(arg_err(
-                    Kind::Type,
-                    index,
-                    format!(
-                        "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got \
-                         a capsule named {:?}",
-                        String::from_utf8_lossy(other)
-                    ),
-                ));
-            }
-        };
-        // SAFETY: `cap` is a capsule whose name is `name_ptr`.
-        let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name_ptr) };
-        if ptr.is_null() {
-            return Err(PyErr::take(py).unwrap_or_else(|| {
-                arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
-            }));
-        }
-        let unused = if versioned {
-            // SAFETY: a capsule named `dltensor_versioned` holds a `DLManagedTensorVersioned`
-            // that its producer keeps valid until its deleter runs, which nobody can call while
-            // we hold the capsule's critical section and a reference to it: the `Unused` is only
-            // peeked at (no deleter call) and dropped here (dropping it does nothing).
-            unsafe { Unused::from_versioned(ptr.cast()) }
-        } else {
-            // SAFETY: as above, for a legacy `DLManagedTensor` (`dltensor`).
-            unsafe { Unused::from_legacy(ptr.cast()) }
-        };
+        let (versioned, ptr) = capsule_tensor(py, index, cap)?;
+        // SAFETY: the capsule holds that tensor, valid until its deleter runs, which nobody can
+        // call while we hold the capsule's critical section and a reference to it: the `Unused`
+        // is only peeked at (no deleter call) and dropped here (dropping it does nothing).
+        let unused = unsafe { capsule_unused(versioned, ptr) };
         let view = unused.peek().map_err(|source| {
             launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
                 None

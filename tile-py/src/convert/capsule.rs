@@ -2,6 +2,80 @@
 
 use super::*;
 
+/// The tensor of an unconsumed DLPack capsule: whether it is versioned (`dltensor_versioned`)
+/// and its pointer. Refuses a capsule without a name, one already consumed (`used_*`) and one
+/// of another kind. The caller holds the capsule's critical section, so that the name read here
+/// is still the capsule's when it acts on it.
+pub(crate) fn capsule_tensor(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+) -> PyResult<(bool, *mut c_void)> {
+    // SAFETY: `cap` is a capsule (checked by the caller); the name pointer stays valid while the
+    // capsule keeps this name, and the caller holds the capsule's critical section.
+    let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
+    if name_ptr.is_null() {
+        let _ = PyErr::take(py);
+        return Err(arg_err(
+            Kind::Type,
+            index,
+            "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a capsule \
+             with no name",
+        ));
+    }
+    // SAFETY: non-null capsule names are NUL-terminated C strings.
+    let name = unsafe { CStr::from_ptr(name_ptr) };
+    let versioned = match name.to_bytes() {
+        b"dltensor" => false,
+        b"dltensor_versioned" => true,
+        b"used_dltensor" | b"used_dltensor_versioned" => {
+            return Err(arg_err(
+                Kind::Value,
+                index,
+                format!(
+                    "DLPack capsule already consumed (its name is {:?})",
+                    name.to_string_lossy()
+                ),
+            ));
+        }
+        other => {
+            return Err(arg_err(
+                Kind::Type,
+                index,
+                format!(
+                    "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a \
+                     capsule named {:?}",
+                    String::from_utf8_lossy(other)
+                ),
+            ));
+        }
+    };
+    // SAFETY: `cap` is a capsule whose name is `name_ptr`.
+    let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name_ptr) };
+    if ptr.is_null() {
+        return Err(PyErr::take(py).unwrap_or_else(|| {
+            arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
+        }));
+    }
+    Ok((versioned, ptr))
+}
+
+/// The [`Unused`] over a capsule's tensor, as [`capsule_tensor`] found it.
+///
+/// # Safety
+///
+/// `ptr` is the pointer of a capsule named `dltensor_versioned` (`versioned`) or `dltensor`,
+/// whose tensor stays valid and unconsumed by anyone else for the `Unused`'s life.
+pub(crate) unsafe fn capsule_unused(versioned: bool, ptr: *mut c_void) -> Unused<'static> {
+    if versioned {
+        // SAFETY: this function's contract: a `DLManagedTensorVersioned`, valid meanwhile.
+        unsafe { Unused::from_versioned(ptr.cast()) }
+    } else {
+        // SAFETY: as above, for a legacy `DLManagedTensor` (`dltensor`).
+        unsafe { Unused::from_legacy(ptr.cast()) }
+    }
+}
+
 /// Checks the capsule's name, takes its pointer and renames it `used_*`, atomically with
 /// respect to other threads doing the same.
 pub(crate) fn claim_capsule(
@@ -9,74 +83,28 @@ pub(crate) fn claim_capsule(
     index: usize,
     cap: &Bound<'_, PyAny>,
 ) -> PyResult<Tensor> {
-    let claimed = with_critical_section(
-        cap,
-        || -> PyResult<(bool, *mut c_void, &'static CStr)> {
-            // SAFETY: `cap` is a capsule (checked by the caller); the name pointer stays valid
-            // while the capsule keeps this name, and we are inside the capsule's critical section.
-            let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
-            if name_ptr.is_null() {
-                let _ = PyErr::take(py);
-                return Err(arg_err(
-                    Kind::Type,
-                    index,
-                    "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got a \
-                 capsule with no name",
-                ));
-            }
-            // SAFETY: non-null capsule names are NUL-terminated C strings.
-            let name = unsafe { CStr::from_ptr(name_ptr) };
-            let (versioned, used, restore): (bool, &'static CStr, &'static CStr) = match name
-                .to_bytes()
-            {
-                b"dltensor" => (false, c"used_dltensor", c"dltensor"),
-                b"dltensor_versioned" => (true, c"used_dltensor_versioned", c"dltensor_versioned"),
-                b"used_dltensor" | b"used_dltensor_versioned" => {
-                    return Err(arg_err(
-                        Kind::Value,
-                        index,
-                        format!(
-                            "DLPack capsule already consumed (its name is {:?})",
-                            name.to_string_lossy()
-                        ),
-                    ));
-                }
-                other => {
-                    return Err(arg_err(
-                        Kind::Type,
-                        index,
-                        format!(
-                            "expected a DLPack capsule named 'dltensor' or 'dltensor_versioned', got \
-                         a capsule named {:?}",
-                            String::from_utf8_lossy(other)
-                        ),
-                    ));
-                }
-            };
-            // SAFETY: `cap` is a capsule whose name is `name_ptr`.
-            let ptr = unsafe { ffi::PyCapsule_GetPointer(cap.as_ptr(), name_ptr) };
-            if ptr.is_null() {
-                return Err(PyErr::take(py).unwrap_or_else(|| {
-                    arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
-                }));
-            }
-            // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
-            if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
-                return Err(PyErr::fetch(py));
-            }
-            Ok((versioned, ptr, restore))
-        },
-    )?;
-    let (versioned, ptr, restore) = claimed;
-    let unused = if versioned {
-        // SAFETY: the capsule was named `dltensor_versioned`, so it holds a
-        // `DLManagedTensorVersioned` the producer keeps valid until its deleter runs; we renamed
-        // it, so nobody else consumes it while we hold the claim.
-        unsafe { Unused::from_versioned(ptr.cast()) }
+    let (versioned, ptr) = with_critical_section(cap, || {
+        let (versioned, ptr) = capsule_tensor(py, index, cap)?;
+        let used = if versioned {
+            c"used_dltensor_versioned"
+        } else {
+            c"used_dltensor"
+        };
+        // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
+        if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
+            return Err(PyErr::fetch(py));
+        }
+        Ok((versioned, ptr))
+    })?;
+    let restore = if versioned {
+        c"dltensor_versioned"
     } else {
-        // SAFETY: as above, for a legacy `DLManagedTensor` (`dltensor`).
-        unsafe { Unused::from_legacy(ptr.cast()) }
+        c"dltensor"
     };
+    // SAFETY: the capsule was named `dltensor[_versioned]`, so it holds that tensor, which the
+    // producer keeps valid until its deleter runs; we renamed it, so nobody else consumes it
+    // while we hold the claim.
+    let unused = unsafe { capsule_unused(versioned, ptr) };
     Ok(Tensor {
         unused,
         claim: Claim::Capsule {
