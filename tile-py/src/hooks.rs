@@ -185,3 +185,35 @@ pub(crate) fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("queued_releases", release::queued())?;
     Ok(d)
 }
+
+/// What [`_cutile_features`] returns: the key words and the span.
+type KeyAndSpan = (Vec<u64>, Option<(i128, i128)>);
+
+/// The key words `tile_py.cutile`'s cached launch computes for the tensor in the DLPack capsule
+/// `cap` (read, not consumed), with the static annotation `statics` (`(extent dims, stride
+/// dims)`), and the bytes it spans (None when empty). For the test that holds them against
+/// `tile_py.cutile`'s own features.
+#[pyfunction]
+#[pyo3(signature = (cap, statics = None))]
+pub(crate) fn _cutile_features(
+    py: Python<'_>,
+    cap: &Bound<'_, PyAny>,
+    statics: Option<(Vec<i64>, Vec<i64>)>,
+) -> PyResult<KeyAndSpan> {
+    pyo3::sync::critical_section::with_critical_section(cap, || {
+        let (versioned, ptr) = crate::convert::capsule_tensor(py, 0, cap)?;
+        // SAFETY: as in `tile_py._export`: the capsule holds the tensor while we hold it and
+        // its critical section; the `Unused` is only peeked at and dropped here.
+        let unused = unsafe { crate::convert::capsule_unused(versioned, ptr) };
+        let view = unused.peek().map_err(|source| {
+            launch_err(
+                py,
+                tile_launch::Error::Descriptor { index: 0, source },
+                |_| None,
+            )
+        })?;
+        let mut words = SmallVec::new();
+        crate::cutile_cache::array_words(&view, statics.as_ref(), &mut words);
+        Ok((words.to_vec(), crate::cutile_cache::span(&view)))
+    })
+}

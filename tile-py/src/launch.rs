@@ -190,13 +190,25 @@ pub(crate) fn launch_on(
     args: &ArgList<'_>,
     sync: bool,
 ) -> PyResult<LaunchHandle> {
-    let (s, kernel) = (t.stream, t.kernel);
-    let hs = Handshake::new(t.stream_value, sync, s.context().ordinal());
+    let hs = Handshake::new(t.stream_value, sync, t.stream.context().ordinal());
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
     // Converted in place and handed over as a draining iterator: the arguments (about a
     // kilobyte inline) are moved once each, never as a whole buffer.
     let mut conv = Converted::new();
-    convert_args_into(py, &kernel.params, args, &hs, &mut conv)?;
+    convert_args_into(py, &t.kernel.params, args, &hs, &mut conv)?;
+    launch_converted(py, t, &mut conv)
+}
+
+/// The rest of [`launch_on`], once every argument is converted (and claimed) into `conv`:
+/// tile-launch checks the launch once, it is enqueued, and on a refusal every claim is rolled
+/// back. Shared with `tile_py.cutile`'s cached launch (`cutile_cache`), which converts its
+/// arguments before it knows which kernel they select.
+pub(crate) fn launch_converted(
+    py: Python<'_>,
+    t: &Target<'_>,
+    conv: &mut Converted,
+) -> PyResult<LaunchHandle> {
+    let (s, kernel) = (t.stream, t.kernel);
     let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; conv.claims.len()];
     // 1. tile-launch checks everything once (nothing consumed); a refusal hands every claim
     //    back.

@@ -39,6 +39,7 @@
 mod bound;
 mod contexts;
 mod convert;
+mod cutile_cache;
 mod errors;
 mod export;
 mod handle;
@@ -80,6 +81,13 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hooks::_check_args, m)?)?;
     m.add_function(wrap_pyfunction!(hooks::_pack_args, m)?)?;
     m.add_function(wrap_pyfunction!(export::_export, m)?)?;
+    m.add_class::<cutile_cache::CutileKey>()?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_register, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_clear, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_info, m)?)?;
+    m.add_function(wrap_pyfunction!(hooks::_cutile_features, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::compute_capability, m)?)?;
     m.add_function(wrap_pyfunction!(hooks::_debug_counters, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_shutdown, m)?)?;

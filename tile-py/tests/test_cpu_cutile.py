@@ -593,3 +593,79 @@ def test_list_keys_tell_apart_each_elements_layout_and_static_values(fake_device
     assert key(K.copy_list, ([Dev([64], ptr=BASE + 0x2000), Dev([128], ptr=BASE + 0x3000)], out)) == k2
     assert key(K.copy_list, ([Dev([64]), Dev([64], ptr=BASE + 0x1004)], out)) != k2  # misaligned
     assert key(K.copy_list, ([Dev([64])], out)) != k2  # another length
+
+
+# ---- the cached launch's key (Rust) against this module's ----------------------------------------
+
+
+def _layouts():
+    """Layouts that differ in each feature cuTile specialises on, and some that do not."""
+    from dlpack_ctypes import BF16, F32, F64, I32
+
+    out = []
+    for dtype in (F32, F64, I32, BF16, (1, 8, 1)):
+        for data in (0x10000, 0x10004, 0x10008, 0x10010, 0x10002, 0x10001):
+            if data % max(dtype[1] // 8, 1):
+                continue  # a misaligned element is refused before any key is computed
+            for shape, strides in [
+                ((64,), None), ((64,), (1,)), ((64,), (2,)), ((63,), (1,)), ((1,), (1,)),
+                ((16, 32), None), ((16, 32), (1, 16)), ((16, 32), (64, 1)), ((16, 32), (0, 1)),
+                ((4, 4), (1, 1)), ((32, 1), (1, 1)), ((3, 5, 7), None), ((2, 2, 2, 2, 2, 2), None),
+                ((0,), (1,)), ((8,), (-1,)), ((2**31,), (1,)), ((2,), (2**31,)),
+                ((16, 16), (16, 1)), ((16, 16), (17, 1)),
+            ]:
+                out.append((dtype, data, shape, strides))
+    return out
+
+
+def _python_features(dtype, data, shape, strides, static=None):
+    if strides is None:
+        acc, st = 1, []
+        for n in reversed(shape):
+            st.append(acc)
+            acc *= n
+        strides = tuple(reversed(st))
+    bits = dtype[1] * dtype[2]
+    f = tc._array_features(("dlpack",) + tuple(dtype), bits, data, tuple(shape), tuple(strides))
+    span = tc._span(bits, data, tuple(shape), tuple(strides))
+    if static is not None:
+        f = (f, tc._at(shape, static[0]), tc._at(strides, static[1]))
+    return f, span
+
+
+@pytest.mark.parametrize("static", [None, ((0, -1), (1,)), ((5,), (-3, 0))])
+def test_rust_features_match_python_features(static):
+    """Two layouts get the same key words from the cached launch exactly when this module's
+    features (which decide the compiled kernel) are the same, and the spans of the overlap
+    check agree: a cached kernel is launched only on layouts it was compiled for."""
+    seen_rust, seen_py = {}, {}
+    for i, (dtype, data, shape, strides) in enumerate(_layouts()):
+        kw = {} if strides is None else {"strides": strides}
+        cap, _ = make_capsule(shape=shape, dtype=dtype, data=data, **kw)
+        words, span = tile_py._tile_py._cutile_features(cap, static)
+        py_key, py_span = _python_features(dtype, data, shape, strides, static)
+        assert (span is None) == (py_span is None) and (span is None or tuple(span) == py_span), (
+            dtype, data, shape, strides,
+        )
+        seen_rust.setdefault(tuple(words), set()).add(i)
+        seen_py.setdefault(py_key, set()).add(i)
+        assert capsule_name(cap) == "dltensor_versioned"  # read, not consumed
+    assert sorted(map(sorted, seen_rust.values())) == sorted(map(sorted, seen_py.values()))
+    assert len(seen_rust) > 100  # the layouts do differ
+
+
+def test_the_cached_launch_leaves_what_it_does_not_take_to_python(fake_device):
+    """The cached launch takes nothing before Python has registered the kernel's plan (None),
+    nor on a stream it cannot resolve (False: no driver here); either way it has exported
+    nothing, and Python's path launches once."""
+    tc.clear_cache()
+    x = Producer(shape=(64,), data=BASE)
+    y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+    assert tile_py._tile_py._cutile_launch(K.axpy, 1, (4,), (x, y, out, 2.0)) is None
+    assert x.calls == []
+    tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))
+    assert len(fake_device["launch"]) == 1 and len(x.calls) == 1
+    assert tile_py._tile_py._cutile_launch(K.axpy, 1, (4,), (x, y, out, 2.0)) is False
+    assert len(x.calls) == 1
+    tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))
+    assert len(fake_device["launch"]) == 2 and len(x.calls) == 2

@@ -80,6 +80,10 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tile_py
+from tile_py import _tile_py as _tile
+
+_cached_launch = _tile._cutile_launch
+_LaunchHandle = tile_py.LaunchHandle
 
 __all__ = [
     "MAX_GRID_DIM",
@@ -823,6 +827,36 @@ def launch(
     ``ValueError`` for overlapping arrays or a tensor that breaks the compiled assumptions,
     and every error of ``tile_py.launch``; all before anything is consumed.
     """
+    if block_in_cluster_count is None:
+        # The cached launch (Rust): every array exported once, keyed on its descriptor, and
+        # launched when a compiled kernel is cached for the key; otherwise it hands every
+        # claim back and says why (see _launch).
+        found = _cached_launch(
+            kernel, stream, grid, args, cooperative, programmatic_dependent_launch
+        )
+        if type(found) is _LaunchHandle:
+            return found
+    else:
+        found = False
+    return _launch(
+        stream, grid, kernel, args, found,
+        programmatic_dependent_launch, cooperative, block_in_cluster_count,
+    )
+
+
+def _launch(
+    stream: Any,
+    grid: Any,
+    kernel: Any,
+    args: Sequence[Any],
+    found: Any,
+    programmatic_dependent_launch: bool,
+    cooperative: bool,
+    block_in_cluster_count: Any,
+) -> "tile_py.LaunchHandle":
+    """``launch`` where the cached launch did not launch: ``found`` is None (no plan of the
+    kernel there yet: one is registered), a key (no compiled kernel for it there yet: the one
+    found or compiled here is registered under it) or False (a launch it does not take)."""
     stream = _stream(stream)
     grid = _dims(grid)
     cluster = None if block_in_cluster_count is None else _dims(block_in_cluster_count)
@@ -853,6 +887,15 @@ def launch(
     else:
         _STATS["hits"] += 1
     keep = entry.keep
+    if found is None:
+        anns = _plan(kernel)[0]
+        _tile._cutile_plan(kernel, list(_plan(kernel)[2]), [_static_dims(a) for a in anns])
+    elif (
+        type(found) is _tile.CutileKey
+        and len(keep) == len(args)
+        and type(entry.kernel) is tile_py.Kernel
+    ):
+        _tile._cutile_register(found, entry.kernel, list(keep))
     if w.exports:
         args = _replaced(args, {
             i: _stage(e) if type(e) is _ListArg else e for i, (e, _) in w.exports.items()
@@ -952,10 +995,15 @@ def installed() -> bool:
 def cache_info() -> Dict[str, int]:
     """``{"entries", "hits", "misses"}``: compiled specialisations held, and launches that found
     or compiled one."""
-    return {"entries": len(_CACHE), "hits": _STATS["hits"], "misses": _STATS["misses"]}
+    return {
+        "entries": len(_CACHE),
+        "hits": _STATS["hits"] + _tile._cutile_info()[0],
+        "misses": _STATS["misses"],
+    }
 
 
 def clear_cache() -> None:
     """Drops every compiled specialisation (their libraries unload once no launch holds them)."""
     with _LOCK:
         _CACHE.clear()
+        _tile._cutile_clear()

@@ -268,33 +268,73 @@ fn convert_each(
     for (index, (obj, param)) in args.iter().zip(params).enumerate() {
         *at = index;
         let r = match param {
-            Param::Scalar(ty) => convert_scalar(index, obj, *ty).map(|s| {
-                out.args.push(Arg::Scalar(s));
-                out.claims.push(None);
-            }),
-            _ => convert_tensor(py, index, obj, param, hs).map(|t| {
-                let mut arg = TensorArg::from(t.unused);
-                if let Some(s) = t.ready_on {
-                    // SAFETY: `s` is a stream handle the producer reported (its current stream,
-                    // or the `__cuda_array_interface__` `stream` entry) for memory on the launch
-                    // stream's device; producers' streams live in the device's primary context.
-                    arg = unsafe { arg.ready_on(s as CUstream) };
-                }
-                if t.memory_trusted {
-                    // SAFETY: set only for PyTorch's C exchange API, whose exports describe
-                    // memory of torch's own allocators as it is.
-                    arg = unsafe { arg.trust_memory() };
-                }
-                out.args.push(Arg::Tensor(arg));
-                out.claims.push(Some(t.claim));
-                if let Some(o) = t.owner {
-                    out.owners.push(o);
-                }
-            }),
+            Param::Scalar(ty) => convert_scalar(index, obj, *ty).map(|s| out.push_scalar(s)),
+            _ => convert_tensor(py, index, obj, param, hs).map(|t| out.push_tensor(t)),
         };
         r?;
     }
     Ok(())
+}
+
+impl Converted {
+    /// Appends a converted tensor: its argument (ordered after the stream the producer named,
+    /// if any), its claim and its owner.
+    pub(crate) fn push_tensor(&mut self, t: Tensor) {
+        let mut arg = TensorArg::from(t.unused);
+        if let Some(s) = t.ready_on {
+            // SAFETY: `s` is a stream handle the producer reported (its current stream, or the
+            // `__cuda_array_interface__` `stream` entry) for memory on the launch stream's
+            // device; producers' streams live in the device's primary context.
+            arg = unsafe { arg.ready_on(s as CUstream) };
+        }
+        if t.memory_trusted {
+            // SAFETY: set only for PyTorch's C exchange API, whose exports describe memory of
+            // torch's own allocators as it is.
+            arg = unsafe { arg.trust_memory() };
+        }
+        self.args.push(Arg::Tensor(arg));
+        self.claims.push(Some(t.claim));
+        if let Some(o) = t.owner {
+            self.owners.push(o);
+        }
+    }
+
+    /// Appends a converted scalar.
+    pub(crate) fn push_scalar(&mut self, s: Scalar) {
+        self.args.push(Arg::Scalar(s));
+        self.claims.push(None);
+    }
+
+    /// Hands every claim back (nothing was consumed), as a refused launch does.
+    pub(crate) fn abandon(&mut self, py: Python<'_>) {
+        self.args.clear();
+        Converted::rollback(
+            std::mem::take(&mut self.claims),
+            std::mem::take(&mut self.owners),
+            &[],
+        );
+        crate::release::drain(py);
+    }
+}
+
+/// The parameter a tensor is converted for when its kernel is not known yet (`tile_py.cutile`
+/// picks the kernel from the exported layout): an input, as every cuTile array is declared.
+/// Its dtype is not looked at while converting (tile-launch checks it against the kernel's).
+static ANY_INPUT: Param = Param::Tensor {
+    dtype: DType::F32,
+    intent: tile_launch::Intent::Read,
+    strided: true,
+};
+
+/// Converts (and claims) the tensor argument `obj` for a launch whose kernel is not known yet;
+/// see [`ANY_INPUT`]. The launch path converts against the declared parameter instead.
+pub(crate) fn convert_array(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    hs: &Handshake,
+) -> PyResult<Tensor> {
+    convert_tensor(py, index, obj, &ANY_INPUT, hs)
 }
 
 /// What a producer type is: its family and its DLPack C exchange API, if any.
@@ -326,6 +366,12 @@ pub(crate) struct Tensor {
 }
 
 impl Tensor {
+    /// The validated view of the exported descriptor (validated once: the launch's check
+    /// reuses it).
+    pub(crate) fn view(&self) -> Result<tile_dlpack::TensorView<'_>, tile_dlpack::DescriptorError> {
+        self.unused.peek()
+    }
+
     /// Whether the tensor's dtype is complex, read through tile-dlpack's validation (which the
     /// launch's check then reuses: the descriptor is validated once). A descriptor that does
     /// not validate counts as complex here (the producer is asked); the launch refuses it.
