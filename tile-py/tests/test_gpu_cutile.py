@@ -177,6 +177,37 @@ def test_aligned_then_misaligned_and_strided_recompile_and_stay_right(torch, ct,
         assert tc.cache_info()["misses"] == misses + 1, f"{name} was not compiled for"
 
 
+def test_cached_launches_are_keyed_in_rust_and_stay_right(torch, ct, tc, K):
+    """After a specialisation's first launch, its launches are found by the cached launch (Rust:
+    keyed on the exported descriptors, no Python): aligned, misaligned and strided views
+    interleaved, each launched three times, each compiled once, every result right."""
+    n = 1 << 16
+    buf = torch.randn(2 * n + 16, device="cuda")
+    y = torch.randn(n, device="cuda")
+    stream = torch.cuda.current_stream()
+    tc.clear_cache()
+    views = [buf[:n], buf[1 : n + 1], buf[: 2 * n : 2]]
+    hits0, misses0 = tile_py._tile_py._cutile_info()[0], tc.cache_info()["misses"]
+    for _round in range(3):
+        for i, x in enumerate(views):
+            out = poisoned(torch, (n,))
+            tc.launch(stream, (n // 16,), K.axpy, (x, y, out, 2.0)).wait()
+            wrong = (out != 2.0 * x + y).sum().item()
+            assert wrong == 0, f"view {i}, round {_round}: {wrong} wrong elements"
+    assert tc.cache_info()["misses"] - misses0 == 3
+    # The first launch of each view compiles (Python's path); the other six are cached.
+    assert tile_py._tile_py._cutile_info()[0] - hits0 == 6
+    # Constants are part of the key: other tile shapes are other kernels, each cached once
+    # compiled, and each launched right.
+    x2 = torch.randn(256, 128, device="cuda")
+    hits1 = tile_py._tile_py._cutile_info()[0]
+    for tm, tn in [(32, 16), (16, 32), (32, 16), (16, 32), (32, 16)]:
+        out = poisoned(torch, (256, 128))
+        tc.launch(stream, (256 // tm, 128 // tn), K.scale_2d, (x2, out, tm, tn)).wait()
+        assert torch.equal(out, x2 * 2.0 + 1.0), (tm, tn)
+    assert tile_py._tile_py._cutile_info()[0] - hits1 == 3
+
+
 def test_compiled_assumptions_refuse_breaking_tensors_before_consuming(torch, ct, tc, K):
     """The cubin compiled for aligned dense inputs, launched directly with tile_py.launch on a
     misaligned view: tile refuses it naming the rule, and consumes nothing."""

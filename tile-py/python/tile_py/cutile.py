@@ -836,12 +836,31 @@ def launch(
         )
         if type(found) is _LaunchHandle:
             return found
+        if found is None and _register_plan(kernel):
+            # A kernel's first launch: keyed now, so that what Python's path finds or compiles
+            # is registered for the cached launch.
+            found = _cached_launch(
+                kernel, stream, grid, args, cooperative, programmatic_dependent_launch
+            )
+            if type(found) is _LaunchHandle:
+                return found
     else:
         found = False
     return _launch(
         stream, grid, kernel, args, found,
         programmatic_dependent_launch, cooperative, block_in_cluster_count,
     )
+
+
+def _register_plan(kernel: Any) -> bool:
+    """Registers a cuTile kernel's plan with the cached launch (which parameters are
+    compile-time constants and which have static annotations); False when ``kernel`` is not a
+    cuTile kernel (``_launch`` refuses it)."""
+    if type(kernel).__module__.split(".")[:2] != ["cuda", "tile"]:
+        return False
+    anns, _names, consts = _plan(kernel)
+    _tile._cutile_plan(kernel, list(consts), [_static_dims(a) for a in anns])
+    return True
 
 
 def _launch(
@@ -854,9 +873,9 @@ def _launch(
     cooperative: bool,
     block_in_cluster_count: Any,
 ) -> "tile_py.LaunchHandle":
-    """``launch`` where the cached launch did not launch: ``found`` is None (no plan of the
-    kernel there yet: one is registered), a key (no compiled kernel for it there yet: the one
-    found or compiled here is registered under it) or False (a launch it does not take)."""
+    """``launch`` where the cached launch did not launch: ``found`` is a key (no compiled
+    kernel for it there yet: the one found or compiled here is registered under it), or None or
+    False (a launch it does not take)."""
     stream = _stream(stream)
     grid = _dims(grid)
     cluster = None if block_in_cluster_count is None else _dims(block_in_cluster_count)
@@ -887,10 +906,7 @@ def _launch(
     else:
         _STATS["hits"] += 1
     keep = entry.keep
-    if found is None:
-        anns = _plan(kernel)[0]
-        _tile._cutile_plan(kernel, list(_plan(kernel)[2]), [_static_dims(a) for a in anns])
-    elif (
+    if (
         type(found) is _tile.CutileKey
         and len(keep) == len(args)
         and type(entry.kernel) is tile_py.Kernel
