@@ -2,14 +2,15 @@
 //! from the exported DLPack descriptors, the compiled kernel looked up by it, and the launch made
 //! with those very exports, all without running Python.
 //!
-//! `tile_py.cutile.launch` calls [`_cutile_launch`] first. It converts each argument once, as a
+//! `tile_py.cutile.launch` is [`launch`]. It converts each argument once, as a
 //! launch converts it (the DLPack handshake with the launch stream), computes the features cuTile
 //! specialises on from the validated descriptors (the same ones `tile_py.cutile._array_key`
 //! names: dtype, rank, base alignment, disjointness, 32-bit fit, per-dimension stride and extent
 //! divisibility, and the values of statically annotated extents and strides), and looks the
 //! compiled kernel up here. On a hit it launches through the checked launch
 //! ([`launch_converted`]): the exports it keyed on are the ones launched, each descriptor read
-//! once. Anything else hands every claim back and tells Python what to do:
+//! once. Anything else hands every claim back and calls Python's path (`_launch_uncached`),
+//! telling it what was found:
 //!
 //! - `None`: the kernel has no plan yet (`_cutile_plan` registers one: which parameters are
 //!   compile-time constants and which have static annotations);
@@ -371,19 +372,106 @@ enum Outcome {
     Miss(CutileKey),
 }
 
-/// `tile_py.cutile.launch`'s cached path: launches `kernel` (a cuTile kernel) on `stream` with
-/// `grid` and `args` when a compiled kernel for this specialisation is cached, and returns the
-/// `tile_py.LaunchHandle`; otherwise hands every claim back and returns None (no plan), False
-/// (a launch only Python's path takes) or the key to register a compiled kernel under. Raises
-/// what the checked launch raises once the kernel is found (the kernel's assumptions, limits,
-/// driver errors), after handing every claim back.
+/// The Python function that launches what the cached launch does not (`tile_py.cutile`'s
+/// `_launch_uncached`), set once when `tile_py.cutile` is imported.
+static FALLBACK: std::sync::OnceLock<Py<PyAny>> = std::sync::OnceLock::new();
+
+/// Sets the function [`launch`] calls for a launch the cache does not take (once; later calls
+/// are ignored).
 #[pyfunction]
-#[pyo3(signature = (kernel, stream, grid, args, cooperative = false, programmatic_dependent_launch = false))]
-pub(crate) fn _cutile_launch<'py>(
+pub(crate) fn _cutile_set_fallback(f: Py<PyAny>) {
+    let _ = FALLBACK.set(f);
+}
+
+/// Launches the cuTile kernel ``kernel`` (``@ct.kernel``) on ``stream`` with ``grid`` blocks
+/// and ``args``, as ``ct.launch(stream, grid, kernel, args)`` does, through tile's checked
+/// launch with block (1, 1, 1) (a tile kernel takes its thread count from its compiled code).
+/// Returns the ``tile_py.LaunchHandle`` to wait on or poll (the consumed tensors stay on the
+/// stream's release queue until the kernel has finished).
+///
+/// Takes what ``ct.launch`` takes: ``stream`` a torch, CuPy or numba-cuda stream, an object
+/// with ``__cuda_stream__`` (cuda.core) or an int handle (0 and 1 the legacy default stream);
+/// ``grid`` a tuple of at most 3 ints (padded with 1s; ``()`` is one block), each at most
+/// ``MAX_GRID_DIM`` (2**24 - 1, cuTile's limit), or an int; ``args`` PyTorch tensors, any
+/// ``__dlpack__`` producer, DLPack capsules, ``__cuda_array_interface__`` objects, scalars,
+/// tuples of these and lists of arrays. Every array is exported once, with the launch stream;
+/// its descriptor picks the compiled kernel, and that export is the one launched.
+///
+/// ``programmatic_dependent_launch``, ``cooperative`` and ``block_in_cluster_count`` (cluster
+/// dimensions) are ``ct.launch_extended``'s launch attributes.
+///
+/// A launch whose specialisation (see ``specialization_key``) was compiled before is found
+/// without running Python: the key is computed from the exported descriptors. The first launch
+/// with a new specialisation on a device of a new compute capability compiles and exports the
+/// kernel (seconds). Raises cuTile's errors first where ``ct.launch`` raises them (the grid,
+/// the argument count, and what compiling the kernel for these arguments raises, also when
+/// their arrays overlap), then ``NotImplementedError`` naming a parameter kind tile_py.cutile
+/// cannot pass, ``ValueError`` for overlapping arrays or a tensor that breaks the compiled
+/// assumptions, and every error of ``tile_py.launch``; all before anything is consumed.
+#[pyfunction(name = "_cutile_launch")]
+#[pyo3(signature = (stream, grid, kernel, args, /, *, programmatic_dependent_launch = false,
+                    cooperative = false, block_in_cluster_count = None))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch<'py>(
     py: Python<'py>,
-    kernel: &Bound<'py, PyAny>,
     stream: &Bound<'py, PyAny>,
     grid: &Bound<'py, PyAny>,
+    kernel: &Bound<'py, PyAny>,
+    args: &Bound<'py, PyAny>,
+    programmatic_dependent_launch: bool,
+    cooperative: bool,
+    block_in_cluster_count: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let found = match block_in_cluster_count {
+        Some(c) if !c.is_none() => PyBool::new(py, false).to_owned().into_any(),
+        _ => {
+            let r = cached_launch(
+                py,
+                kernel,
+                stream,
+                grid,
+                args,
+                cooperative,
+                programmatic_dependent_launch,
+            )?;
+            if let Outcome::Launched(h) = r {
+                return Ok(Bound::new(py, h)?.into_any());
+            }
+            outcome_object(py, r)?
+        }
+    };
+    let Some(fallback) = FALLBACK.get() else {
+        return Err(pyo3::exceptions::PyRuntimeError::new_err(
+            "tile_py.cutile is not imported (import tile_py.cutile, which sets up its launch)",
+        ));
+    };
+    let cluster = match block_in_cluster_count {
+        Some(c) => c.clone(),
+        None => py.None().into_bound(py),
+    };
+    fallback.bind(py).call1((
+        stream,
+        grid,
+        kernel,
+        args,
+        found,
+        programmatic_dependent_launch,
+        cooperative,
+        cluster,
+    ))
+}
+
+/// The cached launch alone: the `tile_py.LaunchHandle` when it launched, otherwise None (the
+/// kernel has no plan), False (a launch it does not take) or the key to register a compiled
+/// kernel under (see the module docs). Raises what the checked launch raises once the kernel
+/// is found, after handing every claim back.
+#[pyfunction]
+#[pyo3(signature = (stream, grid, kernel, args, cooperative = false, programmatic_dependent_launch = false))]
+pub(crate) fn _cutile_try<'py>(
+    py: Python<'py>,
+    stream: &Bound<'py, PyAny>,
+    grid: &Bound<'py, PyAny>,
+    kernel: &Bound<'py, PyAny>,
     args: &Bound<'py, PyAny>,
     cooperative: bool,
     programmatic_dependent_launch: bool,
@@ -397,6 +485,10 @@ pub(crate) fn _cutile_launch<'py>(
         cooperative,
         programmatic_dependent_launch,
     )?;
+    outcome_object(py, r)
+}
+
+fn outcome_object(py: Python<'_>, r: Outcome) -> PyResult<Bound<'_, PyAny>> {
     Ok(match r {
         Outcome::Launched(h) => Bound::new(py, h)?.into_any(),
         Outcome::NoPlan => py.None().into_bound(py),
@@ -520,7 +612,7 @@ fn cached_launch(
         g.as_ref()
             .and_then(|m| m.get(&kid))
             .and_then(|p| p.entries.get(&lookup))
-            .map(|e| (e.kernel.clone_ref(py), e.keep.clone()))
+            .map(|e| (e.kernel.clone_ref(py), SmallVec::<[bool; INLINE]>::from_slice(&e.keep)))
     };
     let Some((tile_kernel, keep)) = found else {
         tensors.abandon(py);

@@ -82,7 +82,9 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hooks::_pack_args, m)?)?;
     m.add_function(wrap_pyfunction!(export::_export, m)?)?;
     m.add_class::<cutile_cache::CutileKey>()?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_launch, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::launch, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_try, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_set_fallback, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_plan, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_register, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_clear, m)?)?;

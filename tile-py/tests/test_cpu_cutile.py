@@ -661,11 +661,11 @@ def test_the_cached_launch_leaves_what_it_does_not_take_to_python(fake_device):
     tc.clear_cache()
     x = Producer(shape=(64,), data=BASE)
     y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
-    assert tile_py._tile_py._cutile_launch(K.axpy, 1, (4,), (x, y, out, 2.0)) is None
+    assert tile_py._tile_py._cutile_try(1, (4,), K.axpy, (x, y, out, 2.0)) is None
     assert x.calls == []
     tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))  # registers the plan, then Python launches
     assert len(fake_device["launch"]) == 1 and len(x.calls) == 1
-    assert tile_py._tile_py._cutile_launch(K.axpy, 1, (4,), (x, y, out, 2.0)) is False
+    assert tile_py._tile_py._cutile_try(1, (4,), K.axpy, (x, y, out, 2.0)) is False
     assert len(x.calls) == 1
     tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))
     assert len(fake_device["launch"]) == 2 and len(x.calls) == 2

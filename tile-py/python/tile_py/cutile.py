@@ -82,7 +82,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tile_py
 from tile_py import _tile_py as _tile
 
-_cached_launch = _tile._cutile_launch
+_cutile_try = _tile._cutile_try
 _LaunchHandle = tile_py.LaunchHandle
 
 __all__ = [
@@ -790,62 +790,26 @@ def _stream(stream: Any) -> Any:
     return stream
 
 
-def launch(
+launch = _tile._cutile_launch  # the cached launch (Rust); its docs: help(launch)
+
+
+def _launch_uncached(
     stream: Any,
     grid: Any,
     kernel: Any,
     args: Sequence[Any],
-    /,
-    *,
-    programmatic_dependent_launch: bool = False,
-    cooperative: bool = False,
-    block_in_cluster_count: Any = None,
+    found: Any,
+    programmatic_dependent_launch: bool,
+    cooperative: bool,
+    block_in_cluster_count: Any,
 ) -> "tile_py.LaunchHandle":
-    """Launches the cuTile kernel ``kernel`` (``@ct.kernel``) on ``stream`` with ``grid`` blocks
-    and ``args``, as ``ct.launch(stream, grid, kernel, args)`` does, through ``tile_py.launch``
-    (block (1, 1, 1): a tile kernel takes its thread count from its compiled code). Returns the
-    ``tile_py.LaunchHandle`` to wait on or poll (the consumed tensors stay on the stream's
-    release queue until the kernel has finished).
-
-    Takes what ``ct.launch`` takes: ``stream`` a torch, CuPy or numba-cuda stream, an object
-    with ``__cuda_stream__`` (cuda.core) or an int handle (0 and 1 the legacy default stream);
-    ``grid`` a tuple of at most 3 ints (padded with 1s; ``()`` is one block), each at most
-    ``MAX_GRID_DIM`` (2**24 - 1, cuTile's limit), or an int; ``args`` PyTorch tensors, any
-    ``__dlpack__`` producer, DLPack capsules, ``__cuda_array_interface__`` objects, scalars,
-    tuples of these and lists of arrays. An argument known only through DLPack (and every
-    element of a list) is exported once, with the launch stream, its descriptor picks the
-    kernel, and that export is the one launched.
-
-    ``programmatic_dependent_launch``, ``cooperative`` and ``block_in_cluster_count`` (cluster
-    dimensions) are ``ct.launch_extended``'s launch attributes, passed to ``tile_py.launch``.
-
-    The first launch with a new specialisation (see ``specialization_key``) on a device of a
-    new compute capability compiles and exports the kernel (seconds); later ones find it in
-    memory. Raises cuTile's errors first where ``ct.launch`` raises them (the grid, the argument
-    count, and what compiling the kernel for these arguments raises, also when their arrays
-    overlap), then ``NotImplementedError`` naming a parameter kind tile_py.cutile cannot pass,
-    ``ValueError`` for overlapping arrays or a tensor that breaks the compiled assumptions,
-    and every error of ``tile_py.launch``; all before anything is consumed.
-    """
-    if block_in_cluster_count is None:
-        # The cached launch (Rust): every array exported once, keyed on its descriptor, and
-        # launched when a compiled kernel is cached for the key; otherwise it hands every
-        # claim back and says why (see _launch).
-        found = _cached_launch(
-            kernel, stream, grid, args, cooperative, programmatic_dependent_launch
-        )
+    """What ``launch`` calls when the cached launch did not launch: ``found`` is None (the
+    kernel's first launch: its plan is registered and the launch keyed), a key (no compiled
+    kernel for it cached yet) or False (a launch the cache does not take)."""
+    if found is None and _register_plan(kernel):
+        found = _cutile_try(stream, grid, kernel, args, cooperative, programmatic_dependent_launch)
         if type(found) is _LaunchHandle:
             return found
-        if found is None and _register_plan(kernel):
-            # A kernel's first launch: keyed now, so that what Python's path finds or compiles
-            # is registered for the cached launch.
-            found = _cached_launch(
-                kernel, stream, grid, args, cooperative, programmatic_dependent_launch
-            )
-            if type(found) is _LaunchHandle:
-                return found
-    else:
-        found = False
     return _launch(
         stream, grid, kernel, args, found,
         programmatic_dependent_launch, cooperative, block_in_cluster_count,
@@ -873,9 +837,10 @@ def _launch(
     cooperative: bool,
     block_in_cluster_count: Any,
 ) -> "tile_py.LaunchHandle":
-    """``launch`` where the cached launch did not launch: ``found`` is a key (no compiled
-    kernel for it there yet: the one found or compiled here is registered under it), or None or
-    False (a launch it does not take)."""
+    """Python's launch: the specialisation key from the arguments' layouts, the compiled kernel
+    found or compiled, and ``tile_py.launch``. ``found`` is what the cached launch found: a key
+    (the kernel found or compiled here is registered under it for later launches), or None or
+    False."""
     stream = _stream(stream)
     grid = _dims(grid)
     cluster = None if block_in_cluster_count is None else _dims(block_in_cluster_count)
@@ -1023,3 +988,6 @@ def clear_cache() -> None:
     with _LOCK:
         _CACHE.clear()
         _tile._cutile_clear()
+
+
+_tile._cutile_set_fallback(_launch_uncached)
