@@ -223,7 +223,8 @@ mod tag {
 /// appended to `out`: the DLPack dtype, the rank, one word of flags (16-byte aligned base,
 /// disjoint, every extent and stride fits 32 bits) and, for at most 5 dimensions, one word of
 /// per-dimension bits (stride in bytes divisible by 16, stride 1, extent divisible by 16,
-/// extent 1), then the values at the statically annotated dimensions.
+/// extent 1; the stride-1 bit only without static strides), then the values at the statically
+/// annotated dimensions.
 pub(crate) fn array_words(
     view: &TensorView<'_>,
     statics: Option<&(Vec<i64>, Vec<i64>)>,
@@ -243,13 +244,15 @@ pub(crate) fn array_words(
     out.push(
         u64::from(aligned) | u64::from(disjoint(shape, strides)) << 1 | u64::from(fits32) << 2,
     );
+    // With static strides annotated, cuTile infers no stride of 1 elsewhere (`_keyed_features`).
+    let unit_strides = statics.is_none_or(|(_, stride_dims)| stride_dims.is_empty());
     if shape.len() <= 5 {
         let mut w = 0u64;
         for (d, (&n, &s)) in shape.iter().zip(strides).enumerate() {
             let (n, s) = (i128::from(n), i128::from(s));
             let sb = s * bits;
             let f = u64::from(sb % 8 == 0 && (sb / 8) % 16 == 0)
-                | u64::from(s == 1) << 1
+                | u64::from(unit_strides && s == 1) << 1
                 | u64::from((n * bits) % 8 == 0 && n % 16 == 0) << 2
                 | u64::from(n == 1) << 3;
             w |= f << (4 * d);
@@ -612,7 +615,12 @@ fn cached_launch(
         g.as_ref()
             .and_then(|m| m.get(&kid))
             .and_then(|p| p.entries.get(&lookup))
-            .map(|e| (e.kernel.clone_ref(py), SmallVec::<[bool; INLINE]>::from_slice(&e.keep)))
+            .map(|e| {
+                (
+                    e.kernel.clone_ref(py),
+                    SmallVec::<[bool; INLINE]>::from_slice(&e.keep),
+                )
+            })
     };
     let Some((tile_kernel, keep)) = found else {
         tensors.abandon(py);

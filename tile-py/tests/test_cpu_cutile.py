@@ -111,17 +111,25 @@ def test_mapped_array_refuses_what_breaks_the_constraint():
     assert c_ok.calls == 0
 
 
-def test_unsupported_constraints_name_the_parameter():
-    static = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, shape_constant=(0,),
-                             stride_lower_bound_incl=0, alias_groups=(),
-                             may_alias_internally=False)
-    with pytest.raises(NotImplementedError, match=r"parameter 'x': a static extent of 0"):
-        tc.params_from_signature(v2([static]), ["x"])
-    broadcast = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_constant=(0,),
-                                stride_lower_bound_incl=0, alias_groups=(),
-                                may_alias_internally=False)
-    with pytest.raises(NotImplementedError, match=r"parameter 'x': a static stride of 0"):
-        tc.params_from_signature(v2([broadcast]), ["x"])
+def test_static_zero_extents_and_strides_declare_no_check_and_negative_ones_are_refused():
+    """A static extent or stride of 0 (an empty or broadcast dimension) is keyed by value and
+    declared without a launch-time check; a negative one names the parameter."""
+    def array(**kw):
+        return ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_lower_bound_incl=0,
+                               alias_groups=(), may_alias_internally=True, **kw)
+
+    for zero, desc, words in [
+        (dict(shape_constant=(0,)), dict(shape=(0,)), [BASE, 0, 1]),
+        (dict(stride_constant=(0,)), dict(shape=(64,), strides=(0,)), [BASE, 64, 0]),
+    ]:
+        (param,), keep = tc.params_from_signature(v2([array(**zero)]), ["x"])
+        cap, _ = make_capsule(data=BASE, **desc)
+        assert keep == (True,) and tile_py._pack_args([param], (cap,), stream=0x1234) == words
+    negative = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_constant=(-2,),
+                               stride_lower_bound_incl=(None,),
+                               alias_groups=(), may_alias_internally=True)
+    with pytest.raises(NotImplementedError, match=r"parameter 'x': a static stride of -2"):
+        tc.params_from_signature(v2([negative]), ["x"])
     with pytest.raises(NotImplementedError, match=r"parameter 'h': a scalar of dtype"):
         tc.params_from_signature(v2([ScalarConstraint(ct.float16)]), ["h"])
 
@@ -626,14 +634,13 @@ def _python_features(dtype, data, shape, strides, static=None):
             acc *= n
         strides = tuple(reversed(st))
     bits = dtype[1] * dtype[2]
-    f = tc._array_features(("dlpack",) + tuple(dtype), bits, data, tuple(shape), tuple(strides))
-    span = tc._span(bits, data, tuple(shape), tuple(strides))
-    if static is not None:
-        f = (f, tc._at(shape, static[0]), tc._at(strides, static[1]))
-    return f, span
+    f = tc._keyed_features(
+        ("dlpack",) + tuple(dtype), bits, data, tuple(shape), tuple(strides), static
+    )
+    return f, tc._span(bits, data, tuple(shape), tuple(strides))
 
 
-@pytest.mark.parametrize("static", [None, ((0, -1), (1,)), ((5,), (-3, 0))])
+@pytest.mark.parametrize("static", [None, ((0, -1), (1,)), ((5,), (-3, 0)), ((0,), ())])
 def test_rust_features_match_python_features(static):
     """Two layouts get the same key words from the cached launch exactly when this module's
     features (which decide the compiled kernel) are the same, and the spans of the overlap

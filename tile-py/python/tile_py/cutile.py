@@ -64,7 +64,7 @@ what the staged buffer holds) and are not part of the overlap check (cuTile comp
 possibly aliasing).
 
 What cuTile supports and this module does not (yet): tensor-map, pointer and dataclass
-parameters, and static extents or strides of 0 or below. Each raises ``NotImplementedError``
+parameters, and negative static extents or strides. Each raises ``NotImplementedError``
 naming the parameter, before anything is consumed. tile cannot tell which arrays a cuTile kernel
 writes: every array is declared as read (``In``), so read-only tensors are not refused.
 
@@ -435,12 +435,22 @@ def _leaf_key(obj: Any, constant: bool, w: _Walk, ann: Any = None):
     span = _span(bits, ptr, shape, strides)
     if span is not None:
         w.spans.append((span[0], span[1], len(w.spans)))
+    return _keyed_features(dtype, bits, ptr, shape, strides, _static_dims(ann))
+
+
+def _keyed_features(dtype: Any, bits: int, ptr: int, shape: Tuple[int, ...],
+                    strides: Tuple[int, ...], static: Any):
+    """An array's part of the key: its features, and with a static annotation the annotated
+    extents and strides, which are compiled in as constants (their values decide the code).
+    With static strides annotated, cuTile no longer infers a stride of 1 in the other
+    dimensions (its signature has no such constant there), so those bits leave the key."""
     features = _array_features(dtype, bits, ptr, shape, strides)
-    static = _static_dims(ann)
     if static is None:
         return features
-    # The annotated extents and strides are compiled in as constants: their values decide the
-    # code.
+    if static[1]:
+        kind, dt, ndim, aligned, disjoint, fits32, per_dim = features
+        features = (kind, dt, ndim, aligned, disjoint, fits32,
+                    tuple((a, False, c, d) for a, _b, c, d in per_dim))
     return (features, _at(shape, static[0]), _at(strides, static[1]))
 
 
@@ -508,8 +518,7 @@ def _list_key(obj: List[Any], ann: Any, name: str, w: _Walk):
         words.append(ptr)
         words.extend(shape)
         words.extend(strides)
-        f = _array_features(lay[0], bits, ptr, shape, strides)
-        keys.append(f if static is None else (f, _at(shape, static[0]), _at(strides, static[1])))
+        keys.append(_keyed_features(lay[0], bits, ptr, shape, strides, static))
     w.exports[index] = (_ListArg(words, keep, device, len(obj)), shown)
     return ("list",) + tuple(keys)
 
@@ -613,8 +622,10 @@ def _array_param(c: Any, where: str) -> "tile_py.Param":
             unit_stride.append(d)
         elif v > 1:
             stride_div[d] = math.lcm(stride_div[d], v)
-        else:
+        elif v < 0:
             raise NotImplementedError(f"{where}: a static stride of {v} in dimension {d}")
+        # A static stride of 0 (a broadcast dimension) has no launch-time check here: only
+        # arrays with that stride have this kernel's key.
     unit_shape = []
     for d, v in enumerate(c.shape_constant):
         if v is None:
@@ -623,8 +634,9 @@ def _array_param(c: Any, where: str) -> "tile_py.Param":
             unit_shape.append(d)
         elif v > 1:
             shape_div[d] = math.lcm(shape_div[d], v)
-        else:
+        elif v < 0:
             raise NotImplementedError(f"{where}: a static extent of {v} in dimension {d}")
+        # A static extent of 0 (an empty dimension): as a static stride of 0.
     if any(d > 1 for d in stride_div):
         assume["stride_divisible_by"] = stride_div
     if any(d > 1 for d in shape_div):
