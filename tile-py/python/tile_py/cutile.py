@@ -19,11 +19,14 @@ is one block), each at most ``MAX_GRID_DIM`` (cuTile's 24-bit limit, refused wit
 message). cuTile's own errors come first where it would raise them (the grid, the argument
 count, and what compiling for these arguments raises).
 
-How it works. The kernel is exported ahead of time (``cuda.tile.compilation.export_kernel``) for
-the signature cuTile itself would use for these arguments (``KernelSignature.from_kernel_args``,
-calling convention ``cutile_python_v2``), as a cubin for the compute capability of the stream's
-device, once per specialisation, and kept in memory (cuTile's own on-disk cache, where it is
-enabled, serves repeated exports across processes). The cubin is loaded with
+How it works. The kernel is compiled as ``ct.launch`` compiles it (the kernel's own compile,
+with cuTile's compiler options and context) for the signature cuTile itself would use for these
+arguments (``KernelSignature.from_kernel_args``, calling convention ``cutile_python_v2``), as a
+cubin for the compute capability of the stream's device, once per specialisation, and kept in
+memory (cuTile's own on-disk cache, where it is enabled, serves repeated compiles across
+processes). A launch whose specialisation was compiled before is found by the cached launch
+(Rust), which computes the key from the exported descriptors without running Python. The cubin
+is loaded with
 ``tile_py.Library.from_bytes`` and its parameters declared from the signature's constraints:
 
 - an array becomes an array parameter, ``In(dtype, ndim=n, index=...)``: pointer, ``n`` extents,
@@ -73,7 +76,6 @@ Importing ``tile_py`` does not import ``cuda.tile``; this module imports it on f
 
 from __future__ import annotations
 
-import io
 import math
 import operator
 import threading
@@ -745,15 +747,24 @@ def _replace_leaves(x: Any, by: Dict[int, Any], at: List[int]) -> Any:
 
 
 def _compile(kernel: Any, args: Tuple[Any, ...], cc: Tuple[int, int]) -> _Compiled:
-    from cuda.tile.compilation import CallingConvention, KernelSignature, export_kernel
+    """Compiles ``kernel`` for ``args`` as ``ct.launch`` does: the signature cuTile derives for
+    them, compiled by the kernel's own ``_compile`` (cuTile's compiler options, its context and
+    on-disk cache) for compute capability ``cc``, loaded as a tile library."""
+    from cuda.tile._cext import default_tile_context
+    from cuda.tile.compilation import CallingConvention, KernelSignature
 
     convention = getattr(CallingConvention, _CONVENTION)()
     sig = KernelSignature.from_kernel_args(kernel, args, convention)
     params, keep = params_from_signature(sig, _plan(kernel)[1])
-    buf = io.BytesIO()
-    export_kernel(kernel, [sig], buf, gpu_code=f"sm_{cc[0]}{cc[1]}", output_format="cubin")
-    lib = tile_py.Library.from_bytes(buf.getvalue())
-    return _Compiled(lib.kernel(sig.symbol, params), keep, sig)
+    cubin, symbol, _, lifecycle = kernel._compile(sig, default_tile_context, cc)
+    if lifecycle:
+        # Libraries that need cuTile's load hooks (NVSHMEM) are loaded by cuTile alone.
+        raise NotImplementedError(
+            "tile_py.cutile: a kernel whose library needs cuTile's load hooks "
+            f"({', '.join(getattr(p, '__name__', str(p)) for p in lifecycle)})"
+        )
+    lib = tile_py.Library.from_bytes(bytes(cubin))
+    return _Compiled(lib.kernel(symbol, params), keep, sig)
 
 
 # ---- cuTile's launch conventions ---------------------------------------------------------------
