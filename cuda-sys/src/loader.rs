@@ -296,6 +296,10 @@ entry_points! {
     cuGraphCreate: PFN_cuGraphCreate_v10000 @ 10000;
     cuGraphDestroy: PFN_cuGraphDestroy_v10000 @ 10000;
     cuGraphClone: PFN_cuGraphClone_v10000 @ 10000;
+    cuGraphGetNodes: PFN_cuGraphGetNodes_v10000 @ 10000;
+    cuGraphNodeGetType: PFN_cuGraphNodeGetType_v10000 @ 10000;
+    cuGraphMemAllocNodeGetParams: PFN_cuGraphMemAllocNodeGetParams_v11040 @ 11040;
+    cuGraphChildGraphNodeGetGraph: PFN_cuGraphChildGraphNodeGetGraph_v10000 @ 10000;
     /// The flags form `cuGraphInstantiate(CUgraphExec *, CUgraph, unsigned long long flags)`
     /// that cuda.h 12.0+ declares: cuda.h maps the name to `cuGraphInstantiateWithFlags`, which is
     /// the symbol resolved.

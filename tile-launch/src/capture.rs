@@ -64,10 +64,12 @@
 //! node after tile's kernel node? Only a guard whose memory is *known* to be an allocation of
 //! this capture could be, and only if its deleter frees stream-ordered on a stream of the same
 //! capture; a deleter run early that frees otherwise (another stream, `cuMemFree`) would free
-//! memory the kernel node uses at every replay. Telling a graph allocation apart needs the
-//! capture graph's allocation nodes (`cuGraphGetNodes`, `cuGraphNodeGetType`,
-//! `cuGraphMemAllocNodeGetParams`); pointer attributes do not say it. So tile takes the safe
-//! side: it never runs a deleter before the graph is gone, and costs at most one graph allocation
+//! memory the kernel node uses at every replay. tile does tell a graph allocation apart (the
+//! capture graph's allocation nodes: `cuGraphGetNodes`, `cuGraphNodeGetType`,
+//! `cuGraphMemAllocNodeGetParams`; pointer attributes do not say it), but only to accept it
+//! where the driver knows no memory at the pointer (host memory labelled as device memory is
+//! refused inside captures as outside), not to know how its deleter frees. So tile takes the
+//! safe side: it never runs a deleter before the graph is gone, and costs at most one graph allocation
 //! kept between the last launch and the graph's destruction. A graph that is destroyed without
 //! ever being launched never made the allocation; its producer's late free may then fail (and
 //! `cudarc` records that error).
@@ -412,7 +414,10 @@ pub(crate) fn attach(
     .check("cuUserObjectCreate");
     if let Err(e) = created {
         // SAFETY: no user object owns `p`; it is reclaimed once.
-        drop(unsafe { GraphReleaser::<Guard>::reclaim(p) });
+        let parcel = unsafe { GraphReleaser::<Guard>::reclaim(p) };
+        // Released as a finished launch's guards are: context current, capture mode relaxed
+        // (the capture in progress is this thread's).
+        ctx.releasing(|| drop(parcel));
         return Err(e.into());
     }
     // SAFETY: `graph` is the graph the stream is capturing into; `object` is live with our one

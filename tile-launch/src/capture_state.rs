@@ -54,6 +54,64 @@ pub(crate) fn capturing_graph(
     }
 }
 
+/// Whether `ptr` lies in memory that an allocation node of `graph` (or of a graph nested in it,
+/// `depth` levels down so far) allocates: `cuGraphGetNodes`, then per node `cuGraphNodeGetType`
+/// and `cuGraphMemAllocNodeGetParams` (or `cuGraphChildGraphNodeGetGraph`). Only asked for a
+/// pointer the driver does not know while its stream captures, to tell a graph allocation (no
+/// backing until the graph runs) from host memory labelled as device memory. Queries only: the
+/// capture is not disturbed.
+#[doc(alias = "cuGraphMemAllocNodeGetParams")]
+pub(crate) fn graph_allocates(
+    d: &Driver,
+    graph: cuda_sys::CUgraph,
+    ptr: u64,
+    depth: u32,
+) -> Result<bool, CudaError> {
+    use cuda_sys::{CUDA_MEM_ALLOC_NODE_PARAMS, CUgraphNode, CUgraphNodeType};
+    // Graphs nest as deep as their makers nest them; past this, nothing is assumed allocated.
+    const MAX_DEPTH: u32 = 16;
+    if depth > MAX_DEPTH {
+        return Ok(false);
+    }
+    let mut n: usize = 0;
+    // SAFETY: a null node array asks for the count only; `graph` is the live graph of a capture
+    // in progress (or a child of it), which may be queried.
+    unsafe { (d.cuGraphGetNodes)(graph, std::ptr::null_mut(), &mut n) }.check("cuGraphGetNodes")?;
+    if n == 0 {
+        return Ok(false);
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` has room for `n` handles; the driver writes at most `n`.
+    unsafe { (d.cuGraphGetNodes)(graph, nodes.as_mut_ptr(), &mut n) }.check("cuGraphGetNodes")?;
+    nodes.truncate(n);
+    for node in nodes {
+        let mut ty = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: `node` is a node of `graph`; out-pointer to a local.
+        unsafe { (d.cuGraphNodeGetType)(node, &mut ty) }.check("cuGraphNodeGetType")?;
+        if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+            // SAFETY: a plain C struct of integers and pointers, for which all-zero is valid.
+            let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            // SAFETY: an allocation node; the driver fills the whole parameter struct (its
+            // access descriptors stay owned by the node).
+            unsafe { (d.cuGraphMemAllocNodeGetParams)(node, &mut p) }
+                .check("cuGraphMemAllocNodeGetParams")?;
+            let start = p.dptr;
+            if ptr >= start && ptr - start < p.bytesize as u64 {
+                return Ok(true);
+            }
+        } else if ty == CUgraphNodeType::CU_GRAPH_NODE_TYPE_GRAPH {
+            let mut child: cuda_sys::CUgraph = std::ptr::null_mut();
+            // SAFETY: a child-graph node; the handle returned is owned by the node.
+            unsafe { (d.cuGraphChildGraphNodeGetGraph)(node, &mut child) }
+                .check("cuGraphChildGraphNodeGetGraph")?;
+            if graph_allocates(d, child, ptr, depth + 1)? {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// Whether `stream` is capturing (active or invalidated), with `cuStreamIsCapturing`.
 pub(crate) fn is_capturing(d: &Driver, stream: CUstream) -> Result<bool, CudaError> {
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;

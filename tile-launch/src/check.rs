@@ -216,7 +216,7 @@ fn check_bound(
         args,
         ctx.ordinal(),
         s.checks_pointer_devices(),
-        capture.is_some(),
+        capture.map(|(graph, _)| graph),
     )?;
     if let Some((_, ours)) = capture {
         check_capture_joins(d, s.raw(), ours, args)?;
@@ -274,7 +274,7 @@ fn check_pointer_memory(
     args: &[Arg<'_>],
     ordinal: i32,
     devices: bool,
-    capturing: bool,
+    capture: Option<cuda_sys::CUgraph>,
 ) -> Result<()> {
     use tile_dlpack::ffi::DLDeviceType;
     for (index, arg) in args.iter().enumerate() {
@@ -298,9 +298,12 @@ fn check_pointer_memory(
         }
         if !t.memory_trusted {
             let Some(memory) = crate::context::memory_of_pointer_with(d, view.data_ptr()) else {
-                if capturing {
-                    // Memory a graph allocates (an allocation node of the capture in progress)
-                    // has no backing the driver can describe until the graph runs.
+                // Memory a graph allocates (an allocation node of the capture in progress) has
+                // no backing the driver can describe until the graph runs: it is told from host
+                // memory by the capture's own allocation nodes.
+                if let Some(graph) = capture
+                    && crate::capture_state::graph_allocates(d, graph, view.data_ptr(), 0)?
+                {
                     continue;
                 }
                 return Err(Error::NotDeviceMemory {

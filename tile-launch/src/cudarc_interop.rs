@@ -54,15 +54,55 @@ use crate::{Context, Stream};
 /// A refused export of a moved-in `CudaSlice`: the error, and the slice, untouched (not freed,
 /// no event recorded for it).
 ///
-/// Converts into [`Error`] with `?` (dropping, and so freeing, the slice).
+/// Converts into [`Error`] with `?` as [`Error::ExportRefused`], which keeps the slice for the
+/// caller ([`Error::take_slice`]). Wherever the slice is finally dropped unclaimed (with this
+/// value, or with the error it became), it is freed with its context current, or leaked
+/// (logged) while its stream captures: most refusals happen while that stream captures, and a
+/// `cudarc` free there would record and wait on events inside the capture.
 pub struct ExportError<T> {
     error: Error,
-    slice: CudaSlice<T>,
+    slice: Handed<T>,
+}
+
+/// A slice handed back by a refusal: freed safely ([`release`]) if dropped unclaimed.
+struct Handed<T>(Option<CudaSlice<T>>);
+
+impl<T> Drop for Handed<T> {
+    fn drop(&mut self) {
+        if let Some(slice) = self.0.take() {
+            release(slice);
+        }
+    }
+}
+
+impl<T> Handed<T> {
+    fn take(&mut self) -> CudaSlice<T> {
+        self.0.take().expect("a handed-back slice is taken once")
+    }
+}
+
+/// The slice an [`Error::ExportRefused`] holds, of any element type; freed safely (see
+/// [`ExportError`]) when dropped unclaimed.
+pub struct HeldSlice(Box<dyn std::any::Any + Send + Sync>);
+
+impl HeldSlice {
+    pub(crate) fn take<T: 'static>(&mut self) -> Option<CudaSlice<T>> {
+        self.0.downcast_mut::<Handed<T>>()?.0.take()
+    }
+}
+
+impl fmt::Debug for HeldSlice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HeldSlice { .. }")
+    }
 }
 
 impl<T> ExportError<T> {
     fn new(error: Error, slice: CudaSlice<T>) -> Self {
-        Self { error, slice }
+        Self {
+            error,
+            slice: Handed(Some(slice)),
+        }
     }
 
     /// Why the export was refused.
@@ -71,13 +111,14 @@ impl<T> ExportError<T> {
     }
 
     /// The caller's slice, handed back.
-    pub fn into_slice(self) -> CudaSlice<T> {
-        self.slice
+    pub fn into_slice(mut self) -> CudaSlice<T> {
+        self.slice.take()
     }
 
     /// The error and the slice.
-    pub fn into_parts(self) -> (Error, CudaSlice<T>) {
-        (self.error, self.slice)
+    pub fn into_parts(mut self) -> (Error, CudaSlice<T>) {
+        let slice = self.slice.take();
+        (self.error, slice)
     }
 }
 
@@ -85,7 +126,7 @@ impl<T> fmt::Debug for ExportError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExportError")
             .field("error", &self.error)
-            .field("slice_len", &self.slice.len())
+            .field("slice_len", &self.slice.0.as_ref().map(|s| s.len()))
             .finish()
     }
 }
@@ -102,9 +143,13 @@ impl<T> std::error::Error for ExportError<T> {
     }
 }
 
-impl<T> From<ExportError<T>> for Error {
+impl<T: Send + Sync + 'static> From<ExportError<T>> for Error {
     fn from(e: ExportError<T>) -> Self {
-        e.error
+        let ExportError { error, slice } = e;
+        Error::ExportRefused {
+            source: Box::new(error),
+            slice: HeldSlice(Box::new(slice)),
+        }
     }
 }
 

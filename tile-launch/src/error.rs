@@ -157,7 +157,9 @@ pub enum Error {
 
     /// A tensor's data pointer is not memory the driver knows as device, managed or page-locked
     /// host memory (`cuPointerGetAttributes`): plain host memory labelled as device memory,
-    /// which a kernel cannot address (it would fault and poison the context).
+    /// which a kernel cannot address (it would fault and poison the context). While the stream
+    /// captures, a pointer into an allocation node of the capture's graph (memory without a
+    /// backing until the graph runs) is accepted; any other unknown pointer is refused.
     #[error(
         "argument {index}: tensor says it is on {tensor}, but the driver does not know its data \
          pointer {address:#x} as device, managed or page-locked host memory (host memory \
@@ -343,6 +345,35 @@ pub enum Error {
     )]
     #[non_exhaustive]
     ThreadRelativeStream,
+
+    /// A moved-in `CudaSlice` was not exported (`cudarc_interop::ExportError` converted with
+    /// `?`): why, and the slice itself, which this error holds for the caller
+    /// ([`Error::take_slice`]). Dropped with the error, the slice is freed as a released
+    /// tensor's is: with its context current, or leaked (logged) while its stream captures, so
+    /// that the free cannot disturb that capture.
+    #[cfg(feature = "cudarc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+    #[error("{source}")]
+    #[non_exhaustive]
+    ExportRefused {
+        /// Why the export was refused.
+        source: Box<Error>,
+        /// The slice handed back.
+        slice: crate::cudarc_interop::HeldSlice,
+    },
+}
+
+impl Error {
+    /// The `CudaSlice<T>` an [`Error::ExportRefused`] holds, taken out of it (`None` for any
+    /// other error, for another element type, or once taken).
+    #[cfg(feature = "cudarc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+    pub fn take_slice<T: 'static>(&mut self) -> Option<cudarc::driver::CudaSlice<T>> {
+        match self {
+            Error::ExportRefused { slice, .. } => slice.take(),
+            _ => None,
+        }
+    }
 }
 
 /// Why a shape and strides (in elements) do not describe a tensor inside a buffer

@@ -38,8 +38,9 @@ impl Stream {
     /// [`Error::Cuda`] from a driver call made by the checks (e.g.
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when the stream's capture was invalidated: nothing
     /// consumed), or if a wait or the launch fails (the consumed tensors are released before the
-    /// error returns, since nothing was enqueued that uses them; for a capturing stream, they are
-    /// released with the graph).
+    /// error returns, since nothing was enqueued that uses them, as a finished launch's are: with
+    /// the stream's context current and the capture mode relaxed; for a capturing stream, they
+    /// are released with the graph).
     ///
     /// # Capture
     ///
@@ -164,8 +165,8 @@ impl Checked<'_, '_> {
     /// [`Error::Descriptor`] if a tensor's deleter-owning export cannot be taken over (see
     /// [`Unused::consume`](tile_dlpack::Unused::consume); what was consumed is released), and
     /// [`Error::Cuda`] if a wait or the launch fails (the consumed tensors are released, since
-    /// nothing was enqueued that uses them; for a capturing stream, they are released with the
-    /// graph).
+    /// nothing was enqueued that uses them, with the stream's context current and the capture
+    /// mode relaxed; for a capturing stream, they are released with the graph).
     #[doc(alias = "cuLaunchKernel")]
     #[inline]
     pub fn launch(self) -> Result<LaunchHandle> {
@@ -242,9 +243,13 @@ impl Checked<'_, '_> {
         for (index, arg) in self.args.drain(..).enumerate() {
             let Arg::Tensor(t) = arg else { continue };
             let used = match t.source {
-                TensorSource::Unused(u) => u
-                    .consume()
-                    .map_err(|source| Error::Descriptor { index, source })?,
+                TensorSource::Unused(u) => match u.consume() {
+                    Ok(used) => used,
+                    Err(source) => {
+                        release_taken(ctx, guards);
+                        return Err(Error::Descriptor { index, source });
+                    }
+                },
                 TensorSource::Used(u) => u,
             };
             guards.push(guard(index, used));
@@ -270,7 +275,10 @@ impl Checked<'_, '_> {
         for p in waits {
             // SAFETY: `TensorArg::ready_on`'s contract: `p` is a valid stream of this context,
             // which is bound.
-            unsafe { tracker.timeline().wait_for(p) }?;
+            if let Err(e) = unsafe { tracker.timeline().wait_for(p) } {
+                release_taken(ctx, guards);
+                return Err(e.into());
+            }
         }
         let mut attrs = launch_attributes(config);
         let cfg = CUlaunchConfig {
@@ -352,6 +360,16 @@ impl Checked<'_, '_> {
                 }))
             }
         }
+    }
+}
+
+/// Releases what a launch refused after consuming took (its guards: consumed tensors, owners),
+/// as a finished launch's are released: with the stream's context current and the capture mode
+/// relaxed ([`Context::releasing`]), so that a deleter that frees memory cannot invalidate
+/// another thread's global-mode capture.
+fn release_taken(ctx: &crate::Context, guards: Vec<Guard>) {
+    if !guards.is_empty() {
+        ctx.releasing(|| drop(guards));
     }
 }
 

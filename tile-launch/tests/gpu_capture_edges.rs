@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use cuda_sys::{CUdeviceptr, CUstreamCaptureStatus, CuResultExt};
 use cudarc::driver::CudaSlice;
 use gpu_common::{
@@ -331,6 +331,53 @@ fn graph_with_an_allocation_node_replays() -> Result<()> {
     cc.expect_eventually(1, "out")?;
     g.producer.synchronize()?;
     g.producer.context().check_err()?;
+    Ok(())
+}
+
+/// 5b: inside a capture, host memory labelled as device memory is refused as it is outside one
+/// (the driver knows no memory at either pointer; only the graph allocation is an allocation
+/// node of the capture), nothing is consumed, and the capture stays active and usable.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn host_memory_is_refused_inside_a_capture_and_a_graph_allocation_is_not() -> Result<()> {
+    let g = gpu(0)?;
+    // SAFETY: as in `graph_with_an_allocation_node_replays`.
+    unsafe { g.producer.context().disable_event_tracking() };
+    let k = vector_add(&g.ctx)?;
+    let a = g.producer.clone_htod(&random(N, 52))?;
+    let out = g.producer.alloc_zeros::<f32>(N)?;
+    g.producer.synchronize()?;
+    let host = vec![0f32; N];
+    let s = Stream::from_cudarc(&g.ctx, &g.producer)?;
+    let capture = s.begin_capture(CaptureMode::Global)?;
+    let tmp = g.producer.alloc_zeros::<f32>(N)?;
+    let (ta, ca) = view(address(&a), N, 0)?;
+    let (th, ch) = view(host.as_ptr() as u64, N, 0)?;
+    let (tc, cc) = view(address(&out), N, 0)?;
+    let refused = s.launch(&k, &cfg(), vector_add_args(ta, th, tc, 1, N));
+    let Err(e) = refused else {
+        bail!("host memory labelled as device memory was accepted inside a capture");
+    };
+    ensure!(
+        matches!(e, tile_launch::Error::NotDeviceMemory { index: 1, .. }),
+        "refused with {e:?}, not NotDeviceMemory for argument 1"
+    );
+    ensure!(
+        ca.get() + ch.get() + cc.get() == 0,
+        "a refused launch released something"
+    );
+    // The graph allocation of this capture is accepted, and the capture is still active.
+    let (ta, _) = view(address(&a), N, 0)?;
+    let (tt, _) = view(address(&tmp), N, 0)?;
+    let (tc, _) = view(address(&out), N, 0)?;
+    s.launch(&k, &cfg(), vector_add_args(ta, tt, tc, 1, N))?
+        .retire()?;
+    let graph = capture.end()?;
+    let exec = graph.instantiate()?;
+    exec.launch(&s)?;
+    s.synchronize()?;
+    drop((exec, graph, tmp));
+    g.producer.synchronize()?;
     Ok(())
 }
 
