@@ -112,7 +112,7 @@ fn cuda_result_is_a_transparent_u32() {
 #[test]
 fn entry_points_ask_for_abis_no_newer_than_cuda_13_0() {
     let table = Driver::ENTRY_POINTS;
-    assert_eq!(table.len(), 71);
+    assert_eq!(table.len(), 75);
     for entry in table {
         assert!(entry.version <= 13000, "{entry:?}");
         assert!(
