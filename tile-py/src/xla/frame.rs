@@ -199,11 +199,6 @@ impl<'a> Frame<'a> {
                     let s = unsafe { &*value.cast::<sys::XLA_FFI_Scalar>() };
                     Attr::Scalar(s.dtype, s.value.cast_const())
                 }
-                sys::XLA_FFI_AttrType::XLA_FFI_AttrType_ARRAY => {
-                    // SAFETY: an array attribute is an `XLA_FFI_Array` of `size` elements.
-                    let s = unsafe { &*value.cast::<sys::XLA_FFI_Array>() };
-                    Attr::Array(s.dtype, s.size, s.data.cast_const())
-                }
                 _ => Attr::Other,
             };
             out.push((name, attr));
@@ -298,14 +293,12 @@ pub(crate) fn answer_metadata(ext: &mut sys::XLA_FFI_Metadata_Extension) -> Resu
     Ok(())
 }
 
-/// An attribute's value, as far as tile reads attributes (scalars and arrays).
+/// An attribute's value, as far as tile reads attributes (scalars).
 #[derive(Clone, Copy)]
 pub(crate) enum Attr {
     /// A scalar: its dtype and a pointer to its value.
     Scalar(sys::XLA_FFI_DataType, *const c_void),
-    /// An array: its dtype, length and elements.
-    Array(sys::XLA_FFI_DataType, usize, *const c_void),
-    /// A dictionary or a string (tile's attributes have neither).
+    /// An array, a dictionary or a string (tile's attributes are all scalars).
     Other,
 }
 
@@ -319,23 +312,6 @@ impl Attr {
             }
             _ => Err(FfiError::invalid(format!(
                 "tile_py.jax: attribute `{name}` must be an int64 scalar"
-            ))),
-        }
-    }
-
-    /// The attribute as an `i64` array.
-    pub(crate) fn i64s(&self, name: &str) -> Result<Vec<i64>, FfiError> {
-        match *self {
-            Attr::Array(sys::XLA_FFI_DataType::XLA_FFI_DataType_S64, n, p)
-                if n == 0 || !p.is_null() =>
-            {
-                Ok((0..n)
-                    // SAFETY: an S64 array of `n` elements at `p`.
-                    .map(|i| unsafe { p.cast::<i64>().add(i).read_unaligned() })
-                    .collect())
-            }
-            _ => Err(FfiError::invalid(format!(
-                "tile_py.jax: attribute `{name}` must be an int64 array"
             ))),
         }
     }

@@ -105,18 +105,21 @@ fn call(frame: &Frame<'_>) -> Result<(), FfiError> {
     }
 }
 
-/// The launch attributes `tile_py.jax` sets (see `tile_py/jax.py`).
-#[derive(Default)]
+/// The launch attributes `tile_py.jax` sets, each an int64 scalar (the one attribute type every
+/// JAX version lowers the same way): `kernel` (the registry id), `grid_x`, `grid_y`, `grid_z`,
+/// `block_x`, `block_y`, `block_z`, `shared_mem` (bytes), and per scalar parameter `i` (in
+/// declaration order) `scalar{i}` (its 64 bits) and `scalar{i}_kind` (how to read them).
+#[derive(Default, Debug)]
 pub(crate) struct Attrs {
     pub(crate) kernel: Option<i64>,
-    pub(crate) grid: Option<Vec<i64>>,
-    pub(crate) block: Option<Vec<i64>>,
+    pub(crate) grid: [Option<i64>; 3],
+    pub(crate) block: [Option<i64>; 3],
     pub(crate) shared_mem: Option<i64>,
-    pub(crate) scalar_bits: Vec<i64>,
-    pub(crate) scalar_kinds: Vec<i64>,
+    /// `(bits, kind)` per scalar index; `None` where one of the two is missing.
+    pub(crate) scalars: Vec<(Option<i64>, Option<i64>)>,
 }
 
-/// Scalar kinds of `scalar_kinds`: how the 64 bits of the same index in `scalar_bits` are read.
+/// Scalar kinds (`scalar{i}_kind`): how the 64 bits of `scalar{i}` are read. A bool.
 pub(crate) const KIND_BOOL: i64 = 0;
 /// A signed integer (the bits as `i64`).
 pub(crate) const KIND_INT: i64 = 1;
@@ -125,28 +128,44 @@ pub(crate) const KIND_UINT: i64 = 2;
 /// A float (the bits of an `f64`).
 pub(crate) const KIND_FLOAT: i64 = 3;
 
+/// The most scalar parameters a kernel called from JAX may have.
+const MAX_SCALARS: usize = 4096;
+
 pub(crate) fn read_attrs(list: &[(&str, Attr)]) -> Result<Attrs, FfiError> {
     let mut a = Attrs::default();
     for (name, v) in list {
-        match *name {
-            "kernel" => a.kernel = Some(v.i64(name)?),
-            "grid" => a.grid = Some(v.i64s(name)?),
-            "block" => a.block = Some(v.i64s(name)?),
-            "shared_mem" => a.shared_mem = Some(v.i64(name)?),
-            "scalar_bits" => a.scalar_bits = v.i64s(name)?,
-            "scalar_kinds" => a.scalar_kinds = v.i64s(name)?,
+        let slot = match *name {
+            "kernel" => &mut a.kernel,
+            "grid_x" => &mut a.grid[0],
+            "grid_y" => &mut a.grid[1],
+            "grid_z" => &mut a.grid[2],
+            "block_x" => &mut a.block[0],
+            "block_y" => &mut a.block[1],
+            "block_z" => &mut a.block[2],
+            "shared_mem" => &mut a.shared_mem,
             other => {
-                return Err(FfiError::invalid(format!(
-                    "tile_py.jax: unknown attribute `{other}` (call kernels through \
-                     tile_py.jax.call)"
-                )));
+                let scalar = other.strip_prefix("scalar").and_then(|rest| {
+                    let (index, kind) = match rest.strip_suffix("_kind") {
+                        Some(i) => (i, true),
+                        None => (rest, false),
+                    };
+                    let i: usize = index.parse().ok().filter(|&i| i < MAX_SCALARS)?;
+                    Some((i, kind))
+                });
+                let Some((i, kind)) = scalar else {
+                    return Err(FfiError::invalid(format!(
+                        "tile_py.jax: unknown attribute `{other}` (call kernels through \
+                         tile_py.jax.call)"
+                    )));
+                };
+                if a.scalars.len() <= i {
+                    a.scalars.resize(i + 1, (None, None));
+                }
+                let (bits, k) = &mut a.scalars[i];
+                if kind { k } else { bits }
             }
-        }
-    }
-    if a.scalar_bits.len() != a.scalar_kinds.len() {
-        return Err(FfiError::invalid(
-            "tile_py.jax: attributes `scalar_bits` and `scalar_kinds` differ in length",
-        ));
+        };
+        *slot = Some(v.i64(name)?);
     }
     Ok(a)
 }
@@ -157,49 +176,36 @@ fn missing(name: &str) -> FfiError {
     ))
 }
 
-fn dim3(name: &str, v: Option<Vec<i64>>) -> Result<Dim3, FfiError> {
-    let v = v.ok_or_else(|| missing(name))?;
-    let d = |i: usize| {
-        u32::try_from(v[i])
-            .map_err(|_| FfiError::invalid(format!("tile_py.jax: {name} {v:?} is out of range")))
+fn dim3(name: &str, v: [Option<i64>; 3]) -> Result<Dim3, FfiError> {
+    let d = |i: usize, axis: &str| {
+        let x = v[i].ok_or_else(|| missing(&format!("{name}_{axis}")))?;
+        u32::try_from(x).map_err(|_| {
+            FfiError::invalid(format!("tile_py.jax: {name}_{axis} {x} is out of range"))
+        })
     };
-    if v.len() != 3 {
-        return Err(FfiError::invalid(format!(
-            "tile_py.jax: attribute `{name}` must hold 3 values, got {v:?}"
-        )));
-    }
     Ok(Dim3 {
-        x: d(0)?,
-        y: d(1)?,
-        z: d(2)?,
+        x: d(0, "x")?,
+        y: d(1, "y")?,
+        z: d(2, "z")?,
     })
 }
 
 /// The launch configuration of the attributes.
 pub(crate) fn config(a: &Attrs) -> Result<LaunchConfig, FfiError> {
-    let mut c = LaunchConfig::new(
-        dim3("grid", a.grid.clone())?,
-        dim3("block", a.block.clone())?,
-    );
-    c.shared_mem_bytes = u32::try_from(a.shared_mem.unwrap_or(0)).map_err(|_| {
-        FfiError::invalid(format!(
-            "tile_py.jax: shared_mem {:?} is out of range",
-            a.shared_mem
-        ))
-    })?;
+    let mut c = LaunchConfig::new(dim3("grid", a.grid)?, dim3("block", a.block)?);
+    let sm = a.shared_mem.unwrap_or(0);
+    c.shared_mem_bytes = u32::try_from(sm)
+        .map_err(|_| FfiError::invalid(format!("tile_py.jax: shared_mem {sm} is out of range")))?;
     Ok(c)
 }
 
 /// The scalar of index `i` of the attributes.
 pub(crate) fn scalar(a: &Attrs, i: usize) -> Result<Scalar, FfiError> {
-    let (bits, kind) = match (a.scalar_bits.get(i), a.scalar_kinds.get(i)) {
-        (Some(b), Some(k)) => (*b, *k),
-        _ => {
-            return Err(FfiError::invalid(format!(
-                "tile_py.jax: the kernel's scalar {i} has no value (attributes hold {})",
-                a.scalar_bits.len()
-            )));
-        }
+    let Some(&(Some(bits), Some(kind))) = a.scalars.get(i) else {
+        return Err(FfiError::invalid(format!(
+            "tile_py.jax: the kernel's scalar {i} has no value (attributes `scalar{i}` and \
+             `scalar{i}_kind`)"
+        )));
     };
     Ok(match kind {
         KIND_BOOL => Scalar::Bool(bits != 0),
@@ -314,13 +320,13 @@ pub(crate) fn arguments(
         };
         out.push(Arg::from(describe(&b, index, ordinal)?));
     }
-    if next_arg != args.len() || next_ret != rets.len() || next_scalar != attrs.scalar_bits.len() {
+    if next_arg != args.len() || next_ret != rets.len() || next_scalar != attrs.scalars.len() {
         return Err(FfiError::invalid(format!(
             "tile_py.jax: kernel `{name}` takes {next_arg} operands, {next_ret} results and \
              {next_scalar} scalars; XLA passed {}, {} and {}",
             args.len(),
             rets.len(),
-            attrs.scalar_bits.len()
+            attrs.scalars.len()
         )));
     }
     Ok(out)
