@@ -149,17 +149,17 @@ def call(
     does not match, a traced value for a scalar parameter, or ``out_shapes`` that do not match
     the ``Out`` parameters; ``ValueError`` for an unsound ``vmap_method``.
     """
+    if vmap_method is not None and vmap_method not in _SOUND_VMAP:
+        raise ValueError(
+            f"vmap_method={vmap_method!r} would launch the kernel with the configuration of the "
+            f"unbatched shapes on batched buffers; use one of {_SOUND_VMAP} or None"
+        )
     if not isinstance(kernel, tile_py.Kernel):
         if hasattr(kernel, "_pyfunc") or type(kernel).__module__.startswith("cuda.tile"):
             raise NotImplementedError(
                 "tile_py.jax.call takes a tile_py.Kernel; cuTile kernels are not supported yet"
             )
         raise TypeError(f"kernel must be a tile_py.Kernel, got {kernel!r}")
-    if vmap_method is not None and vmap_method not in _SOUND_VMAP:
-        raise ValueError(
-            f"vmap_method={vmap_method!r} would launch the kernel with the configuration of the "
-            f"unbatched shapes on batched buffers; use one of {_SOUND_VMAP} or None"
-        )
     params = kernel.params
     kinds = [_kind(p) for p in params]
     n_operands = sum(1 for k in kinds if k != "out")
