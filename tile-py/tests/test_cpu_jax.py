@@ -144,9 +144,12 @@ class FakeXla:
 
 def handler():
     cap = ext._xla_handler()
-    get = ctypes.pythonapi.PyCapsule_GetPointer
+    # A library object of our own: setting argtypes on `ctypes.pythonapi`'s functions would
+    # change them for every other test in the process.
+    capi = ctypes.PyDLL(None)
+    get = capi.PyCapsule_GetPointer
     get.restype, get.argtypes = c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    name = ctypes.pythonapi.PyCapsule_GetName
+    name = capi.PyCapsule_GetName
     name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     assert name(cap) is None, "XLA takes handlers in capsules without a name"
     return ctypes.CFUNCTYPE(c_void_p, ctypes.POINTER(CallFrame))(get(cap, None))
