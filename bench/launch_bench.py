@@ -489,9 +489,15 @@ def main():
           f"(expected {3 * o.scale}); max pending guards {max_pending}, max pending bytes "
           f"{max_bytes}; torch memory above baseline: max {max_mem} B, end {end_mem} B; "
           f"leaked {s1.get('leaked', 0)}")
+    try:
+        jax_figures = jax_section(N, o.burst, o.bursts, o.rounds)
+    except Exception as e:  # noqa: BLE001 - the other figures are kept
+        print(f"JAX section failed: {e!r}")
+        jax_figures = {"error": repr(e)}
     if o.out:
         with open(o.out, "w") as f:
             json.dump({
+                "jax": jax_figures,
                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "gpu": torch.cuda.get_device_name(),
                 "torch": torch.__version__,
@@ -512,6 +518,86 @@ def main():
                           "torch_mem_end_above_baseline": end_mem,
                           "leaked": s1.get("leaked", 0)},
             }, f, indent=1)
+
+
+# ---- JAX: a jitted tile call against the jax.numpy op (tile_py.jax) -----------------------------
+
+JAX_ADD_SOURCE = r"""
+extern "C" __global__ void jax_vector_add(const float* a, const float* b, float* c,
+                                          unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+"""
+
+
+def jax_section(n, burst, bursts, rounds):
+    """Per call of an already-jitted function, in bursts of `burst` calls (no sync inside a
+    burst, `block_until_ready` on the last result ends it): `tile_py.jax.call` of an `n`-element
+    f32 vector add, the same add as a jax.numpy op, and `ct.jax.cutile_call` where available.
+    Returns the medians (us) and the ratios `jax.tile_call_vs_jnp` and
+    `jax.tile_call_vs_cutile_call` (None, with the reason in `ratios_missing`, when a row is
+    missing)."""
+    import os
+    import statistics
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    out = {"median_us": {}, "ratios": {}, "ratios_missing": {}, "skipped": {}}
+    try:
+        import jax
+        import jax.numpy as jnp
+        import tile_py.jax
+
+        jax.devices("gpu")
+    except Exception as e:  # noqa: BLE001 - any reason JAX's GPU backend is unusable
+        why = f"JAX's GPU backend is unavailable: {e}"
+        for key in ("jax.tile_call_vs_jnp", "jax.tile_call_vs_cutile_call"):
+            out["ratios"][key] = None
+            out["ratios_missing"][key] = why
+        return out
+    k = tile_py.Library.from_cuda_source(JAX_ADD_SOURCE).kernel(
+        "jax_vector_add", [tile_py.In("float32"), tile_py.In("float32"),
+                           tile_py.Out("float32"), tile_py.Scalar("u64")])
+    add = tile_py.jax.call(k, out_shapes=lambda a, b: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                           grid=(n + 255) // 256, block=256)
+    rows = {
+        "jax.jit(tile_py.jax.call)": jax.jit(lambda a, b: add(a, b, n)),
+        "jax.jit(jnp add)": jax.jit(lambda a, b: a + b),
+    }
+    out["skipped"]["jax.jit(ct.jax.cutile_call)"] = (
+        "tile_py.jax.call does not take cuTile kernels yet: no like-for-like pair")
+    a = jax.random.normal(jax.random.key(0), (n,))
+    b = jax.random.normal(jax.random.key(1), (n,))
+    np_want = (a + b).block_until_ready()
+    assert bool(jnp.allclose(rows["jax.jit(tile_py.jax.call)"](a, b), np_want))
+    samples = {name: [] for name in rows}
+    for name, f in rows.items():  # warm-up: compile, then a few bursts
+        for _ in range(3 * burst):
+            f(a, b)
+        f(a, b).block_until_ready()
+    names = list(rows)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            f = rows[name]
+            for _ in range(bursts):
+                t0 = time.perf_counter()
+                for _ in range(burst - 1):
+                    f(a, b)
+                f(a, b).block_until_ready()
+                samples[name].append((time.perf_counter() - t0) / burst * 1e6)
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    out["median_us"] = med
+    out["ratios"]["jax.tile_call_vs_jnp"] = med["jax.jit(tile_py.jax.call)"] / med["jax.jit(jnp add)"]
+    out["ratios"]["jax.tile_call_vs_cutile_call"] = None
+    out["ratios_missing"]["jax.tile_call_vs_cutile_call"] = out["skipped"]["jax.jit(ct.jax.cutile_call)"]
+    print(f"JAX: per call of a jitted {n}-element f32 add, bursts of {burst} (block_until_ready "
+          f"at the end of each)")
+    for name, v in med.items():
+        print(f"{name:<40} {v:>9.2f} us")
+    for key, v in out["ratios"].items():
+        shown = f"{v:.3f}" if v is not None else f"null ({out['ratios_missing'][key]})"
+        print(f"{key:<40} {shown}  (target <= 1.0)")
+    return out
 
 
 if __name__ == "__main__":

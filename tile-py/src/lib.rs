@@ -53,6 +53,8 @@ mod release;
 mod stream_numbers;
 mod streams;
 mod worker;
+mod xla;
+mod xla_ffi_sys;
 
 use pyo3::prelude::*;
 
@@ -96,5 +98,9 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lifecycle::_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(worker::_release_thread, m)?)?;
     m.add_function(wrap_pyfunction!(worker::_queue_release, m)?)?;
+    m.add_function(wrap_pyfunction!(xla::_xla_handler, m)?)?;
+    m.add_function(wrap_pyfunction!(xla::_xla_register, m)?)?;
+    m.add_function(wrap_pyfunction!(xla::_xla_config, m)?)?;
+    m.add_function(wrap_pyfunction!(xla::_xla_scalars, m)?)?;
     Ok(())
 }

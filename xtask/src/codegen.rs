@@ -1,13 +1,17 @@
-//! `cargo xtask codegen [--check]`: generate the `cuda-sys` bindings from a pinned `cuda.h`.
+//! `cargo xtask codegen [--check]`: generate the `cuda-sys` bindings from a pinned `cuda.h`, and
+//! tile-py's bindings of XLA's FFI C API from the `c_api.h` of a pinned `jaxlib` wheel.
 //!
-//! Inputs, all pinned here (the wheel) or in `xtask/Cargo.toml` (bindgen, `=X.Y.Z`):
+//! Inputs, all pinned here (the wheels) or in `xtask/Cargo.toml` (bindgen, `=X.Y.Z`):
 //!
 //! - the PyPI wheel `nvidia-cuda-runtime` at [`WHEEL_VERSION`], checked against [`WHEEL_SHA256`];
 //!   it ships `nvidia/cu13/include/cuda.h` and `cudaTypedefs.h`;
+//! - the PyPI wheel `jaxlib` at `xla_ffi::XLA_WHEEL_VERSION`, checked against its SHA-256; it
+//!   ships `jaxlib/include/xla/ffi/api/c_api.h`;
 //! - bindgen (library), run against the system libclang for [`CLANG_TARGET`].
 //!
 //! Outputs, committed: `cuda-sys/src/bindings.rs` (types, constants and `PFN_*` function-pointer
-//! types, no function declarations) and `cuda-sys/src/result_names.rs` (the `CUresult` name table).
+//! types, no function declarations), `cuda-sys/src/result_names.rs` (the `CUresult` name table)
+//! and `tile-py/src/xla_ffi_sys.rs` (the FFI C API's types and constants).
 //!
 //! With `--check` the files are regenerated under `target/codegen/check/` and compared with the
 //! committed ones; any difference is an error that names the file.
@@ -53,7 +57,8 @@ pub fn run(check: bool) -> Result<()> {
     let bindgen_version = pinned_bindgen_version(&root)?;
     let wheel = fetch_wheel(&cache)?;
     let include = extract_headers(&wheel, &cache)?;
-    let files = generate(&root, &include, &bindgen_version)?;
+    let mut files = generate(&root, &include, &bindgen_version)?;
+    files.push(xla_ffi::generate(&root, &cache, &bindgen_version)?);
 
     if check {
         let staging = cache.join("check");
@@ -133,13 +138,38 @@ fn sha256(path: &Path) -> Result<String> {
     Ok(String::from_utf8(out.stdout)?.trim().to_string())
 }
 
+/// A pinned PyPI wheel that ships headers: what pip is asked for and what it must save.
+struct PinnedWheel {
+    name: &'static str,
+    version: &'static str,
+    /// Extra `pip download` arguments that select one file on every host (platform, Python).
+    select: &'static [&'static str],
+    file: &'static str,
+    sha256: &'static str,
+}
+
 /// Download the pinned wheel into `cache` unless a copy with the right hash is already there.
 fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
-    let wheel = cache.join(WHEEL_FILE);
-    if wheel.exists() && sha256(&wheel)? == WHEEL_SHA256 {
+    fetch_pinned(
+        cache,
+        &PinnedWheel {
+            name: WHEEL_NAME,
+            version: WHEEL_VERSION,
+            select: &["--platform", WHEEL_PLATFORM],
+            file: WHEEL_FILE,
+            sha256: WHEEL_SHA256,
+        },
+    )
+}
+
+/// Download `pin` into `cache` unless a copy with the right hash is already there.
+fn fetch_pinned(cache: &Path, pin: &PinnedWheel) -> Result<PathBuf> {
+    let (name, version) = (pin.name, pin.version);
+    let wheel = cache.join(pin.file);
+    if wheel.exists() && sha256(&wheel)? == pin.sha256 {
         return Ok(wheel);
     }
-    eprintln!("codegen: downloading {WHEEL_NAME}=={WHEEL_VERSION} from PyPI");
+    eprintln!("codegen: downloading {name}=={version} from PyPI");
     let status = Command::new("python3")
         .args([
             "-m",
@@ -149,37 +179,35 @@ fn fetch_wheel(cache: &Path) -> Result<PathBuf> {
             "--no-deps",
             "--only-binary=:all:",
         ])
-        .args(["--platform", WHEEL_PLATFORM])
-        .arg(format!("{WHEEL_NAME}=={WHEEL_VERSION}"))
+        .args(pin.select)
+        .arg(format!("{name}=={version}"))
         .arg("-d")
         .arg(cache)
         .status()
         .context("running `python3 -m pip download`")?;
     ensure!(
         status.success(),
-        "pip download of {WHEEL_NAME}=={WHEEL_VERSION} failed ({status})"
+        "pip download of {name}=={version} failed ({status})"
     );
     ensure!(wheel.exists(), "pip did not produce {}", wheel.display());
     let found = sha256(&wheel)?;
-    if found != WHEEL_SHA256 {
+    if found != pin.sha256 {
         let _ = std::fs::remove_file(&wheel);
-        bail!("{WHEEL_FILE}: sha256 {found}, expected {WHEEL_SHA256}");
+        bail!("{}: sha256 {found}, expected {}", pin.file, pin.sha256);
     }
     Ok(wheel)
 }
 
-/// Extract `cuda.h` and `cudaTypedefs.h` from the wheel; returns the folder that holds them.
-fn extract_headers(wheel: &Path, cache: &Path) -> Result<PathBuf> {
-    let dest = cache.join(format!("{WHEEL_NAME}-{WHEEL_VERSION}"));
-    let members = ["cuda.h", "cudaTypedefs.h"].map(|h| format!("{WHEEL_INCLUDE_DIR}/{h}"));
+/// Extract `members` of `wheel` under `dest`.
+fn unzip(wheel: &Path, dest: &Path, members: &[String]) -> Result<()> {
     let status = Command::new("python3")
         .args([
             "-c",
             "import sys, zipfile\nwith zipfile.ZipFile(sys.argv[1]) as z:\n    for m in sys.argv[3:]:\n        z.extract(m, sys.argv[2])",
         ])
         .arg(wheel)
-        .arg(&dest)
-        .args(&members)
+        .arg(dest)
+        .args(members)
         .status()
         .context("running python3 to unzip the wheel")?;
     ensure!(
@@ -187,6 +215,14 @@ fn extract_headers(wheel: &Path, cache: &Path) -> Result<PathBuf> {
         "extracting headers from {} failed",
         wheel.display()
     );
+    Ok(())
+}
+
+/// Extract `cuda.h` and `cudaTypedefs.h` from the wheel; returns the folder that holds them.
+fn extract_headers(wheel: &Path, cache: &Path) -> Result<PathBuf> {
+    let dest = cache.join(format!("{WHEEL_NAME}-{WHEEL_VERSION}"));
+    let members = ["cuda.h", "cudaTypedefs.h"].map(|h| format!("{WHEEL_INCLUDE_DIR}/{h}"));
+    unzip(wheel, &dest, &members)?;
     Ok(dest.join(WHEEL_INCLUDE_DIR))
 }
 
@@ -377,4 +413,110 @@ fn diff_summary(committed: &str, fresh: &str) -> Option<String> {
         show(&old),
         show(&new)
     ))
+}
+
+/// tile-py's bindings of XLA's FFI C API (`xla/ffi/api/c_api.h`), from the pinned `jaxlib` wheel:
+/// the version whose handler ABI tile-py's XLA handler is written against.
+mod xla_ffi {
+    use std::path::Path;
+
+    use anyhow::{Result, ensure};
+
+    use super::{CLANG_TARGET, PinnedWheel, fetch_pinned, rustfmt, unzip};
+
+    /// The `jaxlib` wheel whose `c_api.h` is bound.
+    pub(super) const XLA_WHEEL_NAME: &str = "jaxlib";
+    /// Pinned version of [`XLA_WHEEL_NAME`]: the jaxlib tile_py.jax is tested with.
+    pub(super) const XLA_WHEEL_VERSION: &str = "0.11.2";
+    /// File name pip saves for [`XLA_WHEEL_VERSION`] (CPython 3.12, manylinux 2.27): any build
+    /// ships the same header, one is named so that every host downloads the same file.
+    const XLA_WHEEL_FILE: &str = "jaxlib-0.11.2-cp312-cp312-manylinux_2_27_x86_64.whl";
+    /// SHA-256 of [`XLA_WHEEL_FILE`].
+    pub(super) const XLA_WHEEL_SHA256: &str =
+        "6338a1f0956f60d02529404ac33a8070015a52635cdb6bbb15d0d199757077bb";
+    /// The header inside the wheel.
+    const C_API_H: &str = "jaxlib/include/xla/ffi/api/c_api.h";
+    /// The API version the pinned header must declare (`XLA_FFI_API_MAJOR`, `_MINOR`).
+    const EXPECTED_API: (u32, u32) = (0, 4);
+    /// The generated file, relative to the workspace root.
+    const XLA_FFI_SYS_RS: &str = "tile-py/src/xla_ffi_sys.rs";
+
+    /// Runs bindgen on the pinned `c_api.h`; returns `(path, contents)`.
+    pub(super) fn generate(
+        root: &Path,
+        cache: &Path,
+        bindgen_version: &str,
+    ) -> Result<(&'static str, String)> {
+        let wheel = fetch_pinned(
+            cache,
+            &PinnedWheel {
+                name: XLA_WHEEL_NAME,
+                version: XLA_WHEEL_VERSION,
+                select: &[
+                    "--platform",
+                    "manylinux_2_27_x86_64",
+                    "--python-version",
+                    "3.12",
+                    "--implementation",
+                    "cp",
+                    "--abi",
+                    "cp312",
+                ],
+                file: XLA_WHEEL_FILE,
+                sha256: XLA_WHEEL_SHA256,
+            },
+        )?;
+        let dest = cache.join(format!("{XLA_WHEEL_NAME}-{XLA_WHEEL_VERSION}"));
+        unzip(&wheel, &dest, &[C_API_H.to_string()])?;
+        let header = dest.join(C_API_H);
+        let text = std::fs::read_to_string(&header)?;
+        for (name, want) in [
+            ("XLA_FFI_API_MAJOR", EXPECTED_API.0),
+            ("XLA_FFI_API_MINOR", EXPECTED_API.1),
+        ] {
+            let define = format!("#define {name} {want}");
+            ensure!(
+                text.lines().any(|l| l.trim() == define),
+                "c_api.h does not say `{define}`"
+            );
+        }
+        let bindings = bindgen::Builder::default()
+            .header(header.to_string_lossy())
+            .clang_arg(format!("--target={CLANG_TARGET}"))
+            .rust_target(bindgen::RustTarget::stable(88, 0).map_err(|e| anyhow::anyhow!("{e}"))?)
+            .rust_edition(bindgen::RustEdition::Edition2024)
+            .with_codegen_config(bindgen::CodegenConfig::TYPES | bindgen::CodegenConfig::VARS)
+            .allowlist_type("XLA_FFI_.*")
+            .allowlist_var("XLA_FFI_.*")
+            // The `<name>_STRUCT_SIZE` constants are anonymous enums: plain constants.
+            .constified_enum(".*_STRUCT_SIZE")
+            .default_enum_style(bindgen::EnumVariation::NewType {
+                is_bitfield: false,
+                is_global: false,
+            })
+            .translate_enum_integer_types(true)
+            .prepend_enum_name(false)
+            .derive_debug(true)
+            .derive_copy(true)
+            .derive_default(true)
+            .layout_tests(true)
+            .generate_comments(false)
+            .disable_header_comment()
+            .formatter(bindgen::Formatter::None)
+            .generate()
+            .map_err(|e| anyhow::anyhow!("bindgen failed on c_api.h: {e}"))?
+            .to_string();
+        let mut out = format!(
+            "// generated by `cargo xtask codegen` from {C_API_H} of {XLA_WHEEL_NAME} \
+             {XLA_WHEEL_VERSION} with bindgen {bindgen_version} — do not edit\n"
+        );
+        out.push_str(
+            "\n#![allow(\n    non_camel_case_types,\n    non_snake_case,\n    \
+             non_upper_case_globals,\n    dead_code,\n    missing_docs,\n    \
+             unsafe_op_in_unsafe_fn,\n    clippy::all,\n    clippy::pedantic,\n    \
+             clippy::undocumented_unsafe_blocks,\n    rustdoc::all\n)]\n\n",
+        );
+        out.push_str(&bindings);
+        Ok((XLA_FFI_SYS_RS, rustfmt(root, &out)?))
+    }
 }

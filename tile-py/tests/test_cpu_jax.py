@@ -1,0 +1,234 @@
+"""tile_py.jax without a GPU: importing does not import jax, the trace-time conversions, and
+tile's XLA FFI handler driven by a call frame built here with ctypes (the metadata query XLA makes
+at registration, and refused calls returned through XLA's error API, never a crash)."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tile_py
+import tile_py.jax
+from tile_py import _tile_py as ext
+
+# ---- the FFI C API's structs (xla/ffi/api/c_api.h, API 0.4), as XLA lays them out -------------
+
+c_void_p, c_size_t, c_int64, c_uint32, c_int = (
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64, ctypes.c_uint32, ctypes.c_int)
+
+
+class ApiVersion(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p),
+                ("major_version", c_int), ("minor_version", c_int)]
+
+
+class ErrorCreateArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p),
+                ("message", ctypes.c_char_p), ("errc", c_uint32)]
+
+
+class StreamGetArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p),
+                ("ctx", c_void_p), ("stream", c_void_p)]
+
+
+ERROR_CREATE = ctypes.CFUNCTYPE(c_void_p, ctypes.POINTER(ErrorCreateArgs))
+STREAM_GET = ctypes.CFUNCTYPE(c_void_p, ctypes.POINTER(StreamGetArgs))
+ANY_FN = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+class Api(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p),
+                ("api_version", ApiVersion), ("internal_api", c_void_p),
+                ("error_create", ERROR_CREATE), ("error_get_details", c_void_p),
+                ("error_destroy", c_void_p), ("handler_register", c_void_p),
+                ("stream_get", STREAM_GET)] + [(f"fn{i}", c_void_p) for i in range(14)]
+
+
+class Args(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p), ("size", c_int64),
+                ("types", ctypes.POINTER(c_uint32)), ("args", ctypes.POINTER(c_void_p))]
+
+
+class Attrs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p), ("size", c_int64),
+                ("types", ctypes.POINTER(c_uint32)), ("names", ctypes.POINTER(c_void_p)),
+                ("attrs", ctypes.POINTER(c_void_p))]
+
+
+class CallFrame(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("extension_start", c_void_p), ("api", ctypes.POINTER(Api)),
+                ("ctx", c_void_p), ("stage", c_uint32), ("args", Args), ("rets", Args),
+                ("attrs", Attrs), ("future", c_void_p)]
+
+
+class Metadata(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("api_version", ApiVersion), ("traits", c_uint32),
+                ("state_type_id", c_int64)]
+
+
+class InternalExtension(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("type", c_uint32), ("next", c_void_p)]
+
+
+class MetadataExtension(ctypes.Structure):
+    _fields_ = [("base", InternalExtension), ("metadata", ctypes.POINTER(Metadata))]
+
+
+class ByteSpan(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_char_p), ("len", c_size_t)]
+
+
+class Scalar(ctypes.Structure):
+    _fields_ = [("dtype", c_uint32), ("value", c_void_p)]
+
+
+# Struct sizes of API 0.4 (XLA_FFI_*_STRUCT_SIZE): up to the last field each version defines.
+CALL_FRAME_SIZE = 168
+METADATA_SIZE = 36
+METADATA_EXTENSION_SIZE = 32
+EXECUTE = 3
+ATTR_SCALAR = 3
+S64 = 5
+INVALID_ARGUMENT = 3
+
+
+def test_sizes_match_the_header():
+    assert ctypes.sizeof(Api) == 200
+    assert ctypes.sizeof(CallFrame) == 176
+    assert CallFrame.future.offset == CALL_FRAME_SIZE
+    assert ctypes.sizeof(MetadataExtension) == METADATA_EXTENSION_SIZE
+
+
+class FakeXla:
+    """An API table whose XLA_FFI_Error_Create records the errors the handler returns."""
+
+    def __init__(self, stream_error=False):
+        self.errors = []
+        self._keep = []
+
+        def create(args):
+            self.errors.append((args.contents.errc, args.contents.message.decode()))
+            return len(self.errors)  # any non-null pointer stands for the error
+
+        def stream_get(args):
+            args.contents.stream = None
+            return 1 if stream_error else None
+
+        self._create, self._stream = ERROR_CREATE(create), STREAM_GET(stream_get)
+        self.api = Api(struct_size=ctypes.sizeof(Api), error_create=self._create,
+                       stream_get=self._stream)
+        self.api.api_version = ApiVersion(ctypes.sizeof(ApiVersion), None, 0, 4)
+
+    def frame(self, attrs=(), stage=EXECUTE, size=CALL_FRAME_SIZE):
+        f = CallFrame(struct_size=size, api=ctypes.pointer(self.api), stage=stage)
+        f.args.struct_size = f.rets.struct_size = ctypes.sizeof(Args)
+        n = len(attrs)
+        types = (c_uint32 * max(n, 1))(*([ATTR_SCALAR] * n))
+        names = (c_void_p * max(n, 1))()
+        values = (c_void_p * max(n, 1))()
+        for i, (name, v) in enumerate(attrs):
+            raw = name.encode()
+            span = ByteSpan(raw, len(raw))
+            val = c_int64(v)
+            sc = Scalar(S64, ctypes.cast(ctypes.pointer(val), c_void_p))
+            self._keep += [raw, span, val, sc]
+            names[i] = ctypes.addressof(span)
+            values[i] = ctypes.addressof(sc)
+        self._keep += [types, names, values]
+        f.attrs = Attrs(ctypes.sizeof(Attrs), None, n, types, names, values)
+        return f
+
+
+def handler():
+    cap = ext._xla_handler()
+    # A library object of our own: setting argtypes on `ctypes.pythonapi`'s functions would
+    # change them for every other test in the process.
+    capi = ctypes.PyDLL(None)
+    get = capi.PyCapsule_GetPointer
+    get.restype, get.argtypes = c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    name = capi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    assert name(cap) is None, "XLA takes handlers in capsules without a name"
+    return ctypes.CFUNCTYPE(c_void_p, ctypes.POINTER(CallFrame))(get(cap, None))
+
+
+def test_importing_tile_py_does_not_import_jax():
+    code = "import sys, tile_py, tile_py.jax; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.strip() == "False"
+
+
+def test_metadata_query_declares_api_version_and_command_buffer_trait():
+    xla = FakeXla()
+    meta = Metadata(struct_size=METADATA_SIZE, traits=0, state_type_id=77)
+    extn = MetadataExtension(InternalExtension(METADATA_EXTENSION_SIZE, 1, None), ctypes.pointer(meta))
+    f = xla.frame()
+    f.extension_start = ctypes.addressof(extn)
+    assert handler()(ctypes.byref(f)) is None
+    assert xla.errors == []
+    assert (meta.api_version.major_version, meta.api_version.minor_version) == (0, 4)
+    assert meta.api_version.struct_size == ctypes.sizeof(ApiVersion)
+    assert meta.traits == 1  # XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE
+    # state_type_id lies past the struct size the caller declared: left alone.
+    assert meta.state_type_id == 77
+    meta.struct_size = ctypes.sizeof(Metadata)
+    assert handler()(ctypes.byref(f)) is None
+    assert meta.state_type_id == 0
+
+
+def test_metadata_too_small_is_an_error():
+    xla = FakeXla()
+    meta = Metadata(struct_size=8)
+    extn = MetadataExtension(InternalExtension(METADATA_EXTENSION_SIZE, 1, None), ctypes.pointer(meta))
+    f = xla.frame()
+    f.extension_start = ctypes.addressof(extn)
+    assert handler()(ctypes.byref(f)) is not None
+    [(code, msg)] = xla.errors
+    assert code == INVALID_ARGUMENT and "XLA_FFI_Metadata has struct_size 8" in msg
+
+
+@pytest.mark.parametrize(
+    "case, want",
+    [
+        ({"stage": 1}, "execution stage 1"),
+        ({"size": 100}, "XLA_FFI_CallFrame has struct_size 100"),
+        ({"attrs": []}, "attribute `kernel` is missing"),
+        ({"attrs": [("kernel", 1 << 40)]}, "no kernel with id 1099511627776"),
+        ({"attrs": [("kernel", 0), ("colour", 3)]}, "unknown attribute `colour`"),
+    ],
+)
+def test_refused_calls_come_back_as_xla_errors(case, want):
+    xla = FakeXla()
+    assert handler()(ctypes.byref(xla.frame(**case))) is not None
+    [(code, msg)] = xla.errors
+    assert code == INVALID_ARGUMENT
+    assert msg.startswith("tile_py.jax: ") and want in msg, msg
+
+
+def test_config_is_read_as_tile_py_launch_reads_it():
+    assert ext._xla_config(4, (2, 3), 16) == ((4, 1, 1), (2, 3, 1), 16)
+    assert ext._xla_config((1, 2, 3), 256) == ((1, 2, 3), (256, 1, 1), 0)
+    with pytest.raises(TypeError, match="shared_mem must be an int"):
+        ext._xla_config(1, 1, 1.5)
+    with pytest.raises((TypeError, ValueError)):
+        ext._xla_config((1, 2, 3, 4), 1)
+
+
+def test_call_refuses_what_is_not_a_tile_kernel_and_unsound_vmap():
+    with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
+        tile_py.jax.call("scale", grid=1)
+    with pytest.raises(ValueError, match="vmap_method='expand_dims'"):
+        tile_py.jax.call("scale", grid=1, vmap_method="expand_dims")
+    with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
+        tile_py.jax.kernel_id(object())
+
+
+def test_register_needs_a_kernel():
+    with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
+        ext._xla_register(3)
+    with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
+        ext._xla_scalars(3, [1.0])
