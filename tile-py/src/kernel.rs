@@ -120,21 +120,7 @@ pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
         return Ok(DType::C128);
     }
     let name = name_of(obj)?;
-    let n = name.strip_prefix("torch.").unwrap_or(&name);
-    // PyTorch's and NumPy's other spellings of a dtype, then tile-dlpack's one table of names.
-    let canonical = match n {
-        "bool_" => "bool",
-        "short" => "int16",
-        "int" => "int32",
-        "long" => "int64",
-        "half" => "float16",
-        "float" => "float32",
-        "double" => "float64",
-        "cfloat" => "complex64",
-        "cdouble" => "complex128",
-        other => other,
-    };
-    DType::from_name(canonical).ok_or_else(|| {
+    DType::from_name(canonical(&name)).ok_or_else(|| {
         err(
             Kind::Value,
             format!(
@@ -145,10 +131,26 @@ pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     })
 }
 
+/// A dtype name in tile-dlpack's spelling (its one table of names): PyTorch's `torch.` prefix
+/// dropped, and PyTorch's and NumPy's other spellings (`long`, `half`, `bool_`, ...) mapped.
+fn canonical(name: &str) -> &str {
+    match name.strip_prefix("torch.").unwrap_or(name) {
+        "bool_" => "bool",
+        "short" => "int16",
+        "int" => "int32",
+        "long" => "int64",
+        "half" => "float16",
+        "float" => "float32",
+        "double" => "float64",
+        "cfloat" => "complex64",
+        "cdouble" => "complex128",
+        other => other,
+    }
+}
+
 fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
     let name = name_of(obj)?;
-    let n = name.strip_prefix("torch.").unwrap_or(&name);
-    ScalarType::from_name(n).ok_or_else(|| {
+    ScalarType::from_name(canonical(&name)).ok_or_else(|| {
         err(
             Kind::Value,
             format!(
@@ -169,8 +171,7 @@ fn intent_fn(intent: Intent) -> &'static str {
 
 fn parse_index_type(obj: &Bound<'_, PyAny>) -> PyResult<IndexType> {
     let name = name_of(obj)?;
-    let n = name.strip_prefix("torch.").unwrap_or(&name);
-    IndexType::from_name(n).ok_or_else(|| {
+    IndexType::from_name(canonical(&name)).ok_or_else(|| {
         err(
             Kind::Value,
             format!(

@@ -582,20 +582,6 @@ def specialization_key(kernel: Any, args: Sequence[Any], stream: Any = None) -> 
 
 # ---- constraints to tile parameters ------------------------------------------------------------
 
-_INDEX = {"int32": "i32", "uint32": "u32", "int64": "i64"}
-_SCALAR = {
-    "bool_": "bool",
-    "int8": "i8",
-    "int16": "i16",
-    "int32": "i32",
-    "int64": "i64",
-    "uint8": "u8",
-    "uint16": "u16",
-    "uint32": "u32",
-    "uint64": "u64",
-    "float32": "f32",
-    "float64": "f64",
-}
 
 
 def _dtype_name(dt: Any) -> str:
@@ -604,9 +590,11 @@ def _dtype_name(dt: Any) -> str:
 
 def _array_param(c: Any, where: str) -> "tile_py.Param":
     ndim = c.ndim
-    index = _INDEX.get(_dtype_name(c.index_dtype))
-    if index is None:
-        raise NotImplementedError(f"{where}: index dtype {c.index_dtype} is not supported")
+    index = _dtype_name(c.index_dtype)  # tile_py reads cuTile's (NumPy's) dtype names
+    try:
+        tile_py.In("float32", ndim=1, index=index)
+    except ValueError:
+        raise NotImplementedError(f"{where}: index dtype {c.index_dtype} is not supported") from None
     assume: Dict[str, Any] = {}
     if c.base_addr_divisible_by > 1:
         assume["base_addr_divisible_by"] = c.base_addr_divisible_by
@@ -684,10 +672,10 @@ def params_from_signature(
         if isinstance(c, ConstantConstraint):
             keep.append(False)
         elif isinstance(c, ScalarConstraint):
-            ty = _SCALAR.get(_dtype_name(c.dtype))
-            if ty is None:
-                raise NotImplementedError(f"{where}: a scalar of dtype {c.dtype}")
-            params.append(tile_py.Scalar(ty))
+            try:
+                params.append(tile_py.Scalar(_dtype_name(c.dtype)))
+            except ValueError:
+                raise NotImplementedError(f"{where}: a scalar of dtype {c.dtype}") from None
             keep.append(True)
         elif isinstance(c, ArrayConstraint):
             params.append(_array_param(c, where))
