@@ -184,6 +184,7 @@ class _FakeTensor:
         self.n, self.device_index, self.dtype, self.ptr, self.is_cuda = n, device, dtype, ptr, cuda
         self.device = ("cuda", device)
         self.alias_of = None
+        self.requires_grad = False
 
     def numel(self):
         return self.n
@@ -237,7 +238,7 @@ class _FakeTorch:
     Tensor = _FakeTensor
 
     def __init__(self, raw=0, capturing=False):
-        self.raw, self.capturing, self.streams_made = raw, capturing, 0
+        self.raw, self.capturing, self.streams_made, self.grad = raw, capturing, 0, False
         fake = self
 
         class _C:
@@ -261,6 +262,9 @@ class _FakeTorch:
 
         self._C, self.cuda = _C, cuda
 
+    def is_grad_enabled(self):
+        return self.grad
+
     def empty(self, n, dtype, device):
         return _FakeTensor(n, device=device[1], dtype=dtype, ptr=0)
 
@@ -271,7 +275,8 @@ def _generated(monkeypatch, fake, spec, stub, **kw):
     import inspect
 
     sig = inspect.signature(stub)
-    schema = _FakeSchema(*[(p, "Tensor" if p in kw.pop("tensors", ("x",)) else "float") for p in sig.parameters])
+    tensors = kw.pop("tensors", ("x",))
+    schema = _FakeSchema(*[(p, "Tensor" if p in tensors else "float") for p in sig.parameters])
     outputs = kw.pop("outputs", {})
     impl, fake_impl, source = tt._generate(
         fake, "tile_test::op", SCALE, sig, schema, tuple(spec), outputs, kw.pop("grid", 7),
@@ -383,3 +388,18 @@ def test_reserved_parameter_names_are_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="reserved"):
         _generated(monkeypatch, _FakeTorch(), ("_tile_x", "_tile_x", 4), op, tensors=("_tile_x",))
+
+
+def test_an_input_that_requires_grad_is_refused_while_grad_is_enabled(monkeypatch):
+    fake = _FakeTorch()
+
+    def op(x, y): ...
+
+    impl, _, _, launches = _generated(monkeypatch, fake, ("x", "y", 4), op, tensors=("x", "y"))
+    x, y = _FakeTensor(4), _FakeTensor(4)
+    y.requires_grad = True
+    impl(x, y)  # grad disabled: launched
+    fake.grad = True
+    with pytest.raises(RuntimeError, match="tile_test::op: an input requires grad, but a tile operator has no autograd formula"):
+        impl(x, y)
+    assert len(launches) == 1

@@ -293,6 +293,13 @@ class _Calls:
                 return v.get_device()
         raise ValueError(f"{self.name}: no CUDA tensor among the arguments to take the device from")
 
+    def no_autograd(self) -> None:
+        raise RuntimeError(
+            f"{self.name}: an input requires grad, but a tile operator has no autograd formula "
+            f"(register one with torch.library.register_autograd, or call it under "
+            f"torch.no_grad())"
+        )
+
     def in_region(self, device: int, raw: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
         region = _region(self.torch, device, raw)
         if region is None:
@@ -355,6 +362,20 @@ def _generate(
     first = next((a.name for a in schema.arguments if str(a.type) == "Tensor"), None)
     env[_PREFIX + "calls"] = calls = _Calls(torch, name)
     env[_PREFIX + "kernel"] = kernel
+    # Gradients: no Python autograd kernel sits in front of the CUDA kernel (PyTorch's own
+    # fallback answers that key, which would let a backward pass through silently), so a call
+    # that autograd would record is refused here, as a call without a formula.
+    grads = [
+        f"{a.name}.requires_grad" if str(a.type) == "Tensor" else f"({a.name} is not None and {a.name}.requires_grad)"
+        for a in schema.arguments
+        if str(a.type) in ("Tensor", "Tensor?")
+    ]
+    env[_PREFIX + "grad_enabled"] = torch.is_grad_enabled
+    grad_check = (
+        [f"    if {_PREFIX}grad_enabled() and ({' or '.join(grads)}):", f"        {_PREFIX}calls.no_autograd()"]
+        if grads
+        else []
+    )
     device = f"{_PREFIX}calls.device({_PREFIX}args)"
     if first is not None:
         device = f"{first}.get_device() if {first}.is_cuda else {device}"
@@ -373,6 +394,7 @@ def _generate(
     source = "\n".join(
         [
             f"def impl({signature}):",
+            *grad_check,
             *allocs,
             f"    {_PREFIX}args = ({''.join(a + ', ' for a in kernel_args)})",
             f"    {_PREFIX}d = {device}",
