@@ -89,8 +89,15 @@ def custom_op(
       declare what it writes: for one, ``mutates_args`` is required (``()`` when the kernel
       writes only outputs the operator allocates), and ``block`` is ignored.
 
+    Returns the operator's ``OpOverload`` (``torch.ops.<namespace>.<name>.default``): call it,
+    trace it, ``opcheck`` it. It has no autograd formula: a call with an input that requires
+    grad while grad mode is on raises ``RuntimeError`` (``torch.library.register_autograd`` adds
+    one). Eager, tile keeps the tensors until the kernel has finished; inside PyTorch's CUDA
+    graphs (a capture, graph trees' warm-up) tile is handed non-owning aliases (module docs).
+
     Raises ``ValueError`` or ``TypeError`` at definition for a spec that does not match the
-    kernel's parameters or the stub's signature; ``ImportError`` without PyTorch.
+    kernel's parameters or the stub's signature (parameter names starting with ``_tile_`` are
+    reserved); ``ImportError`` without PyTorch.
     """
     outputs = dict(outputs or {})
     if isinstance(args, str) or isinstance(mutates_args, str):
