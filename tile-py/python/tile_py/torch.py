@@ -231,8 +231,10 @@ def _check_spec(
 #   keeps. tile keeps the aliases with the graph until the graph is freed.
 # - The warm-up of graph trees: it runs eagerly on the trees' stream, where the pool's blocks
 #   are allocated; a block freed there is reused only by later work on that same stream, which
-#   runs after the kernel (the caching allocator's stream order), and the trees synchronise the
-#   device around the warm-up. tile releases the aliases once the kernel is done.
+#   runs after the kernel (the caching allocator's stream order); the trees synchronise the
+#   device before the warm-up and order the program's stream after the trees' stream when it
+#   ends, so an input made elsewhere is not reused under the kernel either. tile releases the
+#   aliases once the kernel is done.
 
 # Tensor aliases handed to tile, by region (for tests and diagnosis; counted only in regions).
 region_calls = {"capture": 0, "warmup": 0}
