@@ -170,7 +170,7 @@ def strided_memory_view():
 # each call allocating its output: torch.mul (PyTorch's own operator), hand-written
 # torch.library.custom_op operators around tile_py.launch and around cuTile's ct.launch (what
 # cuTile suggests for torch.compile), and tile_py.torch.custom_op of a tile kernel and of a
-# cuTile kernel; plus the steps of tile's operator (its body alone: empty_like + tile_py.launch;
+# cuTile kernel; plus the steps of tile's operator (the dispatcher alone; its body alone: empty_like + tile_py.launch;
 # the same operator called on a side stream, where it asks whether it is in a CUDA graph
 # region). Ratios: op.py_custom_op_vs_hand_ct_launch, op.py_cutile_custom_op_vs_hand_ct_launch
 # (target <= 1.0 each) and op.py_custom_op_vs_torch_mul (reference); null with the reason when
@@ -220,8 +220,16 @@ def op_bench(o):
         out = torch.empty_like(x)
         tile_py.launch(torch.cuda.current_stream(), grid, k, (x, out, 2.0, N), block=256)
 
+    # PyTorch's dispatcher alone, on the path tile_py.torch registers on: a Library operator
+    # whose CUDA kernel does nothing.
+    noop_lib = torch.library.Library("tile_bench", "FRAGMENT")
+    noop_lib.define("noop(Tensor x) -> ()")
+    noop_lib.impl("noop", lambda x: None, "CUDA")
+    noop = torch.ops.tile_bench.noop.default
+
     side = torch.cuda.Stream()
     rows["torch.mul"] = (lambda: torch.mul(x, 2.0), None)
+    rows["dispatcher alone: a Library operator doing nothing"] = (lambda: noop(x), None)
     rows["hand custom_op around tile_py.launch"] = (lambda: hand_tile(x, 2.0), None)
     rows["tile_py.torch.custom_op"] = (lambda: tile_op(x, 2.0), None)
     rows["tile_py.torch.custom_op, side stream"] = (lambda: tile_op(x, 2.0), side)
