@@ -170,11 +170,11 @@ def strided_memory_view():
 # each call allocating its output: torch.mul (PyTorch's own operator), hand-written
 # torch.library.custom_op operators around tile_py.launch and around cuTile's ct.launch (what
 # cuTile suggests for torch.compile), and tile_py.torch.custom_op of a tile kernel and of a
-# cuTile kernel; plus the steps of tile's operator (the dispatcher alone; its body alone: empty_like + tile_py.launch;
-# the same operator called on a side stream, where it asks whether it is in a CUDA graph
-# region). Ratios: op.py_custom_op_vs_hand_ct_launch, op.py_cutile_custom_op_vs_hand_ct_launch
-# (target <= 1.0 each) and op.py_custom_op_vs_torch_mul (reference); null with the reason when
-# a row is missing (cuTile absent).
+# cuTile kernel; plus the steps of tile's operator (the dispatcher alone; its body alone:
+# empty_like + tile_py.launch; the same operator called on a side stream, where it asks whether
+# it is in a CUDA graph region). Ratios: op.py_custom_op_vs_hand_ct_launch,
+# op.py_cutile_custom_op_vs_hand_ct_launch (target <= 1.0 each) and op.py_custom_op_vs_torch_mul
+# (reference); null with the reason when a row is missing (cuTile absent).
 
 OP_SCALE_SOURCE = r"""
 extern "C" __global__ void op_scale(const float* x, float* y, float a, unsigned long long n) {
