@@ -280,16 +280,20 @@ def op_bench(o):
             ratios[key] = med[num] / med[den]
         else:
             ratios[key] = None
-            missing[key] = "; ".join(f"{r}: {skipped.get(r, 'not measured')}" for r in (num, den) if r not in med)
+            missing[key] = "; ".join(
+                f"{r}: {skipped.get(r, 'not measured')}" for r in (num, den) if r not in med
+            )
     print(f"custom operators: per call, {N}-element f32, bursts of {o.burst}, median over {o.rounds} rounds")
     for name in rows:
         print(f"{name:<64} " + (f"{med[name]:>9.2f} us" if name in med else f"skipped: {skipped.get(name)}"))
-    targets = {"op.py_custom_op_vs_hand_ct_launch": "<= 1.0", "op.py_cutile_custom_op_vs_hand_ct_launch": "<= 1.0",
+    targets = {"op.py_custom_op_vs_hand_ct_launch": "<= 1.0",
+               "op.py_cutile_custom_op_vs_hand_ct_launch": "<= 1.0",
                "op.py_custom_op_vs_torch_mul": "reference"}
     for key, v in ratios.items():
         shown = f"{v:.3f}" if v is not None else f"null ({missing[key]})"
         print(f"{key:<44} {shown}  ({targets[key]})")
-    return {"median_us": med, "us_per_call": us, "skipped": skipped, "ratios": ratios, "ratios_missing": missing}
+    return {"median_us": med, "us_per_call": us, "skipped": skipped, "ratios": ratios,
+            "ratios_missing": missing}
 
 
 def main():

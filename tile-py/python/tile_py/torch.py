@@ -362,9 +362,21 @@ def _generate(
         return const(key, spec)
 
     made = {out: f"{_PREFIX}out{i}" for i, out in enumerate(outputs)}
-    allocs = [f"    {made[out]} = {const(f'alloc{i}', alloc)}({keywords})" for i, (out, alloc) in enumerate(outputs.items())]
-    kernel_args = [made[s] if isinstance(s, str) and s in made else value(s, f"arg{i}") for i, s in enumerate(arg_specs)]
-    ret = "None" if not made else (next(iter(made.values())) if len(made) == 1 else "(" + ", ".join(made.values()) + ",)")
+    allocs = [
+        f"    {made[out]} = {const(f'alloc{i}', alloc)}({keywords})"
+        for i, (out, alloc) in enumerate(outputs.items())
+    ]
+    kernel_args = [
+        made[s] if isinstance(s, str) and s in made else value(s, f"arg{i}")
+        for i, s in enumerate(arg_specs)
+    ]
+    results = list(made.values())
+    if not results:
+        ret = "None"
+    elif len(results) == 1:
+        ret = results[0]
+    else:
+        ret = "(" + ", ".join(results) + ",)"
 
     # The device: the first plain Tensor input's, or else the first CUDA tensor's among the
     # kernel's arguments.
@@ -375,13 +387,18 @@ def _generate(
     # fallback answers that key, which would let a backward pass through silently), so a call
     # that autograd would record is refused here, as a call without a formula.
     grads = [
-        f"{a.name}.requires_grad" if str(a.type) == "Tensor" else f"({a.name} is not None and {a.name}.requires_grad)"
+        f"{a.name}.requires_grad"
+        if str(a.type) == "Tensor"
+        else f"({a.name} is not None and {a.name}.requires_grad)"
         for a in schema.arguments
         if str(a.type) in ("Tensor", "Tensor?")
     ]
     env[_PREFIX + "grad_enabled"] = torch.is_grad_enabled
     grad_check = (
-        [f"    if {_PREFIX}grad_enabled() and ({' or '.join(grads)}):", f"        {_PREFIX}calls.no_autograd()"]
+        [
+            f"    if {_PREFIX}grad_enabled() and ({' or '.join(grads)}):",
+            f"        {_PREFIX}calls.no_autograd()",
+        ]
         if grads
         else []
     )
@@ -398,7 +415,9 @@ def _generate(
         extra = f", block={value(block, 'block')}"
         if callable(shared_mem) or shared_mem:
             extra += f", shared_mem={value(shared_mem, 'shared_mem')}"
-        launch_call = f"{_PREFIX}launch({_PREFIX}s, {value(grid, 'grid')}, {_PREFIX}kernel, {_PREFIX}args{extra})"
+        launch_call = (
+            f"{_PREFIX}launch({_PREFIX}s, {value(grid, 'grid')}, {_PREFIX}kernel, {_PREFIX}args{extra})"
+        )
     signature = ", ".join(plist)
     source = "\n".join(
         [
@@ -450,7 +469,9 @@ def _register(
     namespace, opname = name.split("::")
     schema_text = torch.library.infer_schema(stub, mutates_args=mutated)
     schema = torch._C.parse_schema(f"{name}{schema_text}")
-    impl, fake, source = _generate(torch, name, kernel, sig, schema, arg_specs, outputs, grid, block, shared_mem)
+    impl, fake, source = _generate(
+        torch, name, kernel, sig, schema, arg_specs, outputs, grid, block, shared_mem
+    )
     lib = torch.library.Library(namespace, "FRAGMENT")
     lib.define(f"{opname}{schema_text}")
     # The CUDA kernel only: no Python autograd or ADInplaceOrView kernel sits in front of it
