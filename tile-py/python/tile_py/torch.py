@@ -381,7 +381,7 @@ def _generate(
     # The device: the first plain Tensor input's, or else the first CUDA tensor's among the
     # kernel's arguments.
     first = next((a.name for a in schema.arguments if str(a.type) == "Tensor"), None)
-    env[_PREFIX + "calls"] = calls = _Calls(torch, name)
+    env[_PREFIX + "calls"] = _Calls(torch, name)
     env[_PREFIX + "kernel"] = kernel
     # Gradients: no Python autograd kernel sits in front of the CUDA kernel (PyTorch's own
     # fallback answers that key, which would let a backward pass through silently), so a call
@@ -450,6 +450,8 @@ def _generate(
 # The registrations, by operator name: a `torch.library.Library` removes its registrations
 # when it is freed.
 _LIBRARIES: dict[str, Any] = {}
+#: The generated source of each operator's call path, by name (for reading, not for use).
+_SOURCES: dict[str, str] = {}
 
 
 def _register(
@@ -484,6 +486,3 @@ def _register(
     _SOURCES[name] = source
     return op
 
-
-#: The generated source of each operator's call path, by name (for reading, not for use).
-_SOURCES: dict[str, str] = {}
