@@ -320,17 +320,17 @@ def test_eager_on_the_default_stream_hands_tile_the_tensors(monkeypatch):
 
     def op(x, y): ...
 
-    before = dict(tt.region_calls)
+    before = dict(tt._region_calls)
     impl, _, _, launches = _generated(monkeypatch, fake, ("x", "y", 4), op, tensors=("x", "y"))
     x, y = _FakeTensor(4), _FakeTensor(4, ptr=0x20000)
     impl(x, y)
     assert launches[0][0][3] == (x, y, 4)
-    assert tt.region_calls == before
+    assert tt._region_calls == before
 
 
 def test_inside_a_capture_tile_gets_non_owning_aliases_of_every_dtype(monkeypatch):
     fake = _FakeTorch(raw=0x77, capturing=True)
-    before = dict(tt.region_calls)
+    before = dict(tt._region_calls)
 
     def op(x, y): ...
 
@@ -341,7 +341,7 @@ def test_inside_a_capture_tile_gets_non_owning_aliases_of_every_dtype(monkeypatc
     assert ax is not x and ay is not y and n == 4
     assert (ax.dtype, ax.alias_of) == ("bfloat16", (0x10000, 3, (4,), (1,)))
     assert (ay.dtype, ay.alias_of) == ("float32", (0x20000, 3, (4,), (1,)))
-    assert tt.region_calls["capture"] == before["capture"] + 1
+    assert tt._region_calls["capture"] == before["capture"] + 1
 
 
 def test_graph_trees_warm_up_stream_gets_aliases_and_other_side_streams_do_not(monkeypatch):
@@ -353,7 +353,7 @@ def test_graph_trees_warm_up_stream_gets_aliases_and_other_side_streams_do_not(m
     trees = types.ModuleType(tt._TREES)
     trees.get_manager = lambda device, create_if_none_exists=True: None if create_if_none_exists else Manager()
     monkeypatch.setitem(sys.modules, tt._TREES, trees)
-    before = dict(tt.region_calls)
+    before = dict(tt._region_calls)
 
     def op(x): ...
 
@@ -362,11 +362,11 @@ def test_graph_trees_warm_up_stream_gets_aliases_and_other_side_streams_do_not(m
     x = _FakeTensor(4)
     impl(x)
     assert launches[-1][0][3][0] is not x
-    assert tt.region_calls["warmup"] == before["warmup"] + 1
+    assert tt._region_calls["warmup"] == before["warmup"] + 1
     fake.raw = 0x66  # another side stream: eager, the tensor itself
     impl(x)
     assert launches[-1][0][3][0] is x
-    assert tt.region_calls["warmup"] == before["warmup"] + 1
+    assert tt._region_calls["warmup"] == before["warmup"] + 1
 
 
 def test_device_comes_from_a_cuda_tensor_when_the_first_tensor_input_is_not_one(monkeypatch):

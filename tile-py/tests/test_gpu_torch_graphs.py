@@ -122,10 +122,10 @@ class Ledger:
         _free_graphs(torch)
         self.counters = tile_py._debug_counters()
         self.memory = torch.cuda.memory_allocated()
-        self.regions = dict(tt.region_calls)
+        self.regions = dict(tt._region_calls)
 
     def regions_since(self):
-        return {k: v - self.regions[k] for k, v in self.tt.region_calls.items()}
+        return {k: v - self.regions[k] for k, v in self.tt._region_calls.items()}
 
     def assert_clean(self, timeout=10.0):
         """Every tensor tile took since the start is released (graphs release theirs once

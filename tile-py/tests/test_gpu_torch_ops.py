@@ -177,7 +177,7 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
     torch.cuda.synchronize()
     tile_py.synchronize()
     start = tile_py._debug_counters()
-    captures_before = tt.region_calls["capture"]
+    captures_before = tt._region_calls["capture"]
     errors_before = tile_py.stats()["errors"]
     g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
     n = 1 << 16
@@ -198,7 +198,7 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
         return (c["consumed"] - start["consumed"]) - (c["released"] - start["released"])
 
     tile_py.synchronize()
-    captured = tt.region_calls["capture"] - captures_before
+    captured = tt._region_calls["capture"] - captures_before
     # The captured launches' tensors (aliases of the graph's memory) stay with the graph.
     assert captured > 0 and held() > 0, (captured, held())
     kept = held()

@@ -237,7 +237,7 @@ def _check_spec(
 #   aliases once the kernel is done.
 
 # Tensor aliases handed to tile, by region (for tests and diagnosis; counted only in regions).
-region_calls = {"capture": 0, "warmup": 0}
+_region_calls = {"capture": 0, "warmup": 0}
 
 _TREES = "torch._inductor.cudagraph_trees"
 
@@ -313,7 +313,7 @@ class _Calls:
         region = _region(self.torch, device, raw)
         if region is None:
             return args
-        region_calls[region] += 1
+        _region_calls[region] += 1
         return _aliases(self.torch, args)
 
 
