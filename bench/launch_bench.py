@@ -46,6 +46,12 @@ REPS repetitions (each path's repetitions are interleaved with the other paths')
 then a scale run: SCALE launches whose first input is a fresh torch tensor each time (freed when
 released), tracking the release queue and torch's allocated memory.
 
+Custom operators (op_bench): bursts of calls of PyTorch custom operators that scale a 4096-element
+float32 tensor (torch.mul for reference; hand-written torch.library.custom_op operators around
+tile_py.launch and ct.launch; tile_py.torch.custom_op of a tile and of a cuTile kernel; the steps
+of tile's operator), with the ratios op.py_custom_op_vs_hand_ct_launch,
+op.py_cutile_custom_op_vs_hand_ct_launch and op.py_custom_op_vs_torch_mul.
+
     python bench/launch_bench.py [--burst N] [--bursts N] [--rounds N] [--launches N]
         [--warmup N] [--reps N] [--scale N] [--rust RUST.json] [--out FILE]
 
@@ -156,6 +162,138 @@ def strided_memory_view():
     if hasattr(StridedMemoryView, "from_dlpack"):
         return lambda obj, s: StridedMemoryView.from_dlpack(obj, s)
     return lambda obj, s: StridedMemoryView(obj, stream_ptr=s)
+
+
+# ---- PyTorch custom operators: eager cost per call (op.* ratios) -------------------------------
+#
+# Bursts of --burst calls on a 4096-element float32 tensor, on torch's current (default) stream,
+# each call allocating its output: torch.mul (PyTorch's own operator), hand-written
+# torch.library.custom_op operators around tile_py.launch and around cuTile's ct.launch (what
+# cuTile suggests for torch.compile), and tile_py.torch.custom_op of a tile kernel and of a
+# cuTile kernel; plus the steps of tile's operator (the dispatcher alone; its body alone:
+# empty_like + tile_py.launch; the same operator called on a side stream, where it asks whether
+# it is in a CUDA graph region). Ratios: op.py_custom_op_vs_hand_ct_launch,
+# op.py_cutile_custom_op_vs_hand_ct_launch (target <= 1.0 each) and op.py_custom_op_vs_torch_mul
+# (reference); null with the reason when a row is missing (cuTile absent).
+
+OP_SCALE_SOURCE = r"""
+extern "C" __global__ void op_scale(const float* x, float* y, float a, unsigned long long n) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i];
+}
+"""
+
+if ct is not None:
+
+    @ct.kernel
+    def ct_op_scale(x, y, alpha):
+        bid = ct.bid(0)
+        ct.store(y, index=(bid,), tile=ct.load(x, index=(bid,), shape=(CT_TILE,)) * alpha)
+
+
+def op_bench(o):
+    """The op.* rows and ratios: returns {"median_us": ..., "skipped": ..., "ratios": ...,
+    "ratios_missing": ...}."""
+    import tile_py.torch as tt
+
+    x = torch.randn(N, device="cuda")
+    k = tile_py.Library.from_cuda_source(OP_SCALE_SOURCE).kernel(
+        "op_scale", [tile_py.In("f32"), tile_py.Out("f32"), tile_py.Scalar("f32"), tile_py.Scalar("u64")])
+    grid = (N + 255) // 256
+    rows, skipped = {}, {}
+
+    @torch.library.custom_op("tile_bench::hand_tile_scale", mutates_args=())
+    def hand_tile(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        tile_py.launch(torch.cuda.current_stream(), (x.numel() + 255) // 256, k, (x, out, alpha, x.numel()),
+                       block=256)
+        return out
+
+    hand_tile.register_fake(lambda x, alpha: torch.empty_like(x))
+
+    @tt.custom_op("tile_bench::scale", k, args=("x", "out", "alpha", lambda x, **_: x.numel()),
+                  outputs={"out": lambda x, **_: torch.empty_like(x)},
+                  grid=lambda x, **_: (x.numel() + 255) // 256, block=256)
+    def tile_op(x: torch.Tensor, alpha: float) -> torch.Tensor: ...
+
+    def body_alone():
+        out = torch.empty_like(x)
+        tile_py.launch(torch.cuda.current_stream(), grid, k, (x, out, 2.0, N), block=256)
+
+    # PyTorch's dispatcher alone, on the path tile_py.torch registers on: a Library operator
+    # whose CUDA kernel does nothing.
+    noop_lib = torch.library.Library("tile_bench", "FRAGMENT")
+    noop_lib.define("noop(Tensor x) -> ()")
+    noop_lib.impl("noop", lambda x: None, "CUDA")
+    noop = torch.ops.tile_bench.noop.default
+
+    side = torch.cuda.Stream()
+    rows["torch.mul"] = (lambda: torch.mul(x, 2.0), None)
+    rows["dispatcher alone: a Library operator doing nothing"] = (lambda: noop(x), None)
+    rows["hand custom_op around tile_py.launch"] = (lambda: hand_tile(x, 2.0), None)
+    rows["tile_py.torch.custom_op"] = (lambda: tile_op(x, 2.0), None)
+    rows["tile_py.torch.custom_op, side stream"] = (lambda: tile_op(x, 2.0), side)
+    rows["its body alone: empty_like + tile_py.launch"] = (body_alone, None)
+    if ct is not None:
+
+        @torch.library.custom_op("tile_bench::hand_ct_scale", mutates_args=())
+        def hand_ct(x: torch.Tensor, alpha: float) -> torch.Tensor:
+            out = torch.empty_like(x)
+            ct.launch(torch.cuda.current_stream(), (x.numel() // CT_TILE, 1, 1), ct_op_scale, (x, out, alpha))
+            return out
+
+        hand_ct.register_fake(lambda x, alpha: torch.empty_like(x))
+
+        @tt.custom_op("tile_bench::cutile_scale", ct_op_scale, args=("x", "out", "alpha"),
+                      outputs={"out": lambda x, **_: torch.empty_like(x)},
+                      grid=lambda x, **_: (x.numel() // CT_TILE, 1, 1), mutates_args=())
+        def cutile_op(x: torch.Tensor, alpha: float) -> torch.Tensor: ...
+
+        rows["hand custom_op around ct.launch"] = (lambda: hand_ct(x, 2.0), None)
+        rows["tile_py.torch.custom_op, cuTile kernel"] = (lambda: cutile_op(x, 2.0), None)
+    else:
+        for r in ("hand custom_op around ct.launch", "tile_py.torch.custom_op, cuTile kernel"):
+            skipped[r] = CT_MISSING
+    us = {name: [] for name in rows}
+    names = list(rows)
+    for rnd in range(o.rounds):
+        for j in range(len(names)):
+            name = names[(j + rnd) % len(names)]
+            if name in skipped:
+                continue
+            fn, s = rows[name]
+            try:
+                with torch.cuda.stream(s or torch.cuda.default_stream()):
+                    us[name].extend(bursts(fn, torch.cuda.synchronize, o.burst, o.bursts))
+            except Exception as e:  # noqa: BLE001 - reported as the row's reason
+                skipped[name] = repr(e)
+            tile_py.synchronize()
+    med = {name: statistics.median(v) for name, v in us.items() if v}
+    ratios, missing = {}, {}
+    for key, num, den in [
+        ("op.py_custom_op_vs_hand_ct_launch", "tile_py.torch.custom_op", "hand custom_op around ct.launch"),
+        ("op.py_cutile_custom_op_vs_hand_ct_launch", "tile_py.torch.custom_op, cuTile kernel",
+         "hand custom_op around ct.launch"),
+        ("op.py_custom_op_vs_torch_mul", "tile_py.torch.custom_op", "torch.mul"),
+    ]:
+        if num in med and den in med:
+            ratios[key] = med[num] / med[den]
+        else:
+            ratios[key] = None
+            missing[key] = "; ".join(
+                f"{r}: {skipped.get(r, 'not measured')}" for r in (num, den) if r not in med
+            )
+    print(f"custom operators: per call, {N}-element f32, bursts of {o.burst}, median over {o.rounds} rounds")
+    for name in rows:
+        print(f"{name:<64} " + (f"{med[name]:>9.2f} us" if name in med else f"skipped: {skipped.get(name)}"))
+    targets = {"op.py_custom_op_vs_hand_ct_launch": "<= 1.0",
+               "op.py_cutile_custom_op_vs_hand_ct_launch": "<= 1.0",
+               "op.py_custom_op_vs_torch_mul": "reference"}
+    for key, v in ratios.items():
+        shown = f"{v:.3f}" if v is not None else f"null ({missing[key]})"
+        print(f"{key:<44} {shown}  ({targets[key]})")
+    return {"median_us": med, "us_per_call": us, "skipped": skipped, "ratios": ratios,
+            "ratios_missing": missing}
 
 
 def main():
@@ -494,6 +632,11 @@ def main():
     except Exception as e:  # noqa: BLE001 - the other figures are kept
         print(f"JAX section failed: {e!r}")
         jax_figures = {"error": repr(e)}
+    try:
+        op = op_bench(o)
+    except Exception as e:  # noqa: BLE001 - the other figures are kept
+        print(f"custom-operator section failed: {e!r}")
+        op = {"error": repr(e), "ratios": {}, "ratios_missing": {"op.*": repr(e)}}
     if o.out:
         with open(o.out, "w") as f:
             json.dump({
@@ -507,8 +650,9 @@ def main():
                           "launch_stream_is_torch_current": {n: same for n, (_, same)
                                                              in burst_rows.items()},
                           "per_torch_tensor_us": per_tensor},
-                "ratios": {**burst_ratios, **ratios},
-                "ratios_missing": burst_ratio_missing,
+                "ratios": {**burst_ratios, **ratios, **op["ratios"]},
+                "ratios_missing": {**burst_ratio_missing, **op["ratios_missing"]},
+                "op": op,
                 "launches": o.launches, "warmup": o.warmup, "reps": o.reps,
                 "us_per_launch": results, "median_us": med, "errors": errors,
                 "kernel_correct": correct,

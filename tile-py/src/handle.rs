@@ -25,6 +25,14 @@ impl LaunchHandle {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
+    /// In a forked child: retires the handle without a driver call, never dropping what it
+    /// holds (a drop could make one).
+    fn forget_inherited(&self) {
+        if let Ok(mut g) = self.inner.try_lock() {
+            std::mem::forget(g.take());
+        }
+    }
+
     fn put_back(&self, h: tile_launch::LaunchHandle) {
         *self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
     }
@@ -33,8 +41,14 @@ impl LaunchHandle {
 #[pymethods]
 impl LaunchHandle {
     /// Blocks until the launched work is done (the GIL is released meanwhile), then runs the
-    /// deleters of its tensors (and of every other queued launch known done). Idempotent.
+    /// deleters of its tensors (and of every other queued launch known done). Idempotent. In a
+    /// child made by `os.fork()`, a handle inherited from the parent returns at once: the work
+    /// is the parent's, its tensors are leaked (counted at the fork).
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        if crate::lifecycle::forked() {
+            self.forget_inherited();
+            return Ok(());
+        }
         if let Some(h) = self.take() {
             let h = SameThread(h);
             let r = py.detach(move || {
@@ -49,7 +63,12 @@ impl LaunchHandle {
     }
 
     /// Whether the launched work is done (non-blocking). When it is, the tensors are released.
+    /// In a child made by `os.fork()`: True, the inherited handle retired as in `wait`.
     fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        if crate::lifecycle::forked() {
+            self.forget_inherited();
+            return Ok(true);
+        }
         let Some(h) = self.take() else {
             return Ok(true);
         };

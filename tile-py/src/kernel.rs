@@ -510,6 +510,7 @@ impl Library {
                 ),
             )
         })?;
+        crate::lifecycle::refuse_in_fork("load a library")?;
         let r = py.detach(|| tile_launch::Library::from_file(&path));
         loaded(py, r)
     }
@@ -531,6 +532,7 @@ impl Library {
                     ),
                 )
             })?;
+        crate::lifecycle::refuse_in_fork("load a library")?;
         let r = py.detach(|| tile_launch::Library::from_image(&data));
         loaded(py, r)
     }
@@ -543,6 +545,7 @@ impl Library {
             "Library.from_ptx: ptx",
             "PTX text; an image as bytes goes to Library.from_bytes",
         )?;
+        crate::lifecycle::refuse_in_fork("load a library")?;
         let r = py.detach(|| tile_launch::Library::from_ptx(&ptx));
         loaded(py, r)
     }
@@ -572,6 +575,7 @@ impl Library {
         };
         #[cfg(feature = "nvrtc")]
         {
+            crate::lifecycle::refuse_in_fork("load a library")?;
             let r = py.detach(|| {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
                 tile_launch::Library::from_cuda_source(&source, &opts)
@@ -599,6 +603,7 @@ impl Library {
         let name = name.as_str();
         let params = parse_params(params)?;
         let sig = Signature::new(params.iter().copied());
+        crate::lifecycle::refuse_in_fork("look up a kernel")?;
         let k = self
             .inner
             .kernel(name, sig)

@@ -1,6 +1,18 @@
 //! The calls around launches: `synchronize`, `stats`, `compute_capability`, and the process's
 //! lifecycle hooks (`atexit`: `_shutdown`; `os.fork`: `_after_fork_in_child`).
+//!
+//! **In a child made by `os.fork()`** CUDA cannot be used (the driver's state does not survive
+//! the fork: its calls fail with `CUDA_ERROR_NOT_INITIALIZED`), so no public call makes a
+//! driver call there, and none waits for a lock another thread of the parent may have held at
+//! the fork: launches, prepared launches, library loads and kernel lookups, and
+//! `compute_capability` raise `ValueError` (use the `spawn` or `forkserver` start method);
+//! `synchronize` returns at once; `stats` answers without polling, from the counters inherited
+//! at the fork, with every tensor the parent's streams held counted in `leaked`; a
+//! `LaunchHandle` inherited from the parent is retired at once (`wait` returns, `done` is
+//! True), its tensors leaked; releases queued in the parent are leaked, never run
+//! ([`release::FORKED`]); there is no release thread; the `atexit` hook returns at once.
 
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use pyo3::prelude::*;
@@ -8,16 +20,43 @@ use pyo3::types::PyDict;
 
 use crate::errors::{Kind, err};
 use crate::pytypes::SameThread;
-use crate::release::{COUNTERS, FINALIZING, drain};
+use crate::release::{COUNTERS, FINALIZING, FORKED, drain};
 use crate::{release, streams, worker};
 
+/// In a forked child: the counters of the streams inherited from the parent, read once at the
+/// fork, with what they held moved to `leaked` (see the module docs).
+static INHERITED: Mutex<Option<tile_launch::Stats>> = Mutex::new(None);
+
+/// Whether this process is a child made by `os.fork()` (see the module docs).
+pub(crate) fn forked() -> bool {
+    FORKED.load(Ordering::Acquire)
+}
+
+/// `ValueError` in a child made by `os.fork()`: `what` needs CUDA, which does not survive the
+/// fork.
+pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
+    if forked() {
+        return Err(err(
+            Kind::Value,
+            format!(
+                "tile_py cannot {what} in a process made by os.fork() after CUDA may have been \
+                 used in the parent (CUDA does not survive fork); use the 'spawn' or \
+                 'forkserver' start method"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The compute capability `(major, minor)` of `stream`'s device (read once per device with
-/// `cuDeviceGetAttribute` when tile_py first uses it). `stream` as for `launch`.
+/// `cuDeviceGetAttribute` when tile_py first uses it). `stream` as for `launch`. Raises
+/// `ValueError` in a child made by `os.fork()`.
 #[pyfunction]
 pub(crate) fn compute_capability(
     py: Python<'_>,
     stream: &Bound<'_, PyAny>,
 ) -> PyResult<(u32, u32)> {
+    refuse_in_fork("read a device's compute capability")?;
     let (spec, cached) = streams::parse_stream_cached(stream)?;
     let s = streams::resolve(py, stream, spec, cached)?;
     Ok(s.context().limits().compute_capability)
@@ -29,8 +68,14 @@ pub(crate) fn compute_capability(
 /// trouble: a stream whose wait fails is counted in `stats()["errors"]` and the others are
 /// still waited for; when the stream or its context is gone or poisoned (destroyed, reset, a
 /// kernel fault), what it held is leaked and counted (`stats()["leaked"]`) and it is forgotten.
+/// In a child made by `os.fork()` it returns at once: the child has launched nothing, and what
+/// the parent's streams held is leaked.
 #[pyfunction]
 pub(crate) fn synchronize(py: Python<'_>) -> PyResult<()> {
+    if forked() {
+        drain(py);
+        return Ok(());
+    }
     streams::synchronize_all(py);
     drain(py);
     Ok(())
@@ -38,11 +83,15 @@ pub(crate) fn synchronize(py: Python<'_>) -> PyResult<()> {
 
 fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    let streams = streams::all();
-    // Streams already forgotten (their work released) keep their totals.
-    let st = streams
-        .iter()
-        .fold(streams::forgotten_stats(), |sum, s| sum.plus(&s.stats()));
+    let (streams, base) = if forked() {
+        // The child holds no stream of its own; the parent's counted once, at the fork.
+        let inherited = *INHERITED.lock().unwrap_or_else(|p| p.into_inner());
+        (Vec::new(), inherited.unwrap_or_default())
+    } else {
+        // Streams already forgotten (their work released) keep their totals.
+        (streams::all(), streams::forgotten_stats())
+    };
+    let st = streams.iter().fold(base, |sum, s| sum.plus(&s.stats()));
     let (pg, pb, hg, hb) = (
         st.pending_guards,
         st.pending_bytes,
@@ -99,10 +148,15 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// - `errors`: completion events the release queues failed to record, query or wait for.
 /// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
 ///   at the next call into tile_py, or on the release thread within 50 ms).
+///
+/// In a child made by `os.fork()`: no poll; the parent's counters as inherited at the fork, with
+/// `streams` 0 and what the parent's streams held counted in `leaked`.
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    for s in streams::all() {
-        s.poll();
+    if !forked() {
+        for s in streams::all() {
+            s.poll();
+        }
     }
     drain(py);
     totals(py)
@@ -116,6 +170,11 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
     if timeout.is_nan() {
         return Err(err(Kind::Value, "timeout is nan; seconds expected"));
+    }
+    if forked() {
+        // Nothing of the child's own is pending; the parent's was counted at the fork.
+        FINALIZING.store(true, Ordering::Release);
+        return Ok(0);
     }
     // Negative is 0; a timeout too large for `Duration` / `Instant` (inf included) has no
     // deadline: wait until the work is done.
@@ -160,9 +219,23 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
     Ok(pending)
 }
 
-/// `os.register_at_fork(after_in_child=...)`: see [`release::FORKED`].
+/// `os.register_at_fork(after_in_child=...)`: see [`release::FORKED`] and the module docs.
+/// Counts what the inherited streams held (their pending and held guards) as leaked and keeps
+/// their other counters for `stats`; the streams themselves are never touched again.
 #[pyfunction]
 pub(crate) fn _after_fork_in_child() {
     release::after_fork_in_child();
     worker::after_fork_in_child();
+    // Read without waiting: `None` when another thread of the parent held the stream cache at
+    // the fork (its counters are then not reported).
+    let mut inherited = streams::inherited_stats().unwrap_or_default();
+    let held = inherited.pending_guards + inherited.held_guards;
+    COUNTERS
+        .leaked_at_exit
+        .fetch_add(held as u64, Ordering::Relaxed);
+    inherited.pending_guards = 0;
+    inherited.pending_bytes = 0;
+    inherited.held_guards = 0;
+    inherited.held_bytes = 0;
+    *INHERITED.lock().unwrap_or_else(|p| p.into_inner()) = Some(inherited);
 }

@@ -509,6 +509,28 @@ pub(crate) fn forgotten_stats() -> Stats {
         .unwrap_or_default()
 }
 
+/// In a child made by `os.fork()`: the counters of every stream inherited from the parent (the
+/// cached ones and those already forgotten), read without waiting for a lock (one held at the
+/// fork is never let go in the child) and without dropping or forgetting a stream (a stream's
+/// drop makes driver calls, which fail in the child). `None` when a lock was held at the fork.
+pub(crate) fn inherited_stats() -> Option<Stats> {
+    use std::sync::TryLockError;
+    fn taken<T>(r: Result<T, TryLockError<T>>) -> Option<T> {
+        match r {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+    let gone = taken(GONE.try_lock())?.unwrap_or_default();
+    let g = taken(STREAMS.try_lock())?;
+    Some(
+        g.as_ref()
+            .map(|m| m.values().fold(gone, |sum, e| sum.plus(&e.stream.stats())))
+            .unwrap_or(gone),
+    )
+}
+
 /// The device a raw stream belongs to, or, for the default streams, the current context's
 /// device (0 if none is current).
 fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {

@@ -23,26 +23,32 @@ operator with a schema, declared mutations and a fake implementation, instead of
     y = torch.compile(f, fullgraph=True)(x)  # traced as mylib::scale
 
 The decorated function is a stub: its signature and type annotations give the operator's schema
-(as ``torch.library.custom_op`` infers it), its body is never run. The launch runs on PyTorch's
-current stream of the first tensor input's device, through ``tile_py.launch``: every argument is
-checked before anything is consumed, and the tensors are released only after the kernel has
-finished. Captured into a PyTorch CUDA graph (``mode="reduce-overhead"``, ``torch.cuda.graph``),
-the launch hands tile views of the tensors' memory instead (``__cuda_array_interface__``, no
-reference to the tensors), which tile keeps until the graph is freed: the memory belongs to the
-graph's pool or to static inputs the graph's owner keeps, as for every operator in a PyTorch CUDA
-graph, and PyTorch's CUDA graph trees refuse to record while other references to pool memory
-live. bfloat16 has no ``__cuda_array_interface__`` type: such tensors are passed as tensors.
+(as ``torch.library.custom_op`` infers it), its body is never run. The decorator returns the
+operator's ``OpOverload`` (``torch.ops.mylib.scale.default``), registered on the low-level
+``torch.library.Library`` path: a CUDA kernel and a fake implementation, nothing in front of them,
+so an eager call costs PyTorch's dispatcher plus one generated Python function (the mapping of
+``args`` and ``outputs`` is resolved once, when the operator is defined). The launch runs on
+PyTorch's current stream of the first tensor input's device, through ``tile_py.launch`` (or
+``tile_py.cutile.launch``): every argument is checked before anything is consumed.
+
+Eager, tile keeps the tensors until the kernel has finished (tile's release queue). Inside
+PyTorch's CUDA graphs (``torch.cuda.graph``, ``mode="reduce-overhead"``, whose graph trees also
+run a warm-up on their own stream) tile receives aliases instead: tensors over the same memory
+that do not own it, so that tile holds no reference PyTorch does not know of; the memory lives
+as long as for PyTorch's own operators (the graph pool's, stream-ordered; see the notes above
+``_region`` below). Any dtype, bfloat16 included; cuTile kernels too. A function that graph
+trees accept with a PyTorch operator in the tile operator's place is accepted with it.
 
 Importing this module does not import ``torch``; defining an operator does.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
+import sys
 from typing import Any, Callable, Mapping, Sequence, Union
 
-from . import Kernel, launch, stats
+from . import Kernel, launch
 
 __all__ = ["custom_op"]
 
@@ -83,8 +89,15 @@ def custom_op(
       declare what it writes: for one, ``mutates_args`` is required (``()`` when the kernel
       writes only outputs the operator allocates), and ``block`` is ignored.
 
+    Returns the operator's ``OpOverload`` (``torch.ops.<namespace>.<name>.default``): call it,
+    trace it, ``opcheck`` it. It has no autograd formula: a call with an input that requires
+    grad while grad mode is on raises ``RuntimeError`` (``torch.library.register_autograd`` adds
+    one). Eager, tile keeps the tensors until the kernel has finished; inside PyTorch's CUDA
+    graphs (a capture, graph trees' warm-up) tile is handed non-owning aliases (module docs).
+
     Raises ``ValueError`` or ``TypeError`` at definition for a spec that does not match the
-    kernel's parameters or the stub's signature; ``ImportError`` without PyTorch.
+    kernel's parameters or the stub's signature (parameter names starting with ``_tile_`` are
+    reserved); ``ImportError`` without PyTorch.
     """
     outputs = dict(outputs or {})
     if isinstance(args, str) or isinstance(mutates_args, str):
@@ -193,59 +206,252 @@ def _check_spec(
     return declared
 
 
-# `__cuda_array_interface__` type strings of the dtypes a capture view can describe.
-_TYPESTR = {
-    "torch.float16": "<f2",
-    "torch.float32": "<f4",
-    "torch.float64": "<f8",
-    "torch.int8": "|i1",
-    "torch.int16": "<i2",
-    "torch.int32": "<i4",
-    "torch.int64": "<i8",
-    "torch.uint8": "|u1",
-    "torch.bool": "|b1",
-    "torch.complex64": "<c8",
-    "torch.complex128": "<c16",
-}
+# --- Where a call runs: eager, or inside a PyTorch CUDA graph region -------------------------
+#
+# Eager, tile_py.launch receives the tensors themselves and keeps them until the kernel has
+# finished (tile's release queue), whichever stream they were made on.
+#
+# Inside a region of PyTorch's CUDA graphs (a capture on the current stream, or the warm-up run
+# of CUDA graph trees, which runs on the trees' own stream and allocates from the graph pool),
+# that reference is what breaks PyTorch: graph trees check after the warm-up, before and after
+# each recording, that every allocated block of the pool belongs to a tensor they track, and a
+# tensor tile still holds keeps its block allocated after the program dropped it ("Detected N
+# tensor(s) in the cudagraph pool not tracked as outputs"). So there tile receives aliases: new
+# tensors over the same memory, of the same dtype, shape, strides and offset, whose storage does
+# not own it (no deleter, no reference to the original storage: the allocator and the storage's
+# use count see nothing). The dtype is whatever the tensor's is (bfloat16 and the float8 types
+# included), and a cuTile kernel reads the alias's layout as it would the tensor's.
+#
+# Why the memory lives long enough without tile's reference, as it does for PyTorch's own
+# operators and for the Triton kernels inductor generates next to the tile operator (which take
+# raw pointers and hold nothing):
+# - A capture: nothing runs until the graph is replayed, and the memory the graph's kernels use
+#   is the graph pool's (kept until the graph is freed; graph trees reuse a block only for a
+#   later recording whose replay follows in stream order) or a static input the graph's owner
+#   keeps. tile keeps the aliases with the graph until the graph is freed.
+# - The warm-up of graph trees: it runs eagerly on the trees' stream, where the pool's blocks
+#   are allocated; a block freed there is reused only by later work on that same stream, which
+#   runs after the kernel (the caching allocator's stream order); the trees synchronise the
+#   device before the warm-up and order the program's stream after the trees' stream when it
+#   ends, so an input made elsewhere is not reused under the kernel either. tile releases the
+#   aliases once the kernel is done.
+
+# Tensor aliases handed to tile, by region (for tests and diagnosis; counted only in regions).
+_region_calls = {"capture": 0, "warmup": 0}
+
+_TREES = "torch._inductor.cudagraph_trees"
 
 
-class _CaptureView:
-    """A tensor's memory described by ``__cuda_array_interface__`` (v3, no stream to order
-    after), without a reference to the tensor: what a launch captured into a PyTorch CUDA graph
-    hands to tile. tile keeps the view until the graph is freed; the memory itself belongs to
-    the graph's memory pool (or is a static input the graph's owner keeps), as for every
-    operator in a PyTorch CUDA graph. Holding the tensors instead would keep pool memory alive
-    that PyTorch's CUDA graph trees require to be freed (they refuse to record)."""
-
-    alive = 0
-    __slots__ = ("__cuda_array_interface__",)
-
-    def __init__(self, t: Any, typestr: str) -> None:
-        item = t.element_size()
-        self.__cuda_array_interface__ = {
-            "shape": tuple(t.shape),
-            "typestr": typestr,
-            "data": (t.data_ptr(), False),
-            "strides": tuple(st * item for st in t.stride()),
-            "version": 3,
-            "stream": None,
-        }
-        _CaptureView.alive += 1
-
-    def __del__(self) -> None:
-        _CaptureView.alive -= 1
+def _region(torch: Any, device: int, raw: int) -> str | None:
+    """The graph region a call on device ``device`` with current raw stream ``raw`` runs in:
+    ``"capture"``, ``"warmup"`` (graph trees' warm-up run), or None (eager)."""
+    if raw == 0:
+        # The legacy default stream never captures, and graph trees never run on it.
+        return None
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return "capture"
+    trees = sys.modules.get(_TREES)
+    if trees is None:
+        return None
+    try:
+        manager = trees.get_manager(device, create_if_none_exists=False)
+        tree_stream = None if manager is None else manager.stream.cuda_stream
+    except (AttributeError, TypeError):
+        # Graph trees whose manager cannot be read: a side stream may be their warm-up, and
+        # aliases are safe there as on any stream whose work is stream-ordered.
+        return "warmup"
+    return "warmup" if tree_stream == raw else None
 
 
-def _capture_arg(torch: Any, a: Any) -> Any:
-    if isinstance(a, torch.Tensor) and a.is_cuda:
-        typestr = _TYPESTR.get(str(a.dtype))
-        if typestr is not None:
-            return _CaptureView(a, typestr)
-    return a
+def _aliases(torch: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with each CUDA tensor replaced by a tensor over the same memory whose storage
+    does not own it (see the region notes above)."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_cuda:
+            st = a.untyped_storage()
+            borrowed = torch._C._construct_storage_from_data_pointer(st.data_ptr(), a.device, st.nbytes())
+            a = torch.empty(0, dtype=a.dtype, device=a.device).set_(
+                borrowed, a.storage_offset(), a.size(), a.stride()
+            )
+        out.append(a)
+    return tuple(out)
 
 
-def _dim(spec: Any, inputs: dict[str, Any]) -> Any:
-    return spec(**inputs) if callable(spec) else spec
+class _Calls:
+    """What a generated call needs at run time, one instance per operator: the current stream
+    of a device (one torch stream object per device and raw handle, made once: tile_py's stream
+    cache then knows the object), and the region handling."""
+
+    def __init__(self, torch: Any, name: str) -> None:
+        self.torch = torch
+        self.name = name
+        self.raw_stream = torch._C._cuda_getCurrentRawStream
+        self.streams: dict[tuple[int, int], Any] = {}
+
+    def stream(self, device: int) -> tuple[Any, int]:
+        raw = self.raw_stream(device)
+        s = self.streams.get((device, raw))
+        if s is None:
+            s = self.streams[(device, raw)] = self.torch.cuda.current_stream(device)
+        return s, raw
+
+    def device(self, values: tuple[Any, ...]) -> int:
+        for v in values:
+            if isinstance(v, self.torch.Tensor) and v.is_cuda:
+                return v.get_device()
+        raise ValueError(f"{self.name}: no CUDA tensor among the arguments to take the device from")
+
+    def no_autograd(self) -> None:
+        raise RuntimeError(
+            f"{self.name}: an input requires grad, but a tile operator has no autograd formula "
+            f"(register one with torch.library.register_autograd, or call it under "
+            f"torch.no_grad())"
+        )
+
+    def in_region(self, device: int, raw: int, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        region = _region(self.torch, device, raw)
+        if region is None:
+            return args
+        _region_calls[region] += 1
+        return _aliases(self.torch, args)
+
+
+_PREFIX = "_tile_"
+
+
+def _generate(
+    torch: Any,
+    name: str,
+    kernel: Any,
+    sig: inspect.Signature,
+    schema: Any,
+    arg_specs: tuple[ArgSpec, ...],
+    outputs: dict[str, Callable[..., Any]],
+    grid: DimSpec,
+    block: DimSpec,
+    shared_mem: int | Callable[..., int],
+) -> tuple[Callable[..., Any], Callable[..., Any], str]:
+    """The operator's CUDA kernel and fake implementation, as Python functions with the stub's
+    own parameters, generated once per operator: the mapping of ``args`` and ``outputs`` onto
+    the kernel's arguments is resolved here, so that a call binds no signature, builds no dict
+    and calls only the spec entries that are functions (each with the inputs as keywords, as
+    documented). Returns both and the generated source."""
+    params = list(sig.parameters.values())
+    for p in params:
+        if p.name.startswith(_PREFIX):
+            raise ValueError(f"{name}: parameter names starting with {_PREFIX!r} are reserved ({p.name})")
+    env: dict[str, Any] = {}
+
+    def const(key: str, value: Any) -> str:
+        env[_PREFIX + key] = value
+        return _PREFIX + key
+
+    plist: list[str] = []
+    for p in params:
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in plist:
+            plist.append("*")
+        plist.append(p.name if p.default is p.empty else f"{p.name}={const('default_' + p.name, p.default)}")
+    keywords = ", ".join(f"{p.name}={p.name}" for p in params)
+
+    def value(spec: Any, key: str) -> str:
+        if isinstance(spec, str):
+            return spec
+        if callable(spec):
+            return f"{const(key, spec)}({keywords})"
+        return const(key, spec)
+
+    made = {out: f"{_PREFIX}out{i}" for i, out in enumerate(outputs)}
+    allocs = [
+        f"    {made[out]} = {const(f'alloc{i}', alloc)}({keywords})"
+        for i, (out, alloc) in enumerate(outputs.items())
+    ]
+    kernel_args = [
+        made[s] if isinstance(s, str) and s in made else value(s, f"arg{i}")
+        for i, s in enumerate(arg_specs)
+    ]
+    results = list(made.values())
+    if not results:
+        ret = "None"
+    elif len(results) == 1:
+        ret = results[0]
+    else:
+        ret = "(" + ", ".join(results) + ",)"
+
+    # The device: the first plain Tensor input's, or else the first CUDA tensor's among the
+    # kernel's arguments.
+    first = next((a.name for a in schema.arguments if str(a.type) == "Tensor"), None)
+    env[_PREFIX + "calls"] = _Calls(torch, name)
+    env[_PREFIX + "kernel"] = kernel
+    # Gradients: no Python autograd kernel sits in front of the CUDA kernel (PyTorch's own
+    # fallback answers that key, which would let a backward pass through silently), so a call
+    # that autograd would record is refused here, as a call without a formula.
+    grads = [
+        f"{a.name}.requires_grad"
+        if str(a.type) == "Tensor"
+        else f"({a.name} is not None and {a.name}.requires_grad)"
+        for a in schema.arguments
+        if str(a.type) in ("Tensor", "Tensor?")
+    ]
+    env[_PREFIX + "grad_enabled"] = torch.is_grad_enabled
+    grad_check = (
+        [
+            f"    if {_PREFIX}grad_enabled() and ({' or '.join(grads)}):",
+            f"        {_PREFIX}calls.no_autograd()",
+        ]
+        if grads
+        else []
+    )
+    device = f"{_PREFIX}calls.device({_PREFIX}args)"
+    if first is not None:
+        device = f"{first}.get_device() if {first}.is_cuda else {device}"
+    if _is_cutile(kernel):
+        from . import cutile
+
+        env[_PREFIX + "launch"] = cutile.launch
+        launch_call = f"{_PREFIX}launch({_PREFIX}s, {value(grid, 'grid')}, {_PREFIX}kernel, {_PREFIX}args)"
+    else:
+        env[_PREFIX + "launch"] = launch
+        extra = f", block={value(block, 'block')}"
+        if callable(shared_mem) or shared_mem:
+            extra += f", shared_mem={value(shared_mem, 'shared_mem')}"
+        launch_call = (
+            f"{_PREFIX}launch({_PREFIX}s, {value(grid, 'grid')}, {_PREFIX}kernel, {_PREFIX}args{extra})"
+        )
+    signature = ", ".join(plist)
+    source = "\n".join(
+        [
+            f"def impl({signature}):",
+            *grad_check,
+            *allocs,
+            f"    {_PREFIX}args = ({''.join(a + ', ' for a in kernel_args)})",
+            f"    {_PREFIX}d = {device}",
+            f"    {_PREFIX}s, {_PREFIX}raw = {_PREFIX}calls.stream({_PREFIX}d)",
+            f"    if {_PREFIX}raw:",
+            f"        {_PREFIX}args = {_PREFIX}calls.in_region({_PREFIX}d, {_PREFIX}raw, {_PREFIX}args)",
+            # The handle is dropped: tile's release queue (or the graph) keeps what it needs.
+            f"    {launch_call}",
+            f"    return {ret}",
+            "",
+            f"def fake({signature}):",
+            *allocs,
+            f"    return {ret}",
+            "",
+        ]
+    )
+    code = compile(source, f"<tile_py.torch operator {name}>", "exec")
+    env["__name__"] = __name__
+    exec(code, env)  # noqa: S102 - source built above from the stub's parameter names only
+    impl, fake = env["impl"], env["fake"]
+    impl.__qualname__ = fake.__qualname__ = name
+    return impl, fake, source
+
+
+# The registrations, by operator name: a `torch.library.Library` removes its registrations
+# when it is freed.
+_LIBRARIES: dict[str, Any] = {}
+#: The generated source of each operator's call path, by name (for reading, not for use).
+_SOURCES: dict[str, str] = {}
 
 
 def _register(
@@ -262,59 +468,21 @@ def _register(
 ) -> Any:
     import torch  # type: ignore[import-not-found, unused-ignore]
 
-    cutile_kernel = _is_cutile(kernel)
-
-    def bind(a: tuple[Any, ...], kw: dict[str, Any]) -> dict[str, Any]:
-        bound = sig.bind(*a, **kw)
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
-    def results(made: list[Any]) -> Any:
-        if not made:
-            return None
-        return made[0] if len(made) == 1 else tuple(made)
-
-    @functools.wraps(stub)
-    def impl(*a: Any, **kw: Any) -> Any:
-        inputs = bind(a, kw)
-        made = {out: alloc(**inputs) for out, alloc in outputs.items()}
-        env = {**inputs, **made}
-        kernel_args = tuple(
-            env[s] if isinstance(s, str) else (s(**inputs) if callable(s) else s) for s in arg_specs
-        )
-        device = next(
-            (v.device for v in env.values() if isinstance(v, torch.Tensor) and v.is_cuda),
-            None,
-        )
-        if device is None:
-            raise ValueError(f"{name}: no CUDA tensor among the arguments to take the device from")
-        if not cutile_kernel and torch.cuda.is_current_stream_capturing():
-            # Captured into a PyTorch CUDA graph: tile holds views, the graph's pool the memory
-            # (see _CaptureView); launches of the warm-up runs are released first where done.
-            stats()
-            kernel_args = tuple(_capture_arg(torch, v) for v in kernel_args)
-        if cutile_kernel:
-            from . import cutile
-
-            # Tensors are passed as they are (cuTile picks its compiled variant from them).
-            cutile.launch(torch.cuda.current_stream(device), _dim(grid, inputs), kernel, kernel_args)
-            return results(list(made.values()))
-        # The handle is dropped: tile's release queue keeps the tensors until the kernel is done.
-        launch(
-            torch.cuda.current_stream(device),
-            _dim(grid, inputs),
-            kernel,
-            kernel_args,
-            block=_dim(block, inputs),
-            shared_mem=_dim(shared_mem, inputs),
-        )
-        return results(list(made.values()))
-
-    def fake(*a: Any, **kw: Any) -> Any:
-        inputs = bind(a, kw)
-        return results([alloc(**inputs) for alloc in outputs.values()])
-
-    schema = torch.library.infer_schema(stub, mutates_args=mutated)
-    op = torch.library.custom_op(name, mutates_args=mutated, device_types="cuda", schema=schema)(impl)
-    op.register_fake(fake)
+    namespace, opname = name.split("::")
+    schema_text = torch.library.infer_schema(stub, mutates_args=mutated)
+    schema = torch._C.parse_schema(f"{name}{schema_text}")
+    impl, fake, source = _generate(
+        torch, name, kernel, sig, schema, arg_specs, outputs, grid, block, shared_mem
+    )
+    lib = torch.library.Library(namespace, "FRAGMENT")
+    lib.define(f"{opname}{schema_text}")
+    # The CUDA kernel only: no Python autograd or ADInplaceOrView kernel sits in front of it
+    # (what `torch.library.custom_op` adds, two Python calls per call); PyTorch's own fallbacks
+    # answer those keys.
+    lib.impl(opname, impl, "CUDA")
+    torch.library.register_fake(name, fake, lib=lib)
+    _LIBRARIES[name] = lib
+    op = getattr(getattr(torch.ops, namespace), opname).default
+    _SOURCES[name] = source
     return op
+

@@ -1,0 +1,94 @@
+"""CPU tests of every public tile_py call in a child made by ``os.fork()``: none makes a driver
+call or waits for a lock the parent may have held. Launches, prepared launches, library loads
+and ``compute_capability`` raise the fork ``ValueError``; ``synchronize`` returns; ``stats``
+answers without polling, releases queued in the parent counted as leaked; the release thread
+does not exist; the exit hook returns at once. No GPU needed (a machine without a driver)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+
+
+def run(code):
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    return r.stdout
+
+
+CHILD = """
+    import os, sys, traceback
+    import tile_py
+
+    def report(code):
+        sys.stdout.flush()
+        os._exit(code)
+
+    class Marker:
+        pass
+
+    # A release queued in the parent (as a finished launch's would be), not yet drained.
+    tile_py._queue_release(Marker())
+    parent_leaked = tile_py._debug_counters()["leaked_at_exit"]
+    pid = os.fork()
+    if pid == 0:
+        try:
+            failures = []
+
+            def refused(what, fn, *a, **kw):
+                try:
+                    fn(*a, **kw)
+                except ValueError as e:
+                    if "os.fork" not in str(e):
+                        failures.append(f"{what}: ValueError without the fork reason: {e}")
+                except Exception as e:
+                    failures.append(f"{what}: {type(e).__name__}: {e}")
+                else:
+                    failures.append(f"{what}: returned")
+
+            # Return, without a driver call.
+            if tile_py.synchronize() is not None:
+                failures.append("synchronize returned a value")
+            st = tile_py.stats()
+            if st["streams"] != 0 or st["pending_guards"] != 0:
+                failures.append(f"stats: {st}")
+            c = tile_py._debug_counters()
+            if c["leaked_at_exit"] != parent_leaked + 1:
+                failures.append(f"the parent's queued release is not counted leaked: {c}")
+            if tile_py._release_thread()["running"]:
+                failures.append("a release thread runs in the child")
+            # Refused with the fork ValueError.
+            refused("launch", tile_py.launch, 1, 1, None, (), block=1)
+            refused("BoundLaunch", tile_py.BoundLaunch, 1, 1, None, block=1)
+            refused("compute_capability", tile_py.compute_capability, 1)
+            refused("Library.from_bytes", tile_py.Library.from_bytes, b"\\x7fELF" + bytes(60))
+            refused("Library.from_ptx", tile_py.Library.from_ptx, ".version 8.0\\n.target sm_90\\n")
+            refused("Library.from_file", tile_py.Library.from_file, "/dev/null")
+            if tile_py._shutdown() != 0:
+                failures.append("_shutdown reported pending work in the child")
+            print("\\n".join(failures) or "child ok")
+            report(0 if not failures else 1)
+        except BaseException:
+            traceback.print_exc()
+            report(2)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status))
+    # The parent is unaffected: its queued release runs.
+    before = tile_py._debug_counters()["leaked_at_exit"]
+    tile_py.synchronize()
+    print("parent leaked", tile_py._debug_counters()["leaked_at_exit"] - before)
+"""
+
+
+def test_every_public_call_in_a_forked_child_returns_or_refuses_with_the_fork_reason():
+    out = run(CHILD)
+    assert "child ok" in out and "child exit 0" in out, out
+    assert "parent leaked 0" in out, out
