@@ -358,9 +358,10 @@ fn host_memory_is_refused_inside_a_capture_and_a_graph_allocation_is_not() -> Re
     let Err(e) = refused else {
         bail!("host memory labelled as device memory was accepted inside a capture");
     };
+    let host_address = host.as_ptr() as u64;
     ensure!(
-        matches!(e, tile_launch::Error::NotDeviceMemory { index: 1, .. }),
-        "refused with {e:?}, not NotDeviceMemory for argument 1"
+        matches!(e, tile_launch::Error::NotDeviceMemory { address, .. } if address == host_address),
+        "refused with {e:?}, not NotDeviceMemory for the host pointer {host_address:#x}"
     );
     ensure!(
         ca.get() + ch.get() + cc.get() == 0,

@@ -38,7 +38,7 @@ extern "C" __global__ void axpy_inplace(float* y, const float* x, float a, u64 n
     if (i < n) y[i] += a * x[i];
 }
 
-extern "C" __global__ void sincos(const float* x, float* s, float* c, u64 n) {
+extern "C" __global__ void sin_and_cos(const float* x, float* s, float* c, u64 n) {
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i < n) { s[i] = sinf(x[i]); c[i] = cosf(x[i]); }
 }
@@ -179,7 +179,7 @@ def test_in_place_with_aliasing(jax, jnp, lib):
 
 
 def test_several_outputs(jax, jnp, lib):
-    k = lib.kernel("sincos", [In("float32"), Out("float32"), Out("float32"), Scalar("u64")])
+    k = lib.kernel("sin_and_cos", [In("float32"), Out("float32"), Out("float32"), Scalar("u64")])
     sc = tile_py.jax.call(
         k,
         out_shapes=lambda x: [jax.ShapeDtypeStruct(x.shape, x.dtype)] * 2,
@@ -224,7 +224,7 @@ def test_wrong_out_shapes_and_operands_are_trace_time_errors(jax, jnp, lib, scal
         jax.jit(lambda x: scale(x, 2.0))(x)
     with pytest.raises(TypeError, match="is a scalar parameter, which is static"):
         jax.jit(lambda x, a: scale(x, a, x.size))(x, 2.0)
-    k = lib.kernel("sincos", [In("float32"), Out("float32"), Out("float32"), Scalar("u64")])
+    k = lib.kernel("sin_and_cos", [In("float32"), Out("float32"), Out("float32"), Scalar("u64")])
     bad = tile_py.jax.call(k, out_shapes=jax.ShapeDtypeStruct((100,), jnp.float32), grid=1, block=BLOCK)
     with pytest.raises(TypeError, match="2 Out parameters, out_shapes gives 1"):
         jax.jit(lambda x: bad(x, x.size))(x)

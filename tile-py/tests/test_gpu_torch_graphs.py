@@ -15,6 +15,7 @@ aliases inside graph regions."""
 
 import gc
 import os
+import re
 import shutil
 import time
 
@@ -174,12 +175,12 @@ def test_reduce_overhead_with_the_operator_output_as_an_intermediate(torch, ops,
     ledger.assert_clean()
 
 
-def test_chain_of_compiled_functions_passes_graph_outputs_along(torch, ops, compiled):
-    scale = ops["float32"]
-    ledger = Ledger(torch)
+def _chain(torch, compiled, scale, mark_steps):
     first = compiled(lambda x: scale(x, 2.0) + 1.0)
     second = compiled(lambda y: scale(y, 3.0) * y)
     for i in range(6):
+        if mark_steps:
+            torch.compiler.cudagraph_mark_step_begin()
         x = torch.randn(4096, device="cuda")
         y = first(x)
         z = second(y)
@@ -189,7 +190,28 @@ def test_chain_of_compiled_functions_passes_graph_outputs_along(torch, ops, comp
         assert torch.equal(z, (ry * 3.0) * ry), f"call {i}: second"
         del y, z
     del first, second
-    ledger.assert_clean()
+
+
+@pytest.mark.parametrize("mark_steps", [True, False], ids=["mark-step-begin", "no-marks"])
+def test_chain_of_compiled_functions_passes_graph_outputs_along(torch, ops, compiled, mark_steps):
+    """Two compiled functions, the first's graph output the second's input: the tile operator
+    is accepted wherever ``torch.mul`` in its place is, with the same values and no leak, and
+    refused (by PyTorch) with the same error where ``torch.mul`` is."""
+    try:
+        _chain(torch, compiled, lambda x, s: torch.mul(x, s), mark_steps)
+        builtin_error = None
+    except RuntimeError as e:
+        builtin_error = e
+    torch.compiler.cudagraph_mark_step_begin()
+    ledger = Ledger(torch)
+    if builtin_error is None:
+        _chain(torch, compiled, ops["float32"], mark_steps)
+        ledger.assert_clean()
+    else:
+        first_words = str(builtin_error).split(".")[0]
+        with pytest.raises(RuntimeError, match=re.escape(first_words)):
+            _chain(torch, compiled, ops["float32"], mark_steps)
+    assert mark_steps is False or builtin_error is None, builtin_error
 
 
 def test_mutating_operator_and_bfloat16_operator_inside_one_compiled_function(torch, ops, compiled):
