@@ -540,15 +540,15 @@ def cutile_call(grid: Any, kernel: Any, args: Sequence[Any]) -> Any:
     or a call without outputs; cuTile's errors for what it cannot compile;
     ``NotImplementedError`` for parameter kinds ``tile_py.cutile`` cannot pass.
     """
-    import jax
-
-    import tile_py.cutile as tc
-
     if not _is_cutile_kernel(kernel):
         raise TypeError(
             f"kernel must be a cuTile kernel (a function decorated with @ct.kernel), got "
             f"{type(kernel).__name__} {kernel!r}"
         )
+    import jax
+
+    import tile_py.cutile as tc
+
     dims = tc._dims(grid)
     args = tuple(args)
     _anns, names, _consts = tc._plan(kernel)
