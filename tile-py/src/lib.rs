@@ -100,6 +100,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::_queue_release, m)?)?;
     m.add_function(wrap_pyfunction!(xla::_xla_handler, m)?)?;
     m.add_function(wrap_pyfunction!(xla::_xla_register, m)?)?;
+    m.add_function(wrap_pyfunction!(xla::_xla_roles, m)?)?;
     m.add_function(wrap_pyfunction!(xla::_xla_config, m)?)?;
     m.add_function(wrap_pyfunction!(xla::_xla_scalars, m)?)?;
     Ok(())

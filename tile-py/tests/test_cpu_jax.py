@@ -232,3 +232,158 @@ def test_register_needs_a_kernel():
         ext._xla_register(3)
     with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
         ext._xla_scalars(3, [1.0])
+
+
+# ---- role lists: which operand, result or scalar attribute each parameter takes ----------------
+
+from tile_py import In, InOut, Out, Scalar as ScalarP  # noqa: E402
+
+
+def test_roles_of_declared_intents():
+    params = [In("float32"), Out("float32"), InOut("float32", ndim=2), ScalarP("f32"),
+              In("int32", ndim=1), ScalarP("u64")]
+    assert ext._xla_roles(params) == (
+        3, 2, 2,
+        [("operand", 0, None), ("result", 0, None), ("inout", 1, 1), ("scalar", 0, None),
+         ("operand", 2, None), ("scalar", 1, None)],
+    )
+
+
+def test_roles_given_per_call_site():
+    # A cuTile kernel: every array declared In, its roles say which are results.
+    params = [In("float32", ndim=1), In("float32", ndim=1), ScalarP("f32"), In("float32", ndim=1),
+              In("float32", ndim=1)]
+    roles = [("operand", 1), ("result", 1), ("scalar", 0), ("inout", 0, 0), ("operand", 2)]
+    assert ext._xla_roles(params, roles) == (
+        3, 2, 1,
+        [("operand", 1, None), ("result", 1, None), ("scalar", 0, None), ("inout", 0, 0),
+         ("operand", 2, None)],
+    )
+
+
+@pytest.mark.parametrize(
+    "params, roles, error, want",
+    [
+        ([In("float32")], [], ValueError, "0 roles for 1 parameters"),
+        ([In("float32")], [("scalar", 0)], ValueError, "takes a buffer, its role (scalar attribute 0)"),
+        ([ScalarP("f32")], [("operand", 0)], ValueError, "is a scalar, its role (operand 0) is not"),
+        ([Out("float32")], [("operand", 0)], ValueError, "writes, and an operand is XLA's to keep"),
+        ([InOut("float32")], [("operand", 0)], ValueError, "writes"),
+        ([In("float32"), In("float32")], [("operand", 0), ("operand", 0)], ValueError,
+         "operand 0 is taken by 2 parameters"),
+        ([In("float32"), In("float32")], [("operand", 1), ("result", 0)],
+         ValueError, "no parameter takes operand 0"),
+        ([In("float32"), In("float32")], [("result", 0), ("inout", 0, 0)], ValueError,
+         "result 0 is taken by 2 parameters"),
+        ([ScalarP("f32"), ScalarP("f32")], [("scalar", 1), ("scalar", 0)], ValueError,
+         "numbered in declaration order"),
+        ([In("float32")], [("operand", -1)], TypeError, "role 0 must be"),
+        ([In("float32")], [("output", 0)], TypeError, "role 0 must be"),
+        ([In("float32")], [("inout", 0)], TypeError, "role 0 must be"),
+        ([In("float32")], ["operand"], TypeError, "role 0 must be"),
+        ([In("float32")], 3, TypeError, "roles must be a sequence"),
+    ],
+)
+def test_roles_breaking_a_rule_are_refused(params, roles, error, want):
+    with pytest.raises(error, match="kernel `") as e:
+        ext._xla_roles(params, roles)
+    assert want in str(e.value), str(e.value)
+
+
+# ---- cutile_call's trace-time planning (without jax: arrays stood in for) ----------------------
+
+
+class FakeArray:
+    """What cutile_call reads of a JAX array (shape, dtype)."""
+
+    def __init__(self, shape, dtype="float32"):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def is_fake(x):
+    return isinstance(x, FakeArray)
+
+
+def cutile_named(name, **fields):
+    """An object of a class named like cuTile's (module cuda.tile.jax), as cutile_call duck-types
+    them."""
+    cls = type(name, (), {"__module__": "cuda.tile.jax._jax"})
+    obj = cls()
+    for k, v in fields.items():
+        setattr(obj, k, v)
+    return obj
+
+
+def test_plan_sorts_inputs_outputs_aliases_scalars_and_tuples():
+    x, y, z = FakeArray((1000,)), FakeArray((4, 8), "int8"), FakeArray((), "bool")
+    names = ["x", "out", "pair", "state", "alpha", "tile", "extra"]
+    args = (x, tile_py.jax.OutputPlaceholder((1000,), "float32"), (y, z), tile_py.jax.InputOutput(x),
+            2.5, 16, cutile_named("OutputPlaceholder", shape=(3,), dtype="float64"))
+    p = tile_py.jax._plan_args(names, args, is_fake)
+    assert [k for k, _, _ in p.leaves] == ["in", "out", "in", "in", "inout", "value", "value", "out"]
+    assert p.operands == [x, y, z, x]
+    assert p.results == [((1000,), "float32"), ((1000,), "float32"), ((3,), "float64")]
+    assert p.aliases == {3: 1}
+    assert p.leaves[2][2] == "2 ('pair')[0]"
+    shown = p.shown
+    assert isinstance(shown[2], tuple) and shown[4:6] == (2.5, 16)
+    standins = [shown[0], shown[1], shown[2][0], shown[2][1], shown[3], shown[6]]
+    cais = [s.__cuda_array_interface__ for s in standins]
+    assert [c["typestr"] for c in cais] == ["<f4", "<f4", "|i1", "|b1", "<f4", "<f8"]
+    assert [c["shape"] for c in cais] == [(1000,), (1000,), (4, 8), (), (1000,), (3,)]
+    assert all(c["strides"] is None and c["version"] == 3 for c in cais)  # dense row-major
+    spans = []
+    for c, n in zip(cais, [4000, 4000, 32, 1, 4000, 24]):
+        ptr = c["data"][0]
+        # XLA's guarantee, and no more: 16-byte aligned, not 32.
+        assert ptr % 16 == 0 and ptr % 32 == 16, hex(ptr)
+        spans.append((ptr, ptr + n))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "stand-ins must not overlap"
+
+
+def test_roles_follow_the_compiled_keep_mask():
+    x = FakeArray((64,))
+    names = ["x", "y", "alpha", "tile", "n"]
+    p = tile_py.jax._plan_args(
+        names, (x, tile_py.jax.OutputPlaceholder((64,), "float32"), 2.0, 16, 64), is_fake)
+    # "tile" is a ct.Constant: compiled in, not passed.
+    roles, scalars = tile_py.jax._roles(p, (True, True, True, False, True), "k")
+    assert roles == [("operand", 0), ("result", 0), ("scalar", 0), ("scalar", 1)]
+    assert scalars == [2.0, 64]
+    # The roles are what the registry takes for the kernel params_from_signature declares.
+    params = [In("float32", ndim=1), In("float32", ndim=1), ScalarP("f32"), ScalarP("i32")]
+    assert ext._xla_roles(params, roles)[:3] == (1, 1, 2)
+    with pytest.raises(TypeError, match=r"argument 0 \('x'\) is a compile-time constant"):
+        tile_py.jax._roles(p, (False, True, True, False, True), "k")
+    with pytest.raises(NotImplementedError, match="has 4 argument leaves compiled, 5 given"):
+        tile_py.jax._roles(p, (True, True, True, True), "k")
+
+
+def test_plan_refuses_what_is_not_a_jax_array_or_placeholder():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"argument 0 \('x'\): arrays are passed as JAX arrays"):
+        tile_py.jax._plan_args(["x"], (np.zeros(4, np.float32),), is_fake)
+    with pytest.raises(NotImplementedError, match=r"argument 0 \('xs'\): a list of arrays"):
+        tile_py.jax._plan_args(["xs"], ([FakeArray((4,))],), is_fake)
+    with pytest.raises(TypeError, match="InputOutput wraps a JAX array"):
+        tile_py.jax._plan_args(["x"], (tile_py.jax.InputOutput(np.zeros(4)),), is_fake)
+    with pytest.raises(NotImplementedError, match="dtype object cannot be described to cuTile"):
+        tile_py.jax._plan_args(["x"], (FakeArray((4,), object),), is_fake)
+    # A numpy scalar is a value (cuTile decides what it can take).
+    p = tile_py.jax._plan_args(["a"], (np.float32(2.0),), is_fake)
+    assert [k for k, _, _ in p.leaves] == ["value"]
+
+
+def test_cutile_call_refuses_what_is_not_a_cutile_kernel():
+    with pytest.raises(TypeError, match="kernel must be a cuTile kernel"):
+        tile_py.jax.cutile_call((1,), "scale", ())
+    with pytest.raises(TypeError, match="call cuTile kernels with tile_py.jax.cutile_call"):
+        tile_py.jax.call(cutile_named("kernel"), grid=1)
+
+
+def test_placeholders():
+    a = tile_py.jax.OutputPlaceholder([2, 3], "float32")
+    assert a.shape == (2, 3) and a == tile_py.jax.OutputPlaceholder((2, 3), "float32")
+    assert "OutputPlaceholder(shape=(2, 3)" in repr(a)
+    assert tile_py.jax.InputOutput("x").array == "x"

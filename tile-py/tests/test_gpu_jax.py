@@ -3,11 +3,14 @@ against jax.numpy on fresh random inputs.
 
 Needs a GPU and JAX with its CUDA plugin (jax-cuda13-plugin). Without JAX's GPU backend the tests
 are skipped with the reason, even under TILE_REQUIRE_GPU=1; with TILE_REQUIRE_JAX=1 a missing
-backend fails them. XLA's command buffers (CUDA graphs) are exercised in child processes, with
+backend fails them. The cuTile tests (``tile_py.jax.cutile_call``) also need ``cuda.tile``
+(cuda-tile 1.7) and its compiler (``tileiras`` on PATH); without them they are skipped with the
+reason, and with TILE_REQUIRE_CUTILE=1 a missing cuTile or compiler fails them. XLA's command buffers (CUDA graphs) are exercised in child processes, with
 them off and forced on for custom calls (``XLA_FLAGS``, read once per process).
 """
 
 import os
+import shutil
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
 
@@ -243,6 +246,142 @@ def test_vmap_needs_a_declared_method(jax, lib):
         jax.vmap(lambda x: plain(x, 2.0, x.size))(xs)
     got = jax.jit(jax.vmap(lambda x: looped(x, 2.0, x.size)))(xs)
     np.testing.assert_allclose(np.asarray(got), 2.0 * np.asarray(xs), rtol=1e-6)
+
+
+# ---- cuTile kernels through tile_py.jax.cutile_call ---------------------------------------------
+
+TILE = 128
+
+
+def _cutile_reason():
+    try:
+        import cuda.tile  # noqa: F401
+        import cuda.tile.compilation  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"cuda.tile is not importable: {e}"
+    if shutil.which("tileiras") is None:
+        return "cuTile's compiler (tileiras) is not on PATH"
+    return None
+
+
+@pytest.fixture(scope="module")
+def CK(jax):
+    reason = _cutile_reason()
+    if reason is not None:
+        if os.environ.get("TILE_REQUIRE_CUTILE") == "1":
+            pytest.fail(f"TILE_REQUIRE_CUTILE=1 but {reason}", pytrace=False)
+        pytest.skip(f"needs cuTile: {reason}")
+    import cutile_jax_kernels
+
+    return cutile_jax_kernels
+
+
+def tiles(n):
+    return ((n + TILE - 1) // TILE,)
+
+
+def test_cutile_elementwise_with_an_output_placeholder(jax, jnp, CK):
+    from tile_py.jax import OutputPlaceholder, cutile_call
+
+    @jax.jit
+    def f(a, b):
+        return cutile_call(tiles(a.shape[0]), CK.add, (a, b, OutputPlaceholder(a.shape, a.dtype), TILE))
+
+    for n in (TILE, 64 * TILE, 1 << 20):
+        a, b = rand(jax, n, 2 * n), rand(jax, n, 2 * n + 1)
+        np.testing.assert_allclose(np.asarray(f(a, b)), np.asarray(a + b), rtol=1e-6)
+    # Eagerly too.
+    a, b = rand(jax, TILE, 1), rand(jax, TILE, 2)
+    got = cutile_call(tiles(TILE), CK.add, (a, b, OutputPlaceholder(a.shape, a.dtype), TILE))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(a + b), rtol=1e-6)
+
+
+def test_cutile_scalars_and_constants(jax, jnp, CK):
+    from tile_py.jax import OutputPlaceholder, cutile_call
+
+    def f(x, a, b, tile):
+        return cutile_call(((x.shape[0] + tile - 1) // tile,), CK.axpb,
+                           (x, OutputPlaceholder(x.shape, x.dtype), a, b, tile))
+
+    g = jax.jit(f, static_argnums=(1, 2, 3))
+    x = rand(jax, 8 * TILE, 3)
+    for a, b, tile in ((2.5, -1.0, TILE), (0.5, 3.0, TILE), (2.5, -1.0, 2 * TILE)):
+        np.testing.assert_allclose(np.asarray(g(x, a, b, tile)), np.asarray(a * x + b),
+                                   rtol=1e-5, atol=1e-6)
+    # An array where the kernel takes a compile-time constant is refused while tracing (by
+    # cuTile, or by tile_py.jax where cuTile lets it through), before anything runs.
+    traced_tile = jax.jit(lambda x, t: cutile_call(
+        tiles(x.shape[0]), CK.axpb, (x, OutputPlaceholder(x.shape, x.dtype), 1.0, 0.0, t)))
+    with pytest.raises(Exception) as e:
+        traced_tile.lower(x, jnp.int32(TILE))
+    assert "JaxRuntimeError" not in type(e.value).__name__, e.value
+
+
+def test_cutile_in_place(jax, jnp, CK):
+    from tile_py.jax import InputOutput, cutile_call
+
+    x = rand(jax, 16 * TILE, 4)
+    want = np.asarray(x) * 0.5
+    f = jax.jit(lambda x: cutile_call(tiles(x.shape[0]), CK.halve, (InputOutput(x), TILE)))
+    np.testing.assert_allclose(np.asarray(f(x)), want, rtol=0)
+    np.testing.assert_allclose(np.asarray(x), want * 2.0, rtol=0)  # not donated: x is unchanged
+    donated = jax.jit(lambda x: cutile_call(tiles(x.shape[0]), CK.halve, (InputOutput(x), TILE)),
+                      donate_argnums=0)(x + 0)
+    np.testing.assert_allclose(np.asarray(donated), want, rtol=0)
+    # Twice in a row inside one jit, the second on the first's result.
+    g = jax.jit(lambda x: cutile_call(tiles(x.shape[0]), CK.halve, (InputOutput(
+        cutile_call(tiles(x.shape[0]), CK.halve, (InputOutput(x), TILE))), TILE)))
+    np.testing.assert_allclose(np.asarray(g(x)), want * 0.5, rtol=0)
+
+
+def test_cutile_several_outputs_and_a_tuple(jax, jnp, CK):
+    from tile_py.jax import OutputPlaceholder, cutile_call
+
+    x, y = rand(jax, 32 * TILE, 5), rand(jax, 32 * TILE, 6)
+
+    @jax.jit
+    def f(x, y):
+        ph = OutputPlaceholder(x.shape, x.dtype)
+        s, c = cutile_call(tiles(x.shape[0]), CK.sin_cos, (x, ph, ph, TILE))
+        d = cutile_call(tiles(x.shape[0]), CK.pair_diff, ((s, y), ph, TILE))
+        return s, c, jnp.cumsum(d)
+
+    s, c, d = f(x, y)
+    np.testing.assert_allclose(np.asarray(s), np.asarray(jnp.sin(x)), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(c), np.asarray(jnp.cos(x)), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(d), np.asarray(jnp.cumsum(jnp.sin(x) - y)),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_cutile_call_takes_cutiles_own_placeholders(jax, jnp, CK):
+    """One import changed: cuTile's OutputPlaceholder and InputOutput objects work as ours, and
+    the results equal ct.jax.cutile_call's."""
+    import cuda.tile.jax as ctj
+
+    import tile_py.jax
+
+    x, y = rand(jax, 8 * TILE, 7), rand(jax, 8 * TILE, 8)
+
+    def program(cutile_call):
+        @jax.jit
+        def f(x, y):
+            z = cutile_call(tiles(x.shape[0]), CK.add,
+                            (x, y, ctj.OutputPlaceholder(x.shape, x.dtype), TILE))
+            return cutile_call(tiles(x.shape[0]), CK.halve, (ctj.InputOutput(z), TILE))
+
+        return f(x, y)
+
+    ours, theirs = program(tile_py.jax.cutile_call), program(ctj.cutile_call)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    np.testing.assert_allclose(np.asarray(ours), np.asarray((x + y) * 0.5), rtol=1e-6)
+
+
+def test_cutile_call_without_outputs_is_refused(jax, CK):
+    from tile_py.jax import cutile_call
+
+    x = rand(jax, TILE, 9)
+    with pytest.raises(TypeError, match="has no output"):
+        jax.jit(lambda x: cutile_call(tiles(TILE), CK.add, (x, x, x, TILE)))(x)
 
 
 CHILD = textwrap.dedent(

@@ -11,15 +11,17 @@ use std::sync::{Arc, Mutex, RwLock};
 use tile_dlpack::Used;
 use tile_dlpack::dlpark::metadata::Dynamic;
 use tile_dlpack::ffi::{DLDataType, DLDevice, DLDeviceType};
-use tile_launch::{Arg, Dim3, Intent, LaunchConfig, Param, Scalar, Stream};
+use tile_launch::{Arg, Dim3, LaunchConfig, Scalar, Stream};
 
 use super::frame::{Attr, Buffer, Call, FfiError, Frame, answer_metadata, dtype};
+use super::roles::{Bound, Roles};
 use crate::xla_ffi_sys as sys;
 
-/// A kernel declared to `tile_py.jax`: what the handler launches for an id.
+/// A kernel declared to `tile_py.jax` with the roles of its parameters at one call site: what
+/// the handler launches for an id.
 pub(crate) struct Entry {
     pub(crate) kernel: tile_launch::Kernel,
-    pub(crate) params: Vec<Param>,
+    pub(crate) roles: Roles,
 }
 
 /// The kernels `tile_py.jax` has traced calls of, by id (the index). Entries are never removed:
@@ -258,78 +260,16 @@ fn launch_error(e: tile_launch::Error) -> FfiError {
     }
 }
 
-/// What the kernel's parameters take from XLA's operands, results and scalar attributes, in
-/// parameter order: `In` an operand, `Out` a result, `InOut` an operand and the result XLA aliases
-/// it to (the same buffer), a scalar the next scalar attribute.
-pub(crate) fn arguments(
-    entry: &Entry,
-    args: &[Buffer<'_>],
-    rets: &[Buffer<'_>],
-    attrs: &Attrs,
-    ordinal: i32,
-) -> Result<Vec<Arg<'static>>, FfiError> {
-    let (mut next_arg, mut next_ret, mut next_scalar) = (0usize, 0usize, 0usize);
-    let mut out = Vec::with_capacity(entry.params.len());
-    let name = entry.kernel.name();
-    for (index, p) in entry.params.iter().enumerate() {
-        let intent = match p {
-            Param::Tensor { intent, .. } | Param::Array { intent, .. } => *intent,
-            Param::Scalar(_) => {
-                out.push(Arg::Scalar(scalar(attrs, next_scalar)?));
-                next_scalar += 1;
-                continue;
-            }
-            _ => {
-                return Err(FfiError::invalid(format!(
-                    "tile_py.jax: kernel `{name}`: parameter {index} ({p}) cannot be passed from \
-                     JAX"
-                )));
-            }
-        };
-        fn take<'b>(
-            list: &[Buffer<'b>],
-            next: &mut usize,
-            what: &str,
-            name: &str,
-            index: usize,
-        ) -> Result<Buffer<'b>, FfiError> {
-            let b = list.get(*next).copied().ok_or_else(|| {
-                FfiError::invalid(format!(
-                    "tile_py.jax: kernel `{name}`: parameter {index} needs {what} {}, XLA passed {}",
-                    *next,
-                    list.len()
-                ))
-            })?;
-            *next += 1;
-            Ok(b)
-        }
-        let b = match intent {
-            Intent::Read => take(args, &mut next_arg, "operand", name, index)?,
-            Intent::Write => take(rets, &mut next_ret, "result", name, index)?,
-            Intent::ReadWrite => {
-                let a = take(args, &mut next_arg, "operand", name, index)?;
-                let r = take(rets, &mut next_ret, "result", name, index)?;
-                if a.data != r.data {
-                    return Err(FfiError::invalid(format!(
-                        "tile_py.jax: kernel `{name}`: argument {index} (InOut): XLA did not alias \
-                         the operand to its result"
-                    )));
-                }
-                r
-            }
-        };
-        out.push(Arg::from(describe(&b, index, ordinal)?));
-    }
-    if next_arg != args.len() || next_ret != rets.len() || next_scalar != attrs.scalars.len() {
-        return Err(FfiError::invalid(format!(
-            "tile_py.jax: kernel `{name}` takes {next_arg} operands, {next_ret} results and \
-             {next_scalar} scalars; XLA passed {}, {} and {}",
-            args.len(),
-            rets.len(),
-            attrs.scalars.len()
-        )));
-    }
-    Ok(out)
+/// The kernel's launch arguments: each bound buffer described as a DLPack tensor on device
+/// `ordinal`, each scalar as it is.
+pub(crate) fn arguments(bound: &[Bound<'_>], ordinal: i32) -> Result<Vec<Arg<'static>>, FfiError> {
+    bound
+        .iter()
+        .map(|b| match b {
+            Bound::Buffer(buffer, index) => describe(buffer, *index, ordinal).map(Arg::from),
+            Bound::Scalar(s) => Ok(Arg::Scalar(*s)),
+        })
+        .collect()
 }
 
 fn execute(frame: &Frame<'_>) -> Result<(), FfiError> {
@@ -343,9 +283,15 @@ fn execute(frame: &Frame<'_>) -> Result<(), FfiError> {
     })?;
     let config = config(&attrs)?;
     let (args, rets) = (frame.args()?, frame.rets()?);
-    let s = stream(frame.stream()?)?;
-    let launch = arguments(&entry, &args, &rets, &attrs, s.context().ordinal())?;
     let name = entry.kernel.name();
+    // Buffers and scalars by the call site's roles, before XLA's stream is touched.
+    let bound = entry
+        .roles
+        .bind(name, &args, &rets, attrs.scalars.len(), |i| {
+            scalar(&attrs, i)
+        })?;
+    let s = stream(frame.stream()?)?;
+    let launch = arguments(&bound, s.context().ordinal())?;
     // The checks of every launch (configuration against the device, each tensor against the
     // declaration, memory, capture), then the launch on XLA's stream. The descriptors go to the
     // stream's release queue (or, while XLA captures a command buffer, to the graph).

@@ -5,26 +5,33 @@
 //!   errors back through XLA's error API.
 //! - [`handler`] is the one handler for every tile kernel: it finds the kernel by the id in the
 //!   call's attributes (registered here, at trace time, so that the handler never needs the
-//!   interpreter), describes XLA's buffers as DLPack tensors tile does not own, and launches
-//!   through tile-launch's checked launch on XLA's stream.
+//!   interpreter), binds XLA's buffers and scalar attributes to its parameters by the call
+//!   site's roles ([`roles`]), describes the buffers as DLPack tensors tile does not own, and
+//!   launches through tile-launch's checked launch on XLA's stream.
+//! - [`roles`] says which operand, result or scalar attribute each parameter takes, checked once
+//!   at registration: from a `tile_py.Kernel`'s intents, or given per call site (cuTile kernels,
+//!   whose arrays are all declared `In`).
 //!
 //! Lifetimes belong to XLA: a buffer lives until the work XLA enqueued for the call on its
 //! stream has finished, so tile holds only its descriptors (on the stream's release queue, or
 //! on the graph while XLA captures a command buffer).
 //!
 //! Python-facing functions (private, used by `tile_py/jax.py`): `_xla_handler`,
-//! `_xla_register`, `_xla_config`, `_xla_scalars`.
+//! `_xla_register`, `_xla_roles`, `_xla_config`, `_xla_scalars`.
 
 pub(crate) mod frame;
 pub(crate) mod handler;
+pub(crate) mod roles;
 
 use pyo3::prelude::*;
-use pyo3::types::PyCapsule;
+use pyo3::types::{PyCapsule, PyTuple};
 use tile_launch::{Param, Scalar};
 
 use crate::convert::{convert_scalar, parse_config};
 use crate::errors::{Kind, err, show};
+use crate::kernel::parse_params;
 use crate::launch::as_kernel;
+use roles::{Role, Roles};
 
 /// The handler as a PyCapsule without a name, as `jax.ffi.register_ffi_target` takes handlers
 /// (`api_version=1`).
@@ -40,28 +47,114 @@ pub(crate) fn _xla_handler(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
 }
 
 /// Registers `kernel` (a `tile_py.Kernel`) for calls from XLA and returns its id, the `kernel`
-/// attribute of those calls. The kernel stays loaded for the life of the process.
+/// attribute of those calls. The kernel stays loaded for the life of the process. `roles` (one
+/// per parameter, as [`_xla_roles`] reads them) says which operand, result or scalar attribute
+/// each parameter takes; without it the declared intents say it. Every call registers a new
+/// entry: `tile_py.jax` registers each kernel and role list once.
+///
+/// # Errors
+///
+/// `TypeError` for an object that is not a `tile_py.Kernel`, a parameter that cannot be passed
+/// from JAX, or roles that break a rule of [`Roles`] (`ValueError`).
 #[pyfunction]
-pub(crate) fn _xla_register(kernel: &Bound<'_, PyAny>) -> PyResult<i64> {
+#[pyo3(signature = (kernel, roles = None))]
+pub(crate) fn _xla_register(
+    kernel: &Bound<'_, PyAny>,
+    roles: Option<&Bound<'_, PyAny>>,
+) -> PyResult<i64> {
     let k = as_kernel(kernel)?.get();
-    for (i, p) in k.params.iter().enumerate() {
-        if !matches!(
-            p,
-            Param::Tensor { .. } | Param::Array { .. } | Param::Scalar(_)
-        ) {
-            return Err(err(
-                Kind::Type,
-                format!(
-                    "parameter {i} ({p}) of kernel `{}` cannot be passed from JAX",
-                    k.inner.name()
-                ),
-            ));
-        }
-    }
+    let roles = checked_roles(&k.params, roles, k.inner.name())?;
     Ok(handler::register(handler::Entry {
         kernel: k.inner.clone(),
-        params: k.params.clone(),
+        roles,
     }))
+}
+
+/// `roles` checked against `params` (tile_py parameter declarations), as `_xla_register` checks
+/// them, and returned as `(operands, results, scalars, roles)`, each role as a tuple
+/// (`("operand", j)`, `("result", k)`, `("inout", j, k)`, `("scalar", s)`); with `roles`
+/// None, those of the declared intents.
+///
+/// # Errors
+///
+/// As `_xla_register`.
+#[pyfunction]
+#[pyo3(signature = (params, roles = None))]
+#[allow(clippy::type_complexity)]
+pub(crate) fn _xla_roles(
+    params: &Bound<'_, PyAny>,
+    roles: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(
+    usize,
+    usize,
+    usize,
+    Vec<(&'static str, usize, Option<usize>)>,
+)> {
+    let params = parse_params(params)?;
+    let r = checked_roles(&params, roles, "(declared)")?;
+    let (j, k, s) = r.counts();
+    Ok((j, k, s, r.roles().iter().map(|r| r.to_tuple()).collect()))
+}
+
+fn checked_roles(
+    params: &[Param],
+    roles: Option<&Bound<'_, PyAny>>,
+    name: &str,
+) -> PyResult<Roles> {
+    let r = match roles {
+        None => Roles::from_intents(params).map_err(|m| (Kind::Type, m)),
+        Some(list) => {
+            parse_roles(list).and_then(|r| Roles::new(params, r).map_err(|m| (Kind::Value, m)))
+        }
+    };
+    r.map_err(|(kind, m)| err(kind, format!("kernel `{name}`: {m}")))
+}
+
+/// A Python role list: a sequence of tuples, `("operand", j)`, `("result", k)`,
+/// `("inout", j, k)` or `("scalar", s)`.
+fn parse_roles(list: &Bound<'_, PyAny>) -> Result<Vec<Role>, (Kind, String)> {
+    let bad = |i: usize, r: &Bound<'_, PyAny>| {
+        (
+            Kind::Type,
+            format!(
+                "role {i} must be (\"operand\", j), (\"result\", k), (\"inout\", j, k) or \
+                 (\"scalar\", s) with indices >= 0, got {}",
+                show(r)
+            ),
+        )
+    };
+    let iter = list.try_iter().map_err(|_| {
+        (
+            Kind::Type,
+            format!("roles must be a sequence, got {}", show(list)),
+        )
+    })?;
+    let mut out = Vec::new();
+    for (i, r) in iter.enumerate() {
+        let r = r.map_err(|e| (Kind::Type, e.to_string()))?;
+        let t = r.cast::<PyTuple>().map_err(|_| bad(i, &r))?;
+        let what: String = t
+            .get_item(0)
+            .and_then(|w| w.extract())
+            .map_err(|_| bad(i, &r))?;
+        let index = |at: usize| -> Result<usize, (Kind, String)> {
+            t.get_item(at)
+                .and_then(|v| v.extract::<usize>())
+                .map_err(|_| bad(i, &r))
+        };
+        let role = match (what.as_str(), t.len()) {
+            ("operand", 2) => Role::Operand(index(1)?),
+            ("result", 2) => Role::Result(index(1)?),
+            ("inout", 3) => Role::Aliased {
+                operand: index(1)?,
+                result: index(2)?,
+            },
+            ("scalar", 2) => Role::Scalar(index(1)?),
+            _ => return Err(bad(i, &r)),
+        };
+        out.push(role);
+    }
+    Ok(out)
 }
 
 /// `grid`, `block` and `shared_mem` as `tile_py.launch` reads them, as the attributes XLA
