@@ -200,6 +200,15 @@ pub(crate) fn _cutile_features(
     cap: &Bound<'_, PyAny>,
     statics: Option<(Vec<i64>, Vec<i64>)>,
 ) -> PyResult<KeyAndSpan> {
+    if cap.cast::<pyo3::types::PyCapsule>().is_err() {
+        return Err(crate::errors::err(
+            crate::errors::Kind::Type,
+            format!(
+                "expected a DLPack capsule, got {}",
+                crate::errors::show(cap)
+            ),
+        ));
+    }
     pyo3::sync::critical_section::with_critical_section(cap, || {
         let (versioned, ptr) = crate::convert::capsule_tensor(py, 0, cap)?;
         // SAFETY: as in `tile_py._export`: the capsule holds the tensor while we hold it and

@@ -61,6 +61,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    lifecycle::record_process();
     // The crate version, which maturin also writes into the wheel's metadata.
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("CudaError", errors::cuda_error_type(py))?;

@@ -23,6 +23,14 @@ use crate::pytypes::SameThread;
 use crate::release::{COUNTERS, FINALIZING, FORKED, drain};
 use crate::{release, streams, worker};
 
+/// The process tile_py was loaded in, or last forked into ([`_after_fork_in_child`]).
+static PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Records the process tile_py is loaded in (module initialisation).
+pub(crate) fn record_process() {
+    PROCESS.store(std::process::id(), Ordering::Release);
+}
+
 /// In a forked child: the counters of the streams inherited from the parent, read once at the
 /// fork, with what they held moved to `leaked` (see the module docs).
 static INHERITED: Mutex<Option<tile_launch::Stats>> = Mutex::new(None);
@@ -224,6 +232,12 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
 /// their other counters for `stats`; the streams themselves are never touched again.
 #[pyfunction]
 pub(crate) fn _after_fork_in_child() {
+    // Only in a process other than the one tile_py was loaded in (or last forked into): a call
+    // in that process itself is not a fork and must not disable it.
+    let me = std::process::id();
+    if PROCESS.swap(me, Ordering::AcqRel) == me {
+        return;
+    }
     release::after_fork_in_child();
     worker::after_fork_in_child();
     // Read without waiting: `None` when another thread of the parent held the stream cache at

@@ -676,3 +676,30 @@ def test_the_cached_launch_leaves_what_it_does_not_take_to_python(fake_device):
     assert len(x.calls) == 1
     tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))
     assert len(fake_device["launch"]) == 2 and len(x.calls) == 2
+
+
+def test_float_constants_are_keyed_by_their_bits_as_cutile_tells_them_apart(fake_device):
+    """``0.0`` and ``-0.0`` are two constants to cuTile (two kernels), and NaNs with the same
+    bits one: the key follows the bits, in tuples too."""
+    x, o = Dev([64, 64]), Dev([64, 64], ptr=BASE + 0x100000)
+    key = lambda c: tc.specialization_key(K.scale_2d, (x, o, c, 16))  # noqa: E731
+    assert key(0.0) != key(-0.0)
+    assert key(float("nan")) == key(float("nan"))
+    tc.launch(1, (4,), K.scale_2d, (x, o, 0.0, 16))
+    tc.launch(1, (4,), K.scale_2d, (x, o, -0.0, 16))
+    tc.launch(1, (4,), K.scale_2d, (x, o, -0.0, 16))
+    assert len(fake_device["compile"]) == 2
+    assert tc._const_value((1.0, (-0.0,))) != tc._const_value((1.0, (0.0,)))
+
+
+def test_a_list_for_a_constant_is_refused_as_a_constant(fake_device):
+    x, o = Dev([64, 64]), Dev([64, 64], ptr=BASE + 0x100000)
+    with pytest.raises(TypeError, match=r"cannot key a kernel on the unhashable value \[16\]"):
+        tc.launch(1, (4,), K.scale_2d, (x, o, [16], 16))
+    assert fake_device["launch"] == []
+
+
+@pytest.mark.parametrize("obj", [object(), 5, None, "capsule"])
+def test_the_key_hook_takes_capsules_only(obj):
+    with pytest.raises(TypeError, match="expected a DLPack capsule"):
+        tile_py._tile_py._cutile_features(obj)

@@ -92,3 +92,23 @@ def test_every_public_call_in_a_forked_child_returns_or_refuses_with_the_fork_re
     out = run(CHILD)
     assert "child ok" in out and "child exit 0" in out, out
     assert "parent leaked 0" in out, out
+
+
+def test_the_fork_hook_called_in_the_process_itself_changes_nothing():
+    """The hook ``os.register_at_fork`` runs in a child, called in the process tile_py was
+    loaded in, is not a fork: launches are not refused with the fork reason afterwards."""
+    code = (
+        "import tile_py\n"
+        "tile_py._tile_py._after_fork_in_child()\n"
+        "try:\n"
+        "    tile_py.compute_capability(1)\n"
+        "except ValueError as e:\n"
+        "    print('refused:', e)\n"
+        "except Exception as e:\n"
+        "    print('other:', type(e).__name__)\n"
+        "else:\n"
+        "    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "os.fork()" not in out.stdout, out.stdout

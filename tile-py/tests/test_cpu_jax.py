@@ -199,11 +199,31 @@ def test_metadata_too_small_is_an_error():
         ({"attrs": []}, "attribute `kernel` is missing"),
         ({"attrs": [("kernel", 1 << 40)]}, "no kernel with id 1099511627776"),
         ({"attrs": [("kernel", 0), ("colour", 3)]}, "unknown attribute `colour`"),
+        # Only tile_py.jax's spelling of a scalar's name: two names never alias one scalar.
+        ({"attrs": [("kernel", 0), ("scalar+5", 3)]}, "unknown attribute `scalar+5`"),
+        ({"attrs": [("kernel", 0), ("scalar05", 3)]}, "unknown attribute `scalar05`"),
+        # Malformed frames: refused, never read through.
+        ({"attrs": [("kernel", 0)], "null": "types"}, "null attribute arrays"),
+        ({"attrs": [("kernel", 0)], "null": "names"}, "null attribute arrays"),
+        ({"attrs": [("kernel", 0)], "null": "name_ptr"}, "an attribute without a name"),
+        ({"attrs": [("kernel", 0)], "null": "huge"}, "attributes (at most 65536)"),
     ],
 )
 def test_refused_calls_come_back_as_xla_errors(case, want):
     xla = FakeXla()
-    assert handler()(ctypes.byref(xla.frame(**case))) is not None
+    null = case.pop("null", None)
+    f = xla.frame(**case)
+    if null == "types":
+        f.attrs.types = None
+    elif null == "names":
+        f.attrs.names = None
+    elif null == "name_ptr":
+        span = ByteSpan(None, 6)
+        xla._keep.append(span)
+        f.attrs.names[0] = ctypes.addressof(span)
+    elif null == "huge":
+        f.attrs.size = 1 << 40
+    assert handler()(ctypes.byref(f)) is not None
     [(code, msg)] = xla.errors
     assert code == INVALID_ARGUMENT
     assert msg.startswith("tile_py.jax: ") and want in msg, msg
@@ -282,6 +302,14 @@ def test_roles_given_per_call_site():
         ([In("float32")], [("inout", 0)], TypeError, "role 0 must be"),
         ([In("float32")], ["operand"], TypeError, "role 0 must be"),
         ([In("float32")], 3, TypeError, "roles must be a sequence"),
+        # Buffer indices far past the parameter count are refused before anything is sized
+        # by them.
+        ([In("float32"), Out("float32")], [("operand", 0), ("result", 2**33)], ValueError,
+         "buffer index 8589934592 for a kernel of 2 parameters"),
+        ([In("float32"), Out("float32")], [("operand", 0), ("result", 2**62)], ValueError,
+         "buffer index"),
+        ([ScalarP("f32")] * 4097, [("scalar", i) for i in range(4097)], ValueError,
+         "4097 scalar parameters (a call passes at most 4096)"),
     ],
 )
 def test_roles_breaking_a_rule_are_refused(params, roles, error, want):

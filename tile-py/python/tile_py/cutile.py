@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import math
 import operator
+import struct
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -376,6 +377,16 @@ def _plan(kernel: Any) -> Tuple[Sequence[Any], Sequence[str], Tuple[bool, ...]]:
     return plan
 
 
+def _const_value(v: Any) -> Any:
+    """A constant as it decides the code: a float by its bits, as cuTile tells constants apart
+    (``0.0`` and ``-0.0`` are two kernels, and every NaN with the same bits one), in tuples too."""
+    if type(v) is float:
+        return struct.pack("<d", v)
+    if type(v) is tuple:
+        return tuple(_const_value(x) for x in v)
+    return v
+
+
 def _scalar_key(obj: Any, constant: bool):
     if constant or not isinstance(obj, (bool, int, float)) and not hasattr(obj, "dtype"):
         # A compile-time constant (or something only a constant can be): its value decides the
@@ -386,7 +397,7 @@ def _scalar_key(obj: Any, constant: bool):
             raise TypeError(
                 f"tile_py.cutile cannot key a kernel on the unhashable value {obj!r}"
             ) from None
-        return ("const", type(obj), obj)
+        return ("const", type(obj), _const_value(obj))
     t = type(obj)
     if t is float or t is bool:
         return t
@@ -468,7 +479,7 @@ def _arg_key(obj: Any, ann: Any, name: str, w: _Walk):
         else:
             anns = [ann] * len(obj)
         return ("tuple",) + tuple(_arg_key(x, a, name, w) for x, a in zip(obj, anns))
-    if isinstance(obj, list):
+    if isinstance(obj, list) and not getattr(ann, "constant", False):
         return _list_key(obj, ann, name, w)
     return _leaf_key(obj, bool(getattr(ann, "constant", False)), w, ann)
 

@@ -180,14 +180,23 @@ impl<'a> Frame<'a> {
         let a = &self.raw.attrs;
         let n = usize::try_from(a.size)
             .map_err(|_| FfiError::invalid("tile_py.jax: negative attribute count"))?;
+        if n > MAX_ENTRIES {
+            return Err(FfiError::invalid(format!(
+                "tile_py.jax: {n} attributes (at most {MAX_ENTRIES})"
+            )));
+        }
+        if n > 0 && (a.types.is_null() || a.names.is_null() || a.attrs.is_null()) {
+            return Err(FfiError::invalid("tile_py.jax: null attribute arrays"));
+        }
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: XLA's attribute arrays hold `size` entries each, valid during the call.
             let (ty, name, value) = unsafe { (*a.types.add(i), *a.names.add(i), *a.attrs.add(i)) };
             // SAFETY: each name is a byte span XLA keeps during the call.
             let name = unsafe { name.as_ref() }
+                .filter(|s| !s.ptr.is_null())
                 .map(|s| {
-                    // SAFETY: a span of `len` bytes at `ptr`.
+                    // SAFETY: a span of `len` bytes at the non-null `ptr`.
                     unsafe { std::slice::from_raw_parts(s.ptr.cast::<u8>(), s.len) }
                 })
                 .and_then(|b| std::str::from_utf8(b).ok())
@@ -195,8 +204,10 @@ impl<'a> Frame<'a> {
             let attr = match ty {
                 sys::XLA_FFI_AttrType::XLA_FFI_AttrType_SCALAR => {
                     // SAFETY: a scalar attribute is an `XLA_FFI_Scalar` whose value points to
-                    // one element of its dtype.
-                    let s = unsafe { &*value.cast::<sys::XLA_FFI_Scalar>() };
+                    // one element of its dtype (null refused).
+                    let s = unsafe { value.cast::<sys::XLA_FFI_Scalar>().as_ref() }.ok_or_else(
+                        || FfiError::invalid(format!("tile_py.jax: attribute `{name}` is null")),
+                    )?;
                     Attr::Scalar(s.dtype, s.value.cast_const())
                 }
                 _ => Attr::Other,
@@ -329,6 +340,10 @@ pub(crate) struct Buffer<'a> {
 /// A call's operands or results.
 pub(crate) type Buffers<'a> = Vec<Buffer<'a>>;
 
+/// The most operands, results or attributes a call frame may say it has: far above any call
+/// tile makes, and a bound on what a malformed count makes the handler allocate.
+const MAX_ENTRIES: usize = 1 << 16;
+
 fn buffers<'a>(
     what: &str,
     size: i64,
@@ -338,6 +353,16 @@ fn buffers<'a>(
 ) -> Result<Buffers<'a>, FfiError> {
     let n = usize::try_from(size)
         .map_err(|_| FfiError::invalid(format!("tile_py.jax: negative {what} count")))?;
+    if n > MAX_ENTRIES {
+        return Err(FfiError::invalid(format!(
+            "tile_py.jax: {n} {what}s (at most {MAX_ENTRIES})"
+        )));
+    }
+    if n > 0 && (types.is_null() || items.is_null()) {
+        return Err(FfiError::invalid(format!(
+            "tile_py.jax: null {what} arrays"
+        )));
+    }
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         // SAFETY: XLA's type and pointer arrays hold `size` entries, valid during the call.
@@ -354,6 +379,10 @@ fn buffers<'a>(
             .map_err(|_| FfiError::invalid(format!("tile_py.jax: {what} {i}: negative rank")))?;
         let dims = if rank == 0 {
             &[][..]
+        } else if b.dims.is_null() || rank > 64 {
+            return Err(FfiError::invalid(format!(
+                "tile_py.jax: {what} {i}: rank {rank} without its extents (or above 64)"
+            )));
         } else {
             // SAFETY: `dims` holds `rank` extents, valid during the call.
             unsafe { std::slice::from_raw_parts(b.dims, rank) }

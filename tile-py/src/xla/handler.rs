@@ -131,7 +131,7 @@ pub(crate) const KIND_UINT: i64 = 2;
 pub(crate) const KIND_FLOAT: i64 = 3;
 
 /// The most scalar parameters a kernel called from JAX may have.
-const MAX_SCALARS: usize = 4096;
+pub(crate) const MAX_SCALARS: usize = 4096;
 
 pub(crate) fn read_attrs(list: &[(&str, Attr)]) -> Result<Attrs, FfiError> {
     let mut a = Attrs::default();
@@ -151,7 +151,14 @@ pub(crate) fn read_attrs(list: &[(&str, Attr)]) -> Result<Attrs, FfiError> {
                         Some(i) => (i, true),
                         None => (rest, false),
                     };
-                    let i: usize = index.parse().ok().filter(|&i| i < MAX_SCALARS)?;
+                    // Only tile_py.jax's own spelling: digits, no sign, no leading zero.
+                    let canonical = !index.is_empty()
+                        && index.bytes().all(|b| b.is_ascii_digit())
+                        && (index == "0" || !index.starts_with('0'));
+                    let i: usize = index
+                        .parse()
+                        .ok()
+                        .filter(|&i| canonical && i < MAX_SCALARS)?;
                     Some((i, kind))
                 });
                 let Some((i, kind)) = scalar else {

@@ -10,6 +10,7 @@
 use tile_launch::{Intent, Param, Scalar};
 
 use super::frame::{Buffer, FfiError};
+use super::handler::MAX_SCALARS;
 
 /// What one kernel parameter takes from a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +142,15 @@ impl Roles {
         let mut operands: Vec<usize> = Vec::new();
         let mut results: Vec<usize> = Vec::new();
         let mut scalars = 0usize;
-        let count = |list: &mut Vec<usize>, at: usize| {
+        // Operand and result indices are dense from 0, so each is below the parameter count;
+        // a larger one is refused before anything is allocated for it.
+        let limit = params.len();
+        let mut too_big = None;
+        let mut count = |list: &mut Vec<usize>, at: usize| {
+            if at >= limit {
+                too_big.get_or_insert(at);
+                return;
+            }
             if list.len() <= at {
                 list.resize(at + 1, 0);
             }
@@ -188,6 +197,17 @@ impl Roles {
                     return Err(format!("parameter {i} ({other}) cannot be passed from JAX"));
                 }
             }
+        }
+        if let Some(at) = too_big {
+            return Err(format!(
+                "buffer index {at} for a kernel of {limit} parameters (operands and results are \
+                 numbered from 0)"
+            ));
+        }
+        if scalars > MAX_SCALARS {
+            return Err(format!(
+                "{scalars} scalar parameters (a call passes at most {MAX_SCALARS})"
+            ));
         }
         for (what, list) in [("operand", &operands), ("result", &results)] {
             if let Some((at, n)) = list.iter().enumerate().find(|&(_, &n)| n != 1) {
