@@ -43,7 +43,7 @@ def launch(
     tensors stay on the stream's release queue until the kernel has finished). Raises cuTile's
     errors first where ct.launch raises them (grid, argument count, compiling for these
     arguments), NotImplementedError naming a parameter kind it cannot pass (tensor map,
-    pointer, dataclass, static extents or strides of 0 or below), ValueError for
+    pointer, dataclass, negative static extents or strides), ValueError for
     arrays that overlap or a tensor that breaks the compiled layout assumptions, and every
     error of tile_py.launch; all before anything is consumed."""
 

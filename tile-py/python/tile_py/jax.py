@@ -528,7 +528,8 @@ def cutile_call(grid: Any, kernel: Any, args: Sequence[Any]) -> Any:
       ``jax.jit`` pass it through ``static_argnums``); a tuple of these for a tuple parameter.
       cuTile's own ``OutputPlaceholder`` and ``InputOutput`` are taken too.
 
-    Returns the outputs in the order of their placeholders: one array, or a tuple of several.
+    Returns the outputs in argument order of the ``OutputPlaceholder`` and ``InputOutput``
+    arguments: one array, or a tuple of several.
 
     The kernel is compiled at trace time through ``tile_py.cutile`` for the avals (dense
     row-major, 16-byte aligned: what XLA hands a custom call) and the constants, and runs through
@@ -536,9 +537,9 @@ def cutile_call(grid: Any, kernel: Any, args: Sequence[Any]) -> Any:
     buffers (a breaking one is an error of the call, never a wrong result).
 
     Raises ``TypeError`` for what is not a cuTile kernel, a wrong argument count, an argument of
-    an unsupported kind (a list, a numpy array), an array passed to a ``ct.Constant`` parameter
-    or a call without outputs; cuTile's errors for what it cannot compile;
-    ``NotImplementedError`` for parameter kinds ``tile_py.cutile`` cannot pass.
+    an unsupported kind (a numpy array), an array passed to a ``ct.Constant`` parameter or a
+    call without outputs; cuTile's errors for what it cannot compile; ``NotImplementedError``
+    for lists of arrays and for parameter kinds ``tile_py.cutile`` cannot pass.
     """
     if not _is_cutile_kernel(kernel):
         raise TypeError(
