@@ -9,7 +9,7 @@
 //! divisibility, and the values of statically annotated extents and strides), and looks the
 //! compiled kernel up here. On a hit it launches through the checked launch
 //! ([`launch_converted`]): the exports it keyed on are the ones launched, each descriptor read
-//! once. Anything else hands every claim back and calls Python's path (`_launch_uncached`),
+//! once. Anything else hands every claim back and calls Python's path (`cutile._launch`),
 //! telling it what was found:
 //!
 //! - `None`: the kernel has no plan yet (`_cutile_plan` registers one: which parameters are
@@ -376,7 +376,7 @@ enum Outcome {
 }
 
 /// The Python function that launches what the cached launch does not (`tile_py.cutile`'s
-/// `_launch_uncached`), set once when `tile_py.cutile` is imported.
+/// `_launch`), set once when `tile_py.cutile` is imported.
 static FALLBACK: std::sync::OnceLock<Py<PyAny>> = std::sync::OnceLock::new();
 
 /// Sets the function [`launch`] calls for a launch the cache does not take (once; later calls
@@ -428,19 +428,19 @@ pub(crate) fn launch<'py>(
     let found = match block_in_cluster_count {
         Some(c) if !c.is_none() => PyBool::new(py, false).to_owned().into_any(),
         _ => {
-            let r = cached_launch(
+            let found = _cutile_try(
                 py,
-                kernel,
                 stream,
                 grid,
+                kernel,
                 args,
                 cooperative,
                 programmatic_dependent_launch,
             )?;
-            if let Outcome::Launched(h) = r {
-                return Ok(Bound::new(py, h)?.into_any());
+            if found.is_instance_of::<LaunchHandle>() {
+                return Ok(found);
             }
-            outcome_object(py, r)?
+            found
         }
     };
     let Some(fallback) = FALLBACK.get() else {

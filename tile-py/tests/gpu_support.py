@@ -1,5 +1,8 @@
 """What the GPU tests share: launch sizing, settling the device and the release queues, deltas
-of tile_py's debug counters, and the cuTile scenario's producer."""
+of tile_py's debug counters, the cuTile scenario's producer, and the gate of the cuTile tests."""
+
+import os
+import shutil
 
 import tile_py
 
@@ -41,3 +44,28 @@ class Cloner:
     def __dlpack__(self, **kw):
         self.exports += 1
         return self.t.clone().__dlpack__(**kw)
+
+
+def cutile_reason():
+    """Why cuTile cannot compile here (None when it can): ``cuda.tile`` not importable, or its
+    compiler ``tileiras`` not on PATH."""
+    try:
+        import cuda.tile  # noqa: F401
+        import cuda.tile.compilation  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the machine
+        return f"cuda.tile is not importable: {e}"
+    if shutil.which("tileiras") is None:
+        return "cuTile's compiler (tileiras) is not on PATH"
+    return None
+
+
+def require_cutile():
+    """Skips the calling test (fails it with TILE_REQUIRE_CUTILE=1) when cuTile cannot compile
+    here."""
+    import pytest
+
+    reason = cutile_reason()
+    if reason is not None:
+        if os.environ.get("TILE_REQUIRE_CUTILE") == "1":
+            pytest.fail(f"TILE_REQUIRE_CUTILE=1 but {reason}", pytrace=False)
+        pytest.skip(f"needs cuTile: {reason}")

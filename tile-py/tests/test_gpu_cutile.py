@@ -10,7 +10,6 @@ TILE_REQUIRE_GPU=1; with TILE_REQUIRE_CUTILE=1 a missing cuTile or compiler fail
 """
 
 import os
-import shutil
 import statistics
 import time
 
@@ -25,24 +24,9 @@ pytestmark = pytest.mark.gpu
 SHRINK = 16 if os.environ.get("TILE_UNDER_SANITIZER") else 1
 
 
-def _cutile_reason():
-    try:
-        import cuda.tile  # noqa: F401
-        import cuda.tile.compilation  # noqa: F401
-    except Exception as e:  # pragma: no cover - depends on the machine
-        return f"cuda.tile is not importable: {e}"
-    if shutil.which("tileiras") is None:
-        return "cuTile's compiler (tileiras) is not on PATH"
-    return None
-
-
 @pytest.fixture(scope="module")
 def ct():
-    reason = _cutile_reason()
-    if reason is not None:
-        if os.environ.get("TILE_REQUIRE_CUTILE") == "1":
-            pytest.fail(f"TILE_REQUIRE_CUTILE=1 but {reason}", pytrace=False)
-        pytest.skip(f"needs cuTile: {reason}")
+    gpu_support.require_cutile()
     import cuda.tile as ct
 
     return ct

@@ -10,7 +10,6 @@ them off and forced on for custom calls (``XLA_FLAGS``, read once per process).
 """
 
 import os
-import shutil
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares the GPU with torch
 
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 
 import tile_py
+import gpu_support
 import tile_py.jax
 from tile_py import In, InOut, Out, Scalar
 
@@ -255,24 +255,9 @@ def test_vmap_needs_a_declared_method(jax, lib):
 TILE = 128
 
 
-def _cutile_reason():
-    try:
-        import cuda.tile  # noqa: F401
-        import cuda.tile.compilation  # noqa: F401
-    except Exception as e:  # pragma: no cover - depends on the machine
-        return f"cuda.tile is not importable: {e}"
-    if shutil.which("tileiras") is None:
-        return "cuTile's compiler (tileiras) is not on PATH"
-    return None
-
-
 @pytest.fixture(scope="module")
 def CK(jax):
-    reason = _cutile_reason()
-    if reason is not None:
-        if os.environ.get("TILE_REQUIRE_CUTILE") == "1":
-            pytest.fail(f"TILE_REQUIRE_CUTILE=1 but {reason}", pytrace=False)
-        pytest.skip(f"needs cuTile: {reason}")
+    gpu_support.require_cutile()
     import cutile_jax_kernels
 
     return cutile_jax_kernels

@@ -14,14 +14,13 @@ cudagraph pool not tracked as outputs", which is what these tests met before til
 aliases inside graph regions."""
 
 import gc
-import os
 import re
-import shutil
 import time
 
 import pytest
 
 import tile_py
+import gpu_support
 from tile_py import In, InOut, Out, Scalar
 
 pytestmark = pytest.mark.gpu
@@ -306,23 +305,8 @@ def test_manual_captures_sharing_a_pool(torch, ops):
 # ---- a cuTile kernel made into an operator, inside graph trees --------------------------------
 
 
-def _cutile_reason():
-    try:
-        import cuda.tile  # noqa: F401
-        import cuda.tile.compilation  # noqa: F401
-    except Exception as e:  # pragma: no cover - depends on the machine
-        return f"cuda.tile is not importable: {e}"
-    if shutil.which("tileiras") is None:
-        return "cuTile's compiler (tileiras) is not on PATH"
-    return None
-
-
 def test_cutile_operator_in_reduce_overhead_as_an_intermediate(torch, compiled):
-    reason = _cutile_reason()
-    if reason is not None:
-        if os.environ.get("TILE_REQUIRE_CUTILE") == "1":
-            pytest.fail(f"TILE_REQUIRE_CUTILE=1 but {reason}", pytrace=False)
-        pytest.skip(f"needs cuTile: {reason}")
+    gpu_support.require_cutile()
     import cutile_kernels as K
     import tile_py.torch as tt
 

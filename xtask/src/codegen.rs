@@ -48,6 +48,30 @@ const CLANG_TARGET: &str = "x86_64-unknown-linux-gnu";
 const BINDINGS_RS: &str = "cuda-sys/src/bindings.rs";
 const RESULT_NAMES_RS: &str = "cuda-sys/src/result_names.rs";
 
+/// The bindgen settings both generated files share: the pinned target and Rust version, types
+/// and constants only, enums as newtypes of their integer type, the derives and layout tests,
+/// no header comment, no formatter (rustfmt runs after).
+fn base_builder(header: &Path) -> Result<bindgen::Builder> {
+    Ok(bindgen::Builder::default()
+        .header(header.to_string_lossy())
+        .clang_arg(format!("--target={CLANG_TARGET}"))
+        .rust_target(bindgen::RustTarget::stable(88, 0).map_err(|e| anyhow::anyhow!("{e}"))?)
+        .rust_edition(bindgen::RustEdition::Edition2024)
+        .with_codegen_config(bindgen::CodegenConfig::TYPES | bindgen::CodegenConfig::VARS)
+        .default_enum_style(bindgen::EnumVariation::NewType {
+            is_bitfield: false,
+            is_global: false,
+        })
+        .translate_enum_integer_types(true)
+        .prepend_enum_name(false)
+        .derive_debug(true)
+        .derive_copy(true)
+        .derive_default(true)
+        .layout_tests(true)
+        .disable_header_comment()
+        .formatter(bindgen::Formatter::None))
+}
+
 /// Regenerate the bindings, or with `check` compare a fresh generation with the committed files.
 pub fn run(check: bool) -> Result<()> {
     let root = workspace_root();
@@ -287,32 +311,15 @@ fn generate(
     )?;
 
     let codes = Arc::new(Mutex::new(BTreeMap::new()));
-    let bindings = bindgen::Builder::default()
-        .header(wrapper.to_string_lossy())
-        .clang_arg(format!("--target={CLANG_TARGET}"))
+    let bindings = base_builder(&wrapper)?
         .clang_arg(format!("-I{}", include.display()))
-        .rust_target(bindgen::RustTarget::stable(88, 0).map_err(|e| anyhow::anyhow!("{e}"))?)
-        .rust_edition(bindgen::RustEdition::Edition2024)
-        .with_codegen_config(bindgen::CodegenConfig::TYPES | bindgen::CodegenConfig::VARS)
         .allowlist_type("CU.*")
         .allowlist_type("cu.*")
         // Legacy default stream only: no per-thread (`_ptsz`/`_ptds`) variants.
         .allowlist_type("PFN_cu[A-Za-z0-9]*_v[0-9]+")
         .allowlist_var("CU_.*")
         .allowlist_var("CUDA_.*")
-        .default_enum_style(bindgen::EnumVariation::NewType {
-            is_bitfield: false,
-            is_global: false,
-        })
-        .translate_enum_integer_types(true)
-        .prepend_enum_name(false)
-        .derive_debug(true)
-        .derive_copy(true)
-        .derive_default(true)
-        .layout_tests(true)
         .generate_comments(true)
-        .disable_header_comment()
-        .formatter(bindgen::Formatter::None)
         .parse_callbacks(Box::new(ResultCodes(Arc::clone(&codes))))
         .generate()
         .map_err(|e| anyhow::anyhow!("bindgen failed on cuda.h: {e}"))?
@@ -422,7 +429,7 @@ mod xla_ffi {
 
     use anyhow::{Result, ensure};
 
-    use super::{CLANG_TARGET, PinnedWheel, fetch_pinned, rustfmt, unzip};
+    use super::{PinnedWheel, base_builder, fetch_pinned, rustfmt, unzip};
 
     /// The `jaxlib` wheel whose `c_api.h` is bound.
     pub(super) const XLA_WHEEL_NAME: &str = "jaxlib";
@@ -480,29 +487,12 @@ mod xla_ffi {
                 "c_api.h does not say `{define}`"
             );
         }
-        let bindings = bindgen::Builder::default()
-            .header(header.to_string_lossy())
-            .clang_arg(format!("--target={CLANG_TARGET}"))
-            .rust_target(bindgen::RustTarget::stable(88, 0).map_err(|e| anyhow::anyhow!("{e}"))?)
-            .rust_edition(bindgen::RustEdition::Edition2024)
-            .with_codegen_config(bindgen::CodegenConfig::TYPES | bindgen::CodegenConfig::VARS)
+        let bindings = base_builder(&header)?
             .allowlist_type("XLA_FFI_.*")
             .allowlist_var("XLA_FFI_.*")
             // The `<name>_STRUCT_SIZE` constants are anonymous enums: plain constants.
             .constified_enum(".*_STRUCT_SIZE")
-            .default_enum_style(bindgen::EnumVariation::NewType {
-                is_bitfield: false,
-                is_global: false,
-            })
-            .translate_enum_integer_types(true)
-            .prepend_enum_name(false)
-            .derive_debug(true)
-            .derive_copy(true)
-            .derive_default(true)
-            .layout_tests(true)
             .generate_comments(false)
-            .disable_header_comment()
-            .formatter(bindgen::Formatter::None)
             .generate()
             .map_err(|e| anyhow::anyhow!("bindgen failed on c_api.h: {e}"))?
             .to_string();

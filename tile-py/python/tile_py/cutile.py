@@ -815,29 +815,6 @@ def _stream(stream: Any) -> Any:
 launch = _tile._cutile_launch  # the cached launch (Rust); its docs: help(launch)
 
 
-def _launch_uncached(
-    stream: Any,
-    grid: Any,
-    kernel: Any,
-    args: Sequence[Any],
-    found: Any,
-    programmatic_dependent_launch: bool,
-    cooperative: bool,
-    block_in_cluster_count: Any,
-) -> "tile_py.LaunchHandle":
-    """What ``launch`` calls when the cached launch did not launch: ``found`` is None (the
-    kernel's first launch: its plan is registered and the launch keyed), a key (no compiled
-    kernel for it cached yet) or False (a launch the cache does not take)."""
-    if found is None and _register_plan(kernel):
-        found = _cutile_try(stream, grid, kernel, args, cooperative, programmatic_dependent_launch)
-        if type(found) is _LaunchHandle:
-            return found
-    return _launch(
-        stream, grid, kernel, args, found,
-        programmatic_dependent_launch, cooperative, block_in_cluster_count,
-    )
-
-
 def _register_plan(kernel: Any) -> bool:
     """Registers a cuTile kernel's plan with the cached launch (which parameters are
     compile-time constants and which have static annotations); False when ``kernel`` is not a
@@ -859,10 +836,15 @@ def _launch(
     cooperative: bool,
     block_in_cluster_count: Any,
 ) -> "tile_py.LaunchHandle":
-    """Python's launch: the specialisation key from the arguments' layouts, the compiled kernel
-    found or compiled, and ``tile_py.launch``. ``found`` is what the cached launch found: a key
-    (the kernel found or compiled here is registered under it for later launches), or None or
-    False."""
+    """What ``launch`` (the cached launch) calls when it did not launch: the specialisation key
+    from the arguments' layouts, the compiled kernel found or compiled, and ``tile_py.launch``.
+    ``found`` is what the cached launch found: None on the kernel's first launch (its plan is
+    registered and the launch keyed again), a key (the kernel found or compiled here is
+    registered under it for later launches), or False (a launch the cache does not take)."""
+    if found is None and _register_plan(kernel):
+        found = _cutile_try(stream, grid, kernel, args, cooperative, programmatic_dependent_launch)
+        if type(found) is _LaunchHandle:
+            return found
     stream = _stream(stream)
     grid = _dims(grid)
     cluster = None if block_in_cluster_count is None else _dims(block_in_cluster_count)
@@ -1012,4 +994,4 @@ def clear_cache() -> None:
         _tile._cutile_clear()
 
 
-_tile._cutile_set_fallback(_launch_uncached)
+_tile._cutile_set_fallback(_launch)
