@@ -73,6 +73,26 @@ pub(crate) fn _export<'py>(
 
 /// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it.
 fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<Layout> {
+    peek_capsule(py, index, cap, |view| {
+        let (dtype, device) = (view.dtype(), view.device());
+        (
+            (dtype.code, dtype.bits, dtype.lanes),
+            (device.device_type.0 as i32, device.device_id),
+            view.data_ptr(),
+            view.shape().to_vec(),
+            view.strides().to_vec(),
+        )
+    })
+}
+
+/// Runs `f` on the validated view of the tensor in the DLPack capsule `cap` (argument `index`
+/// in errors), without claiming it: the capsule keeps its name and nothing is released.
+pub(crate) fn peek_capsule<R>(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+    f: impl FnOnce(&tile_dlpack::TensorView<'_>) -> R,
+) -> PyResult<R> {
     with_critical_section(cap, || {
         let (versioned, ptr) = capsule_tensor(py, index, cap)?;
         // SAFETY: the capsule holds that tensor, valid until its deleter runs, which nobody can
@@ -84,13 +104,6 @@ fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<La
                 None
             })
         })?;
-        let (dtype, device) = (view.dtype(), view.device());
-        Ok((
-            (dtype.code, dtype.bits, dtype.lanes),
-            (device.device_type.0 as i32, device.device_id),
-            view.data_ptr(),
-            view.shape().to_vec(),
-            view.strides().to_vec(),
-        ))
+        Ok(f(&view))
     })
 }

@@ -209,20 +209,9 @@ pub(crate) fn _cutile_features(
             ),
         ));
     }
-    pyo3::sync::critical_section::with_critical_section(cap, || {
-        let (versioned, ptr) = crate::convert::capsule_tensor(py, 0, cap)?;
-        // SAFETY: as in `tile_py._export`: the capsule holds the tensor while we hold it and
-        // its critical section; the `Unused` is only peeked at and dropped here.
-        let unused = unsafe { crate::convert::capsule_unused(versioned, ptr) };
-        let view = unused.peek().map_err(|source| {
-            launch_err(
-                py,
-                tile_launch::Error::Descriptor { index: 0, source },
-                |_| None,
-            )
-        })?;
+    crate::export::peek_capsule(py, 0, cap, |view| {
         let mut words = SmallVec::new();
-        crate::cutile_cache::array_words(&view, statics.as_ref(), &mut words);
-        Ok((words.to_vec(), crate::cutile_cache::span(&view)))
+        crate::cutile_cache::array_words(view, statics.as_ref(), &mut words);
+        (words.to_vec(), crate::cutile_cache::span(view))
     })
 }
