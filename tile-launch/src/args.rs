@@ -80,6 +80,22 @@ pub enum TensorSource<'a> {
     Unused(Unused<'a>),
     /// A tensor already owned by the caller (e.g. exported from `cudarc`).
     Used(Used),
+    /// A descriptor the launch only reads, never consumes: its memory is kept alive until the
+    /// launched work is done by whoever owns it, not by tile ([`TensorArg::borrowed`]).
+    Borrowed(Unused<'a>),
+}
+
+impl TensorSource<'_> {
+    /// The validated view of the tensor: validates a descriptor not consumed yet once (the
+    /// launch reuses that), or hands out a consumed one's.
+    pub(crate) fn view(
+        &self,
+    ) -> std::result::Result<tile_dlpack::TensorView<'_>, tile_dlpack::DescriptorError> {
+        match self {
+            TensorSource::Unused(u) | TensorSource::Borrowed(u) => u.peek(),
+            TensorSource::Used(u) => Ok(u.view()),
+        }
+    }
 }
 
 /// A tensor argument, with the stream on which its data becomes ready (if any).
@@ -109,14 +125,11 @@ impl<'a> TensorArg<'a> {
     /// a descriptor that does not validate: the launch refuses it before anything is queued).
     /// Validates the descriptor of a tensor not consumed yet once; the launch reuses that.
     pub fn queue_bytes(&self) -> u64 {
-        let view = match &self.source {
-            TensorSource::Unused(u) => match u.peek() {
-                Ok(v) => v,
-                Err(_) => return 0,
-            },
-            TensorSource::Used(u) => u.view(),
-        };
-        queue_bytes(&view)
+        match self.source.view() {
+            // A borrowed tensor is never queued.
+            Ok(v) if !matches!(self.source, TensorSource::Borrowed(_)) => queue_bytes(&v),
+            _ => 0,
+        }
     }
 
     /// Declares that the tensor's data is written by work enqueued on `producer`: the launch
@@ -145,6 +158,26 @@ impl<'a> TensorArg<'a> {
     pub unsafe fn trust_memory(mut self) -> Self {
         self.memory_trusted = true;
         self
+    }
+
+    /// A tensor the launch reads but never consumes: nothing of it is held by the launch or
+    /// queued for release, its deleter is never called, and the descriptor is read only until
+    /// the launch call returns (the kernel receives the data pointer and extents by value). For
+    /// memory whose lifetime another owner already ties to the launch stream's work, such as
+    /// the buffers an XLA FFI handler is passed (XLA keeps them alive until the work enqueued
+    /// for the call on its stream is done). Checked like any other tensor.
+    ///
+    /// # Safety
+    ///
+    /// The memory the descriptor points to must stay allocated, and must not be reused, until
+    /// the work launched with it on the launch stream has completed; the descriptor itself must
+    /// stay valid until the launch call returns.
+    pub unsafe fn borrowed(tensor: Unused<'a>) -> Self {
+        TensorArg {
+            source: TensorSource::Borrowed(tensor),
+            ready_on: None,
+            memory_trusted: false,
+        }
     }
 
     /// The tensor, without its readiness stream (e.g. to consume it outside a launch).
@@ -233,7 +266,7 @@ pub fn check_args(
 pub(crate) struct Found {
     /// One 8-byte slot per kernel parameter ([`ParamValues`]).
     pub values: ParamValues,
-    /// Tensor arguments.
+    /// Tensor arguments the launch holds (all but [borrowed](TensorArg::borrowed) ones).
     pub tensors: usize,
     /// Bytes only the release queue would keep alive ([`queue_bytes`] of each tensor).
     pub bytes: u64,
@@ -341,12 +374,10 @@ fn check_arg(
     let Arg::Tensor(t) = arg else {
         unreachable!("only tensor arguments reach here")
     };
-    let view = match &t.source {
-        TensorSource::Unused(u) => u
-            .peek()
-            .map_err(|source| Error::Descriptor { index, source })?,
-        TensorSource::Used(u) => u.view(),
-    };
+    let view = t
+        .source
+        .view()
+        .map_err(|source| Error::Descriptor { index, source })?;
     if view.dtype() != dtype {
         return Err(Error::DtypeMismatch {
             index,
@@ -373,8 +404,11 @@ fn check_arg(
         view.check_writable()
             .map_err(|source| Error::Descriptor { index, source })?;
     }
-    found.tensors += 1;
-    found.bytes = found.bytes.saturating_add(queue_bytes(&view));
+    // A borrowed tensor is never held: it costs the release queue no guard and no bytes.
+    if !matches!(t.source, TensorSource::Borrowed(_)) {
+        found.tensors += 1;
+        found.bytes = found.bytes.saturating_add(queue_bytes(&view));
+    }
     if dense && !view.is_contiguous() {
         return Err(Error::NotContiguous {
             index,

@@ -39,7 +39,7 @@ pub struct Checked<'s, 'a> {
     pub(crate) values: ParamValues,
     /// The graph being captured and the capture's id, when the stream captures.
     pub(crate) capture: Option<(CUgraph, u64)>,
-    /// Tensor arguments (each becomes a guard).
+    /// Tensor arguments the launch holds (each becomes a guard; borrowed ones do not count).
     pub(crate) tensors: usize,
     /// Bytes only the release queue would keep alive ([`crate::args::queue_bytes`]).
     pub(crate) bytes: u64,
@@ -68,7 +68,8 @@ impl Drop for Checked<'_, '_> {
 }
 
 impl<'a> Checked<'_, 'a> {
-    /// The number of tensor arguments (each is held by one guard once launched).
+    /// The number of tensor arguments the launch holds (each by one guard once launched):
+    /// every tensor but the [borrowed](crate::TensorArg::borrowed) ones.
     pub fn tensors(&self) -> usize {
         self.tensors
     }
@@ -282,12 +283,10 @@ fn check_pointer_memory(
         if t.memory_trusted && !devices {
             continue;
         }
-        let view = match &t.source {
-            TensorSource::Unused(u) => u
-                .peek()
-                .map_err(|source| Error::Descriptor { index, source })?,
-            TensorSource::Used(u) => u.view(),
-        };
+        let view = t
+            .source
+            .view()
+            .map_err(|source| Error::Descriptor { index, source })?;
         let tensor = view.device();
         let accessible = matches!(
             tensor.device_type,

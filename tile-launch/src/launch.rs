@@ -244,15 +244,19 @@ impl Checked<'_, '_> {
             let Arg::Tensor(t) = arg else { continue };
             let used = match t.source {
                 TensorSource::Unused(u) => match u.consume() {
-                    Ok(used) => used,
+                    Ok(used) => Some(used),
                     Err(source) => {
                         release_taken(ctx, guards);
                         return Err(Error::Descriptor { index, source });
                     }
                 },
-                TensorSource::Used(u) => u,
+                TensorSource::Used(u) => Some(u),
+                // Its owner keeps the memory alive; nothing is held or released here.
+                TensorSource::Borrowed(_) => None,
             };
-            guards.push(guard(index, used));
+            if let Some(used) = used {
+                guards.push(guard(index, used));
+            }
             if let Some(p) = t.ready_on.filter(|p| *p != s.raw())
                 && !waits.contains(&p)
             {
@@ -336,13 +340,24 @@ impl Checked<'_, '_> {
             // The graph owns the guards before the kernel node exists. If the launch then fails,
             // they are released with the graph (a failed launch invalidates the capture, and
             // ending it destroys the graph).
-            let guards = crate::capture::attach(d, graph, ctx, guards)?;
+            let guards = if guards.is_empty() {
+                0 // nothing for the graph to own: no user object
+            } else {
+                crate::capture::attach(d, graph, ctx, guards)?
+            };
             enqueue()?;
             return Ok((keep != Keep::Deferred).then_some(LaunchHandle {
                 inner: HandleInner::Captured { guards },
             }));
         }
         match keep {
+            // Nothing to hold (scalars and borrowed tensors only) and no handle: no release
+            // queue, no completion marker.
+            Keep::Deferred if guards.is_empty() => {
+                drop(guards);
+                enqueue()?;
+                Ok(None)
+            }
             Keep::Deferred => {
                 tracker.launch_deferred(guards, bytes, enqueue)?;
                 Ok(None)

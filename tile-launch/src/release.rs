@@ -302,7 +302,10 @@ pub struct Stats {
     pub guards_leaked: u64,
     /// Guards whose drop panicked (also counted in `guards_released`).
     pub release_panics: u64,
-    /// Successful launches (sequence numbers handed out).
+    /// Successful launches through the queue (sequence numbers handed out). A launch that
+    /// holds nothing and returns no handle (scalars and
+    /// [borrowed](crate::TensorArg::borrowed) tensors only, through `launch_deferred`) does not
+    /// go through the queue and is not counted.
     pub launches: u64,
     /// Markers recorded.
     pub markers_recorded: u64,

@@ -51,7 +51,7 @@ fn each_descriptor_is_validated_once_however_often_it_is_checked_and_read() {
             assert_eq!(t.queue_bytes(), 0);
             match t.into_source() {
                 tile_launch::TensorSource::Unused(u) => used.push(u.consume().unwrap()),
-                tile_launch::TensorSource::Used(_) => unreachable!("made unused"),
+                _ => unreachable!("made unused"),
             }
         }
     }
@@ -558,4 +558,46 @@ fn non_contiguous_tensor_is_refused_for_a_plain_pointer_and_accepted_when_stride
         Param::scalar(ScalarType::U32).strided(),
         Param::scalar(ScalarType::U32)
     );
+}
+
+#[test]
+fn a_borrowed_tensor_is_checked_like_any_other_and_never_held_or_released() {
+    use tile_launch::TensorArg;
+    const IS_COPIED: u64 = 1 << 1; // DLPACK_FLAG_BITMASK_IS_COPIED
+    // Copied inputs (an output may not be a copy).
+    let spec = TensorSpec::new(&[1024], DType::F32);
+    let copied = TensorSpec::new(&[1024], DType::F32).flags(IS_COPIED);
+    let (a, ca) = counted_tensor(&copied);
+    let (b, cb) = counted_tensor(&copied);
+    let (c, cc) = counted_tensor(&spec);
+    // SAFETY: the descriptors' data is never dereferenced (no launch), and each outlives the
+    // check.
+    let lend = |u| Arg::Tensor(unsafe { TensorArg::borrowed(u) });
+    let args: Vec<Arg<'_>> = vec![lend(a), lend(b), lend(c), 1024u32.into()];
+    for a in &args[..2] {
+        let Arg::Tensor(t) = a else { unreachable!() };
+        // A copied export held by the launch would count its bytes; a borrowed one is never
+        // queued, so it costs the queue nothing.
+        assert_eq!(t.queue_bytes(), 0);
+    }
+    let values = tile_launch::pack_args("add", &add_signature(), &args, 0).unwrap();
+    assert_eq!(values.len(), 4);
+    assert_eq!(values[3], 1024);
+    drop(args);
+    assert_eq!(
+        (ca.get(), cb.get(), cc.get()),
+        (0, 0, 0),
+        "a borrowed tensor's deleter ran"
+    );
+
+    // Refused for the same reasons as a consumed tensor, naming the argument.
+    let wrong = TensorSpec::new(&[1024], DType::F16);
+    let (a, _ca) = counted_tensor(&spec);
+    let (b, cb) = counted_tensor(&wrong);
+    let (c, _cc) = counted_tensor(&spec);
+    let args: Vec<Arg<'_>> = vec![lend(a), lend(b), lend(c), 1024u32.into()];
+    let e = check_args("add", &add_signature(), &args, 0).unwrap_err();
+    assert!(matches!(e, Error::DtypeMismatch { index: 1, .. }), "{e}");
+    drop(args);
+    assert_eq!(cb.get(), 0);
 }

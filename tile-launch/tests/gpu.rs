@@ -366,3 +366,99 @@ fn each_descriptor_is_validated_once_per_launch() -> Result<()> {
     ensure!(wrong == 0, "{wrong} of {n} elements wrong");
     Ok(())
 }
+
+/// Borrowed tensors (`TensorArg::borrowed`, the way XLA's buffers are passed): the kernel reads
+/// and writes them like consumed ones, ordered after the producer's pending write, while the
+/// launch holds nothing, queues nothing and records no completion marker; their descriptors
+/// (on the stack here, without a deleter) are never touched after the launch call.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn borrowed_tensors_are_launched_without_being_held() -> Result<()> {
+    use tile_dlpack::Unused;
+    use tile_dlpack::dlpark::DlpackFlags;
+    use tile_dlpack::dlpark::ffi::{
+        DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor,
+    };
+    use tile_launch::TensorArg;
+
+    let f = fixture()?;
+    let launch = Stream::new(&f.ctx)?;
+    let n = 1 << 20;
+    let (ha, hb) = (random(n, 71), random(n, 72));
+    let mut a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let c = f.producer.alloc_zeros::<f32>(n)?;
+    f.producer.synchronize()?;
+    let mut shape = [n as i64];
+    let mut strides = [1i64];
+    let describe = |ptr: u64, shape: *mut i64, strides: *mut i64| DLManagedTensorVersioned {
+        version: DLPackVersion { major: 1, minor: 1 },
+        manager_ctx: std::ptr::null_mut(),
+        deleter: None,
+        flags: DlpackFlags::empty(),
+        dl_tensor: DLTensor {
+            data: ptr as usize as *mut std::ffi::c_void,
+            device: DLDevice::cuda(0),
+            ndim: 1,
+            dtype: DLDataType::from(tile_dlpack::DType::F32),
+            shape,
+            strides,
+            byte_offset: 0,
+        },
+    };
+    let cfg = LaunchConfig::for_elements(n as u64, 256);
+    let before = launch.stats();
+    for round in 0..2 {
+        // The producer's write of `a` (a + 1 on round 1) is still pending when the launch is
+        // made: `ready_on` orders the kernel after it.
+        if round == 1 {
+            let plus: Vec<f32> = ha.iter().map(|x| x + 1.0).collect();
+            let mut a2 = f.producer.alloc_zeros::<f32>(n)?;
+            f.producer.memcpy_htod(&plus, &mut a2)?;
+            f.producer.memcpy_dtod(&a2, &mut a)?;
+        }
+        let (sp, st) = (shape.as_mut_ptr(), strides.as_mut_ptr());
+        let mut ds = [
+            describe(gpu_common::address(&a), sp, st),
+            describe(gpu_common::address(&b), sp, st),
+            describe(gpu_common::address(&c), sp, st),
+        ];
+        let producer = f.producer.cu_stream() as cuda_sys::CUstream;
+        let [da, db, dc] = ds.each_mut().map(|d| d as *mut DLManagedTensorVersioned);
+        // SAFETY: the slices outlive the synchronize below; the descriptors outlive the launch
+        // call; `producer` is a live stream of this context.
+        let lend = |d| unsafe { TensorArg::borrowed(Unused::from_versioned(d)).ready_on(producer) };
+        let args = vector_add_args(lend(da), lend(db), lend(dc), 1, n);
+        if round == 0 {
+            launch.launch_deferred(&f.add, &cfg, args)?;
+        } else {
+            let handle = launch.launch(&f.add, &cfg, args)?;
+            ensure!(!handle.is_captured());
+            handle.retire()?;
+        }
+        // The kernel may still run: nothing reads a descriptor after the launch call.
+        for d in &mut ds {
+            d.dl_tensor.data = std::ptr::null_mut();
+            d.dl_tensor.ndim = -1;
+        }
+        std::hint::black_box(&ds);
+        launch.synchronize()?;
+        let got = f.producer.clone_dtoh(&c)?;
+        let plus = if round == 1 { 1.0 } else { 0.0 };
+        let wrong = (0..n).filter(|&i| got[i] != ha[i] + plus + hb[i]).count();
+        ensure!(wrong == 0, "round {round}: {wrong} of {n} elements wrong");
+    }
+    let after = launch.stats();
+    ensure!(
+        after.pending_guards == 0
+            && after.held_guards == 0
+            && after.guards_released == before.guards_released,
+        "a borrowed tensor was held: {after:?}"
+    );
+    ensure!(
+        after.markers_recorded - before.markers_recorded <= 1,
+        "markers recorded for launches that hold nothing: {after:?}"
+    );
+    println!("borrowed: 2 launches, {after:?}");
+    Ok(())
+}

@@ -92,6 +92,7 @@ pub(crate) fn _check_args(
                         }
                     }
                     tile_launch::TensorSource::Used(used) => drop(PyGuard::tensor(used)),
+                    tile_launch::TensorSource::Borrowed(_) => {}
                 }
             }
             r

@@ -8,12 +8,15 @@ use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, RwLock};
 
-use tile_dlpack::Used;
-use tile_dlpack::dlpark::metadata::Dynamic;
-use tile_dlpack::ffi::{DLDataType, DLDevice, DLDeviceType};
-use tile_launch::{Arg, Dim3, LaunchConfig, Scalar, Stream};
+use smallvec::SmallVec;
+use tile_dlpack::Unused;
+use tile_dlpack::dlpark::DlpackFlags;
+use tile_dlpack::ffi::{
+    DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackVersion, DLTensor,
+};
+use tile_launch::{Arg, Dim3, LaunchConfig, Scalar, Stream, TensorArg};
 
-use super::frame::{Attr, Buffer, Call, FfiError, Frame, answer_metadata, dtype};
+use super::frame::{Attr, Call, FfiError, Frame, answer_metadata, dtype};
 use super::roles::{Bound, Roles};
 use crate::xla_ffi_sys as sys;
 
@@ -229,31 +232,114 @@ pub(crate) fn scalar(a: &Attrs, i: usize) -> Result<Scalar, FfiError> {
     })
 }
 
-/// A DLPack tensor describing one of XLA's buffers on device `ordinal`: dense row-major, not
-/// owned by tile. Its deleter frees only the descriptor; the buffer is XLA's, and lives until
-/// the work XLA enqueues for this call on its stream has finished.
-pub(crate) fn describe(b: &Buffer<'_>, index: usize, ordinal: i32) -> Result<Used, FfiError> {
-    let dt = dtype(b.dtype).ok_or_else(|| {
-        FfiError::invalid(format!(
-            "tile_py.jax: argument {index}: XLA element type {} has no DLPack dtype tile supports",
-            b.dtype.0
-        ))
-    })?;
-    let mut init = Dynamic::compact(b.dims)
-        .initialize(Box::new(()))
-        .map_err(|e| FfiError::invalid(format!("tile_py.jax: argument {index}: {e}")))?;
-    init.set_data(b.data)
-        .set_device(DLDevice {
-            device_type: DLDeviceType::CUDA,
-            device_id: ordinal,
+/// The DLPack descriptors of one call's buffers, on the handler's stack: dense row-major, on
+/// device `ordinal`, with no deleter. They are lent to the launch ([`TensorArg::borrowed`]),
+/// never consumed: the buffers are XLA's, which keeps them alive until the work it enqueued for
+/// the call on its stream has finished, and the descriptors are read only during the launch
+/// call (the kernel receives pointers and extents by value). Nothing is allocated for a call of
+/// up to eight buffers of rank four or less.
+pub(crate) struct Descriptors {
+    tensors: SmallVec<[DLManagedTensorVersioned; 8]>,
+    /// The strides of every buffer, one after the other: only pointed into by `tensors`, and
+    /// never grown once a descriptor points into it.
+    _strides: SmallVec<[i64; 32]>,
+}
+
+/// Compact row-major strides of `dims`, in elements, appended to `out`; `None` if one does not
+/// fit `i64`.
+fn compact_strides(dims: &[i64], out: &mut SmallVec<[i64; 32]>) -> Option<()> {
+    let start = out.len();
+    out.resize(start + dims.len(), 0);
+    let mut stride = 1i64;
+    for (i, &d) in dims.iter().enumerate().rev() {
+        out[start + i] = stride;
+        stride = stride.checked_mul(d.max(1))?;
+    }
+    Some(())
+}
+
+impl Descriptors {
+    /// Describes the buffers `bound` names on device `ordinal`, refusing an XLA element type
+    /// with no DLPack dtype tile supports.
+    pub(crate) fn new(bound: &[Bound<'_>], ordinal: i32) -> Result<Descriptors, FfiError> {
+        let mut strides = SmallVec::new();
+        for b in bound {
+            if let Bound::Buffer(buffer, index) = b
+                && compact_strides(buffer.dims, &mut strides).is_none()
+            {
+                return Err(FfiError::invalid(format!(
+                    "tile_py.jax: argument {index}: extents {:?} overflow 64-bit strides",
+                    buffer.dims
+                )));
+            }
+        }
+        let mut tensors = SmallVec::new();
+        let mut at = 0usize;
+        for b in bound {
+            let Bound::Buffer(buffer, index) = b else {
+                continue;
+            };
+            let dt = dtype(buffer.dtype).ok_or_else(|| {
+                FfiError::invalid(format!(
+                    "tile_py.jax: argument {index}: XLA element type {} has no DLPack dtype \
+                     tile supports",
+                    buffer.dtype.0
+                ))
+            })?;
+            let rank = buffer.dims.len();
+            tensors.push(DLManagedTensorVersioned {
+                version: DLPackVersion { major: 1, minor: 1 },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: None,
+                flags: DlpackFlags::empty(),
+                dl_tensor: DLTensor {
+                    data: buffer.data,
+                    device: DLDevice {
+                        device_type: DLDeviceType::CUDA,
+                        device_id: ordinal,
+                    },
+                    ndim: rank as i32, // at most 64 (`frame::buffers`)
+                    dtype: DLDataType::from(dt),
+                    // Read only, never written through (DLPack's field is `int64_t*`).
+                    shape: buffer.dims.as_ptr().cast_mut(),
+                    strides: strides[at..].as_ptr().cast_mut(),
+                    byte_offset: 0,
+                },
+            });
+            at += rank;
+        }
+        Ok(Descriptors {
+            tensors,
+            _strides: strides,
         })
-        .set_dtype(DLDataType::from(dt));
-    // SAFETY: data, device, dtype and shape describe XLA's buffer, which stays valid while the
-    // call's stream work runs (XLA's promise to FFI handlers); the descriptor's own memory is
-    // the allocation its deleter frees, and that deleter touches nothing else.
-    let managed = unsafe { init.finish() };
-    Used::from_managed_versioned(managed)
-        .map_err(|source| FfiError::invalid(format!("tile_py.jax: argument {index}: {source}")))
+    }
+
+    /// The kernel's launch arguments: each bound buffer lent as its descriptor (memory trusted
+    /// to be the device memory XLA allocated), each scalar as it is.
+    pub(crate) fn arguments<'d>(&'d mut self, bound: &[Bound<'_>]) -> SmallVec<[Arg<'d>; 8]> {
+        let base = self.tensors.as_mut_ptr();
+        let mut next = 0usize;
+        bound
+            .iter()
+            .map(|b| match b {
+                Bound::Buffer(..) => {
+                    // SAFETY: `next` indexes `tensors` (one descriptor per buffer, in order);
+                    // the descriptor, its shape (XLA's dims, live during the call) and strides
+                    // (`self._strides`) stay valid and unchanged for `'d`; XLA keeps the data
+                    // alive until the call's stream work is done, which is
+                    // `TensorArg::borrowed`'s contract, and it is XLA's own device memory
+                    // (`trust_memory`'s).
+                    let t = unsafe {
+                        let u = Unused::from_versioned(base.add(next));
+                        TensorArg::borrowed(u).trust_memory()
+                    };
+                    next += 1;
+                    Arg::Tensor(t)
+                }
+                Bound::Scalar(s) => Arg::Scalar(*s),
+            })
+            .collect()
+    }
 }
 
 /// A tile-launch error as an XLA error: driver failures are `INTERNAL`, every refused check
@@ -265,18 +351,6 @@ fn launch_error(e: tile_launch::Error) -> FfiError {
         }
         other => FfiError::invalid(format!("tile_py.jax: {other}")),
     }
-}
-
-/// The kernel's launch arguments: each bound buffer described as a DLPack tensor on device
-/// `ordinal`, each scalar as it is.
-pub(crate) fn arguments(bound: &[Bound<'_>], ordinal: i32) -> Result<Vec<Arg<'static>>, FfiError> {
-    bound
-        .iter()
-        .map(|b| match b {
-            Bound::Buffer(buffer, index) => describe(buffer, *index, ordinal).map(Arg::from),
-            Bound::Scalar(s) => Ok(Arg::Scalar(*s)),
-        })
-        .collect()
 }
 
 fn execute(frame: &Frame<'_>) -> Result<(), FfiError> {
@@ -298,10 +372,11 @@ fn execute(frame: &Frame<'_>) -> Result<(), FfiError> {
             scalar(&attrs, i)
         })?;
     let s = stream(frame.stream()?)?;
-    let launch = arguments(&bound, s.context().ordinal())?;
+    let mut descriptors = Descriptors::new(&bound, s.context().ordinal())?;
+    let launch = descriptors.arguments(&bound);
     // The checks of every launch (configuration against the device, each tensor against the
-    // declaration, memory, capture), then the launch on XLA's stream. The descriptors go to the
-    // stream's release queue (or, while XLA captures a command buffer, to the graph).
+    // declaration, memory, capture), then the launch on XLA's stream. The descriptors are only
+    // lent: nothing is queued for release and no completion marker is recorded.
     let checked = s
         .check(&entry.kernel, &config, launch)
         .map_err(|e| in_kernel(name, e))?;
