@@ -3,7 +3,7 @@
 //!
 //! Measures, in one process: the raw `cuLaunchKernel` loop through `cuda-sys` (the floor), the
 //! raw `cuLaunchKernelEx` loop, DLPack export alone (three tensors made and released), and
-//! `tile-launch` with three DLPack tensors and deferred release (`Stream::launch_deferred`; also
+//! `tile-launch` with three DLPack tensors and deferred release (`Stream::launch_queued`; also
 //! `launch` then `LaunchHandle::defer`), and with `retire` after every launch; then the release latency (kernel completion to deleters run, while launching), and
 //! a scale run (1,000,000 deferred launches with producers that free on release).
 //!
@@ -291,7 +291,7 @@ fn run() -> Result<()> {
     };
     // Deferred release: the tensors go straight to the release queue.
     let launch = |stamp: Option<Arc<AtomicU64>>| -> Result<()> {
-        Ok(stream.launch_deferred(&add, &cfg, args(stamp)?)?)
+        Ok(stream.launch_queued(&add, &cfg, args(stamp)?)?)
     };
     let stream_sync = || -> Result<()> { Ok(stream.synchronize()?) };
     // A stream whose release queue records and polls rarely, to show what markers cost.
@@ -305,7 +305,7 @@ fn run() -> Result<()> {
     )?;
     // A prepared launch: kernel, configuration and stream bound once.
     let bound = stream.bind(&add, &cfg)?;
-    let prepared = || -> Result<()> { Ok(bound.launch_deferred(args(None)?)?) };
+    let prepared = || -> Result<()> { Ok(bound.launch_queued(args(None)?)?) };
     // The floor: the kernel launched with plain driver calls (one closure for both modes).
     let raw_launch = || -> Result<()> {
         // SAFETY: `params` point at live values of the kernel's parameter types.
@@ -386,7 +386,7 @@ fn run() -> Result<()> {
                     1i64.into(),
                     (N as u64).into(),
                 ];
-                stream.launch_deferred(&add_raw_ptrs, &cfg, args)?;
+                stream.launch_queued(&add_raw_ptrs, &cfg, args)?;
                 Ok(())
             }),
             sync: Box::new(stream_sync),
@@ -404,7 +404,7 @@ fn run() -> Result<()> {
                     1i64.into(),
                     (N as u64).into(),
                 ];
-                sparse.launch_deferred(&add, &cfg, args)?;
+                sparse.launch_queued(&add, &cfg, args)?;
                 Ok(())
             }),
             sync: Box::new(|| Ok(sparse.synchronize()?)),
@@ -441,7 +441,7 @@ fn run() -> Result<()> {
             1i64.into(),
             (N as u64).into(),
         ];
-        stream.launch_deferred(&add_raw_ptrs, &cfg, args)?;
+        stream.launch_queued(&add_raw_ptrs, &cfg, args)?;
         Ok(())
     };
     fn burst_path<'a>(

@@ -10,9 +10,9 @@
 //!
 //! `PATH` is one of `raw` (`cuLaunchKernel` with the parameters packed by hand), `export`
 //! (three DLPack tensors made and released, nothing launched), `deferred` (three tensors,
-//! `Stream::launch_deferred`), `scalars` (seven scalars, `launch_deferred`), `bound` (three
-//! tensors, `BoundLaunch::launch_deferred`) and `queued` (three tensors,
-//! `Stream::launch_queued_with`, the handle dropped). The measured loop is the function
+//! `Stream::launch_queued`), `scalars` (seven scalars, `launch_queued`), `bound` (three
+//! tensors, `BoundLaunch::launch_queued`) and `queued` (three tensors,
+//! `Checked::queue_guards` then `launch`, the handle dropped). The measured loop is the function
 //! `measured_loop`, which callgrind is told to count alone (`--toggle-collect`).
 
 use std::ffi::c_void;
@@ -20,7 +20,7 @@ use std::hint::black_box;
 
 use anyhow::{Context as _, Result, bail};
 use cuda_sys::{CUdeviceptr, CUfunction, CuResultExt, driver};
-use tile_launch::{Arg, Context, Guard, Kernel, LaunchConfig, Library, Stream};
+use tile_launch::{Arg, Context, Kernel, LaunchConfig, Library, Stream};
 
 #[path = "common/mod.rs"]
 mod common;
@@ -105,7 +105,7 @@ fn main() -> Result<()> {
             black_box(tensors()?);
             Ok(())
         }),
-        "deferred" => Box::new(|| Ok(stream.launch_deferred(&add, &cfg, tensors()?)?)),
+        "deferred" => Box::new(|| Ok(stream.launch_queued(&add, &cfg, tensors()?)?)),
         "scalars" => Box::new(|| {
             let args: [Arg<'static>; 7] = [
                 a.into(),
@@ -116,17 +116,13 @@ fn main() -> Result<()> {
                 1i64.into(),
                 (N as u64).into(),
             ];
-            Ok(stream.launch_deferred(&add_raw_ptrs, &cfg, args)?)
+            Ok(stream.launch_queued(&add_raw_ptrs, &cfg, args)?)
         }),
-        "bound" => Box::new(|| Ok(bound.launch_deferred(tensors()?)?)),
+        "bound" => Box::new(|| Ok(bound.launch_queued(tensors()?)?)),
         "queued" => Box::new(|| {
-            let h = stream.launch_queued_with(
-                &add,
-                &cfg,
-                tensors()?,
-                |_, used| Guard::Tensor(used),
-                [],
-            )?;
+            let mut checked = stream.check(&add, &cfg, tensors()?)?;
+            checked.queue_guards();
+            let h = checked.launch()?;
             drop(h);
             Ok(())
         }),

@@ -3,14 +3,10 @@
 
 use std::fmt;
 
-use tile_dlpack::Used;
-
 use crate::args::Arg;
 use crate::config::LaunchConfig;
 use crate::error::Result;
-use crate::guard::Guard;
 use crate::handle::LaunchHandle;
-use crate::launch::Keep;
 use crate::module::Kernel;
 use crate::stream::Stream;
 
@@ -43,34 +39,20 @@ impl fmt::Debug for BoundLaunch {
     }
 }
 
-impl Stream {
-    /// Binds `kernel` and `config` to this stream for repeated launches: checks the
-    /// configuration against the device's limits and prepares the kernel for it once (the
-    /// shared-memory opt-in, `cuKernelSetAttribute`; the cooperative grid bound,
-    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`), so that [`BoundLaunch::launch`] makes
-    /// none of those checks again.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the limit and the value;
-    /// [`Error::Cuda`](crate::Error::Cuda) when a driver call fails;
-    /// [`Error::Driver`](crate::Error::Driver) when no driver is installed. Nothing is bound
-    /// then.
-    #[doc(alias = "cuKernelSetAttribute")]
-    pub fn bind(&self, kernel: &Kernel, config: &LaunchConfig) -> Result<BoundLaunch> {
-        let ctx = self.context();
-        config.validate(ctx.limits())?;
-        if config.shared_mem_bytes > 0 || config.cooperative {
-            let d = cuda_sys::driver()?;
-            let _bound = ctx.bind_with(d)?;
-            kernel.prepare_launch(d, ctx, config)?;
-        }
-        Ok(BoundLaunch {
-            stream: self.clone(),
-            kernel: kernel.clone(),
-            config: *config,
-        })
+/// [`Stream::bind`].
+pub(crate) fn bind(s: &Stream, kernel: &Kernel, config: &LaunchConfig) -> Result<BoundLaunch> {
+    let ctx = s.context();
+    config.validate(ctx.limits())?;
+    if config.shared_mem_bytes > 0 || config.cooperative {
+        let d = cuda_sys::driver()?;
+        let _bound = ctx.bind_with(d)?;
+        kernel.prepare_launch(d, ctx, config)?;
     }
+    Ok(BoundLaunch {
+        stream: s.clone(),
+        kernel: kernel.clone(),
+        config: *config,
+    })
 }
 
 impl BoundLaunch {
@@ -96,95 +78,35 @@ impl BoundLaunch {
     ///
     /// As [`Stream::check`], less the configuration's
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (checked by [`Stream::bind`]).
+    #[inline]
     pub fn check<'s, 'a>(
         &'s self,
         args: impl IntoIterator<Item = Arg<'a>>,
     ) -> Result<crate::Checked<'s, 'a>> {
-        self.stream
-            .check_inner(&self.kernel, &self.config, args, true)
+        crate::check::check(&self.stream, &self.kernel, &self.config, args, true)
     }
 
-    /// Launches the bound kernel with `args`, as [`Stream::launch`] does, without checking the
-    /// configuration again.
+    /// Launches the bound kernel with `args` into a handle, as [`Stream::launch`] does, without
+    /// checking the configuration again.
     ///
     /// # Errors
     ///
     /// As [`Stream::launch`], less the configuration's
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (checked by [`Stream::bind`]).
     #[doc(alias = "cuLaunchKernel")]
+    #[inline]
     pub fn launch<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<LaunchHandle> {
-        self.launch_with(args, |_, used| Guard::Tensor(used), [])
+        self.check(args)?.launch()
     }
 
-    /// As [`Stream::launch_deferred`]: the tensors go straight to the stream's release queue.
+    /// As [`Stream::launch_queued`]: the tensors go straight to the stream's release queue.
     ///
     /// # Errors
     ///
     /// As [`launch`](BoundLaunch::launch).
     #[doc(alias = "cuLaunchKernel")]
-    pub fn launch_deferred<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<()> {
-        self.stream
-            .launch_core(
-                &self.kernel,
-                &self.config,
-                args,
-                |_, used| Guard::Tensor(used),
-                [],
-                Keep::Deferred,
-                true,
-            )
-            .map(drop)
-    }
-
-    /// As [`Stream::launch_with`]: `guard(index, used)` is called once per tensor argument as
-    /// it is consumed; `owners` are held until the work is done.
-    ///
-    /// # Errors
-    ///
-    /// As [`launch`](BoundLaunch::launch).
-    #[doc(alias = "cuLaunchKernel")]
-    pub fn launch_with<'a>(
-        &self,
-        args: impl IntoIterator<Item = Arg<'a>>,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-    ) -> Result<LaunchHandle> {
-        self.stream
-            .launch_core(
-                &self.kernel,
-                &self.config,
-                args,
-                guard,
-                owners,
-                Keep::Handle,
-                true,
-            )
-            .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
-    }
-
-    /// As [`Stream::launch_queued_with`]: the tensors go straight to the stream's release queue
-    /// and the returned handle owns nothing.
-    ///
-    /// # Errors
-    ///
-    /// As [`launch`](BoundLaunch::launch).
-    #[doc(alias = "cuLaunchKernel")]
-    pub fn launch_queued_with<'a>(
-        &self,
-        args: impl IntoIterator<Item = Arg<'a>>,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-    ) -> Result<LaunchHandle> {
-        self.stream
-            .launch_core(
-                &self.kernel,
-                &self.config,
-                args,
-                guard,
-                owners,
-                Keep::Queued,
-                true,
-            )
-            .map(|handle| handle.expect("a queued launch returns its handle"))
+    #[inline]
+    pub fn launch_queued<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<()> {
+        self.check(args)?.launch_queued()
     }
 }

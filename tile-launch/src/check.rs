@@ -1,7 +1,7 @@
 //! The check of a launch: [`Stream::check`] validates everything a launch needs before anything
 //! is consumed and returns a [`Checked`] launch, the proof that it did. Everything after it
-//! (consuming, ordering, enqueueing: [`Checked::launch`] and its variants, in `launch.rs`) trusts
-//! that proof and checks nothing again.
+//! (consuming, ordering, enqueueing: [`Checked::launch`] and [`Checked::launch_queued`], in
+//! `launch.rs`) trusts that proof and checks nothing again.
 
 use std::ffi::c_void;
 
@@ -12,6 +12,7 @@ use crate::args::{Arg, INLINE_ARGS, ParamValues, TensorSource, check_all};
 use crate::config::LaunchConfig;
 use crate::context::ContextGuard;
 use crate::error::{Error, Result};
+use crate::guard::Guard;
 use crate::module::Kernel;
 use crate::stream::Stream;
 
@@ -23,11 +24,14 @@ use crate::stream::Stream;
 /// the release queue would keep alive, the capture state, and the stream's context bound on this
 /// thread.
 ///
-/// Nothing is consumed yet. [`Checked::launch`], [`Checked::launch_with`],
-/// [`Checked::launch_queued_with`] and [`Checked::launch_deferred`] consume the tensors, order
-/// the launch after their producers and enqueue it, without checking anything again. Dropping a
-/// `Checked` launches nothing: `Unused` tensors go back to their producers untouched and tensors
-/// the caller handed over already consumed are released, with the capture mode relaxed.
+/// Nothing is consumed yet. The two ways to launch it, [`Checked::launch`] (into a handle) and
+/// [`Checked::launch_queued`] (into the stream's release queue), consume the tensors, order the
+/// launch after their producers and enqueue it, without checking anything again. Options are
+/// set on the value before: [`Checked::hold`] (more owners to keep alive),
+/// [`Checked::release_with`] (how consumed tensors are released), [`Checked::queue_guards`]
+/// (a handle that owns nothing). Dropping a `Checked` launches nothing: `Unused` tensors go
+/// back to their producers untouched, and tensors the caller handed over already consumed and
+/// held owners are released, with the capture mode relaxed.
 ///
 /// Tied to the thread that made it (it holds the context bound there).
 #[must_use = "a checked launch does nothing until it is launched"]
@@ -44,6 +48,12 @@ pub struct Checked<'s, 'a> {
     /// Bytes only the release queue would keep alive ([`crate::args::queue_bytes`]).
     pub(crate) bytes: u64,
     pub(crate) d: &'static Driver,
+    /// [`Checked::hold`]'s owners (no allocation while there are none).
+    pub(crate) owners: Vec<Guard>,
+    /// [`Checked::release_with`]'s function.
+    pub(crate) release: Option<fn(tile_dlpack::Used)>,
+    /// [`Checked::queue_guards`].
+    pub(crate) queue_guards: bool,
     // Declared last: dropped after `args`, so that tensors released on drop see the context.
     pub(crate) _bound: ContextGuard<'s>,
 }
@@ -62,8 +72,13 @@ impl std::fmt::Debug for Checked<'_, '_> {
 
 impl Drop for Checked<'_, '_> {
     fn drop(&mut self) {
-        // Not launched (or launched: then `args` is empty), released as a refusal is.
+        // Not launched (or launched: then `args` and `owners` are empty), released as a
+        // refusal is.
         release_refused(self.d, &mut self.args);
+        if !self.owners.is_empty() {
+            let owners = std::mem::take(&mut self.owners);
+            self.stream.context().releasing(|| drop(owners));
+        }
     }
 }
 
@@ -85,96 +100,63 @@ impl<'a> Checked<'_, 'a> {
         self.capture.is_some()
     }
 
-    /// Whether enqueueing this launch, with `owners` guards of the caller's beside its tensors,
-    /// may wait for queued work first: the release queue near its bounds, or over one with this
+    /// Whether enqueueing this launch, with its tensors and [held](Checked::hold) owners, may
+    /// wait for queued work first: the release queue near its bounds, or over one with this
     /// launch ([`Stream::launch_may_wait`]). Never true for a capturing stream, whose guards go
     /// to the graph. Takes no lock; racy by nature (it decides, e.g., whether to release an
     /// interpreter lock around the launch).
-    pub fn may_wait(&self, owners: usize) -> bool {
+    pub fn may_wait(&self) -> bool {
         self.capture.is_none()
             && self
                 .stream
-                .launch_may_wait(self.tensors + owners, self.bytes)
+                .launch_may_wait(self.tensors + self.owners.len(), self.bytes)
     }
 }
 
-impl Stream {
-    /// Checks a launch of `kernel` with `config` and `args` on this stream, consuming nothing,
-    /// and returns it [`Checked`], ready to be launched.
-    ///
-    /// Checks, in this order: the configuration against the device's limits, every argument
-    /// against the kernel's [`Signature`](crate::Signature) (count, kind, dtype, device,
-    /// writability of outputs, dense row-major layout for plain pointer parameters, scalar
-    /// range), the kernel's own limits for the configuration (dynamic shared memory, cooperative
-    /// occupancy), the memory of each tensor (unless [trusted](crate::TensorArg::trust_memory),
-    /// the driver must know its data pointer as device, managed or page-locked host memory: one
-    /// `cuPointerGetAttributes` per tensor), whether the stream is capturing a graph (one
-    /// `cuStreamGetCaptureInfo`), and then that each producer stream joins that capture.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
-    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
-    /// [`Error::NotDeviceMemory`], [`Error::NotContiguous`], [`Error::Descriptor`],
-    /// [`Error::NdimMismatch`], [`Error::IndexOverflow`], [`Error::ProducerOutsideCapture`],
-    /// and [`Error::Cuda`] from a driver call the checks make (e.g.
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Nothing is consumed: tensors handed over
-    /// already consumed are released (with the capture mode relaxed), `Unused` ones are left to
-    /// their producers.
-    #[doc(alias = "cuStreamGetCaptureInfo")]
-    #[doc(alias = "cuPointerGetAttributes")]
-    #[inline]
-    pub fn check<'s, 'a>(
-        &'s self,
-        kernel: &'s Kernel,
-        config: &'s LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-    ) -> Result<Checked<'s, 'a>> {
-        self.check_inner(kernel, config, args, false)
+/// [`Stream::check`]; with `bound`, the configuration was checked and the kernel prepared for it
+/// by [`Stream::bind`], and neither is done again.
+#[inline(always)]
+pub(crate) fn check<'s, 'a>(
+    s: &'s Stream,
+    kernel: &'s Kernel,
+    config: &'s LaunchConfig,
+    args: impl IntoIterator<Item = Arg<'a>>,
+    bound: bool,
+) -> Result<Checked<'s, 'a>> {
+    let mut v: SmallVec<[Arg<'a>; INLINE_ARGS]> = SmallVec::new();
+    for a in args {
+        v.push(a);
     }
-
-    /// [`Stream::check`]; with `bound`, the configuration was checked and the kernel prepared
-    /// for it by [`Stream::bind`], and neither is done again.
-    #[inline(always)]
-    pub(crate) fn check_inner<'s, 'a>(
-        &'s self,
-        kernel: &'s Kernel,
-        config: &'s LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-        bound: bool,
-    ) -> Result<Checked<'s, 'a>> {
-        let mut v: SmallVec<[Arg<'a>; INLINE_ARGS]> = SmallVec::new();
-        for a in args {
-            v.push(a);
+    // No driver: nothing was ever handed to CUDA, and nothing can be captured.
+    let d = cuda_sys::driver()?;
+    let ctx = s.context();
+    let bound_ctx = match ctx.bind_with(d) {
+        Ok(b) => b,
+        Err(e) => {
+            release_refused(d, &mut v);
+            return Err(e.into());
         }
-        // No driver: nothing was ever handed to CUDA, and nothing can be captured.
-        let d = cuda_sys::driver()?;
-        let ctx = self.context();
-        let bound_ctx = match ctx.bind_with(d) {
-            Ok(b) => b,
-            Err(e) => {
-                release_refused(d, &mut v);
-                return Err(e.into());
-            }
-        };
-        match check_bound(self, d, kernel, config, &v, bound) {
-            Ok((found, capture)) => Ok(Checked {
-                stream: self,
-                kernel,
-                config,
-                args: v,
-                values: found.values,
-                capture,
-                tensors: found.tensors,
-                bytes: found.bytes,
-                d,
-                _bound: bound_ctx,
-            }),
-            Err(e) => {
-                release_refused(d, &mut v);
-                drop(bound_ctx);
-                Err(e)
-            }
+    };
+    match check_bound(s, d, kernel, config, &v, bound) {
+        Ok((found, capture)) => Ok(Checked {
+            stream: s,
+            kernel,
+            config,
+            args: v,
+            values: found.values,
+            capture,
+            tensors: found.tensors,
+            bytes: found.bytes,
+            d,
+            owners: Vec::new(),
+            release: None,
+            queue_guards: false,
+            _bound: bound_ctx,
+        }),
+        Err(e) => {
+            release_refused(d, &mut v);
+            drop(bound_ctx);
+            Err(e)
         }
     }
 }

@@ -579,35 +579,26 @@ mod raw {
     }
 }
 
-impl Stream {
-    /// Launches on a `cudarc` stream. The stream is kept alive (its `Arc` is held) for as long
-    /// as this value or any launch on it lives.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Driver`] without a driver; [`Error::WrongContext`] if `ctx` is not the stream's
-    /// device; [`Error::NonPrimaryContext`] if the stream's `cudarc` context is not that
-    /// device's primary context (`ctx`): tile launches only in primary contexts.
-    pub fn from_cudarc(ctx: &Arc<Context>, stream: &Arc<CudaStream>) -> Result<Stream> {
-        let cu = stream.context();
-        if i32::try_from(cu.ordinal()).ok() != Some(ctx.ordinal()) {
-            return Err(Error::WrongContext {
-                what: "cudarc stream",
-                device: cu.ordinal(),
-                context_device: ctx.ordinal(),
-            });
-        }
-        if raw_ctx(cu) != ctx.raw() {
-            return Err(Error::NonPrimaryContext {
-                what: "cudarc stream",
-                device: cu.ordinal(),
-            });
-        }
-        let raw = stream.cu_stream() as CUstream;
-        // SAFETY: `raw` belongs to `ctx`, the device's primary context (checked above); the
-        // `Arc` kept by the stream keeps it valid.
-        unsafe { Stream::from_raw_keeping(ctx, raw, Box::new(Arc::clone(stream))) }
+/// [`Stream::from_cudarc`].
+pub(crate) fn stream_from_cudarc(ctx: &Arc<Context>, stream: &Arc<CudaStream>) -> Result<Stream> {
+    let cu = stream.context();
+    if i32::try_from(cu.ordinal()).ok() != Some(ctx.ordinal()) {
+        return Err(Error::WrongContext {
+            what: "cudarc stream",
+            device: cu.ordinal(),
+            context_device: ctx.ordinal(),
+        });
     }
+    if raw_ctx(cu) != ctx.raw() {
+        return Err(Error::NonPrimaryContext {
+            what: "cudarc stream",
+            device: cu.ordinal(),
+        });
+    }
+    let raw = stream.cu_stream() as CUstream;
+    // SAFETY: `raw` belongs to `ctx`, the device's primary context (checked above); the
+    // `Arc` kept by the stream keeps it valid.
+    unsafe { Stream::from_raw_keeping(ctx, raw, Box::new(Arc::clone(stream))) }
 }
 
 #[cfg(test)]

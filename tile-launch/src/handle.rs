@@ -32,7 +32,7 @@ pub(crate) enum HandleInner {
     /// On the stream's release queue.
     Tracked(Pending<CudaTimeline, Guard>),
     /// Its guards went straight to the stream's release queue
-    /// ([`Stream::launch_queued_with`](crate::Stream::launch_queued_with)): the handle owns
+    /// ([`Checked::queue_guards`](crate::Checked::queue_guards)): the handle owns
     /// nothing, and can wait for the launch or ask about it.
     Queued(Queued<CudaTimeline, Guard>),
     /// Captured into a graph, which owns this many guards.

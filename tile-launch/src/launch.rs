@@ -9,235 +9,101 @@ use tile_dlpack::Used;
 
 use crate::args::{Arg, INLINE_ARGS, TensorSource};
 use crate::check::Checked;
-use crate::config::{LaunchConfig, launch_attributes};
+use crate::config::launch_attributes;
 use crate::error::{Error, Result};
-use crate::guard::Guard;
+use crate::guard::{Guard, HandOff};
 use crate::handle::{HandleInner, LaunchHandle};
-use crate::module::Kernel;
-use crate::stream::Stream;
 
-impl Stream {
-    /// Launches `kernel` on this stream (`cuLaunchKernelEx`).
+impl<'a> Checked<'_, 'a> {
+    /// Option: `owners` are held with the launch's tensors until its work is done (e.g. the
+    /// Python objects a tensor's memory depends on), and released after them. Released at once,
+    /// as the tensors are, if the launch is refused or the `Checked` dropped after this.
     ///
-    /// Every argument is checked against the kernel's [`Signature`](crate::Signature) (count,
-    /// kind, dtype, device, writability of outputs, dense row-major layout for plain pointer
-    /// parameters, scalar range) and the configuration against the device's limits before any
-    /// tensor is consumed; so is each tensor's memory: unless it is
-    /// [trusted](crate::TensorArg::trust_memory), the driver must know its data pointer as
-    /// device, managed or page-locked host memory (one `cuPointerGetAttributes` per tensor).
-    /// Nothing is consumed or launched when a check fails. Then the tensors are consumed, the stream is made to wait for the streams
-    /// their data is ready on, and the kernel is launched. The returned handle owns the tensors
-    /// until the work is done.
+    /// Options are set in place (`checked.hold(o).release_with(f)`), so that the checked
+    /// launch, about a kilobyte of inline arguments, is not moved for each.
+    pub fn hold(&mut self, owners: impl IntoIterator<Item = Guard>) -> &mut Self {
+        self.owners.extend(owners);
+        self
+    }
+
+    /// Option: each consumed tensor is released through `release` (which then owns it, and
+    /// must keep it alive at least as long) instead of dropped where the release queue drops it
+    /// (for example handed to a thread that may run its deleter). No allocation per tensor
+    /// ([`Guard::HandedOff`]).
+    pub fn release_with(&mut self, release: fn(Used)) -> &mut Self {
+        self.release = Some(release);
+        self
+    }
+
+    /// Option for [`Checked::launch`]: the launch's guards go straight to the stream's release
+    /// queue, and the returned handle owns nothing; it can still wait for the launch
+    /// ([`LaunchHandle::retire`], [`LaunchHandle::is_complete`]), and dropping it does nothing.
+    /// One lock of the release queue per launch, instead of two for a handle that is later
+    /// dropped or deferred.
+    pub fn queue_guards(&mut self) -> &mut Self {
+        self.queue_guards = true;
+        self
+    }
+
+    /// Consumes the tensors, orders the launch after their producers and launches
+    /// (`cuLaunchKernel`, or `cuLaunchKernelEx` with launch attributes), checking nothing again.
+    /// The returned handle owns the tensors (and the [held](Checked::hold) owners) until the
+    /// work is done, unless [`Checked::queue_guards`] was set. While the stream captures a
+    /// graph, they are handed to the graph instead ([`LaunchHandle::is_captured`]).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
-    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
-    /// [`Error::NotDeviceMemory`], [`Error::NotContiguous`], [`Error::Descriptor`] from the
-    /// checks (nothing consumed, nothing launched);
-    /// [`Error::Cuda`] from a driver call made by the checks (e.g.
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when the stream's capture was invalidated: nothing
-    /// consumed), or if a wait or the launch fails (the consumed tensors are released before the
-    /// error returns, since nothing was enqueued that uses them, as a finished launch's are: with
-    /// the stream's context current and the capture mode relaxed; for a capturing stream, they
-    /// are released with the graph).
-    ///
-    /// # Capture
-    ///
-    /// One `cuStreamGetCaptureInfo` per launch tells whether the stream is capturing a graph.
-    /// If it is, the tensors are handed to the graph (see [`capture`](crate::capture)) and the
-    /// handle owns nothing ([`LaunchHandle::is_captured`]).
+    /// [`Error::Descriptor`] if a tensor's export cannot be taken over (it was validated by the
+    /// check, so only a producer that changed its descriptor since can cause this), and
+    /// [`Error::Cuda`] if a wait or the launch fails. Either way every tensor was consumed and
+    /// is released before the error returns (nothing that uses them was enqueued), with the
+    /// stream's context current and the capture mode relaxed; for a capturing stream, with the
+    /// graph.
+    #[doc(alias = "cuLaunchKernel")]
     #[doc(alias = "cuLaunchKernelEx")]
-    #[doc(alias = "cuStreamGetCaptureInfo")]
-    pub fn launch<'a>(
-        &self,
-        kernel: &Kernel,
-        config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-    ) -> Result<LaunchHandle> {
-        self.launch_with(kernel, config, args, |_, used| Guard::Tensor(used), [])
-    }
-
-    /// As [`Stream::launch`] followed by [`LaunchHandle::defer`], in one step: the tensors go
-    /// straight to the stream's release queue (one lock round trip instead of two, and no
-    /// handle). For a caller that never waits for this launch in particular; the tensors are
-    /// released once a later launch, [`Stream::poll`], [`Stream::synchronize`] or the stream's
-    /// drop sees the work complete.
-    ///
-    /// # Errors
-    ///
-    /// As [`Stream::launch`].
-    #[doc(alias = "cuLaunchKernel")]
-    pub fn launch_deferred<'a>(
-        &self,
-        kernel: &Kernel,
-        config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-    ) -> Result<()> {
-        self.launch_core(
-            kernel,
-            config,
-            args,
-            |_, used| Guard::Tensor(used),
-            [],
-            Keep::Deferred,
-            false,
-        )
-        .map(drop)
-    }
-
-    /// As [`Stream::launch`], for callers that must control how each consumed tensor is held
-    /// and released (e.g. a Python binding whose deleters must run with the interpreter
-    /// attached), or that must keep more values alive until the work is done.
-    ///
-    /// `guard(index, used)` is called once for each tensor argument, in argument order, at the
-    /// moment it is consumed (after every check has passed), and returns what the launch holds
-    /// for it; a caller can tell from these calls which arguments were consumed when an error
-    /// comes back. `owners` are held, like the tensors' guards, until the launched work has
-    /// completed (dropped at once on an error before the launch was enqueued).
-    ///
-    /// # Errors
-    ///
-    /// As [`Stream::launch`].
-    #[doc(alias = "cuLaunchKernelEx")]
-    pub fn launch_with<'a>(
-        &self,
-        kernel: &Kernel,
-        config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-    ) -> Result<LaunchHandle> {
-        self.launch_core(kernel, config, args, guard, owners, Keep::Handle, false)
-            .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
-    }
-
-    /// As [`Stream::launch_with`], but the tensors go straight to the stream's release queue,
-    /// as with [`Stream::launch_deferred`]: the returned handle owns nothing. Its
-    /// [`retire`](LaunchHandle::retire) waits for the launch and then releases every queued
-    /// launch known complete, [`try_retire`](LaunchHandle::try_retire) and
-    /// [`is_complete`](LaunchHandle::is_complete) ask without blocking, and dropping it does
-    /// nothing (the queue releases the tensors once a later call sees the work complete). One
-    /// lock of the release queue per launch instead of two for a handle that is deferred.
-    ///
-    /// # Errors
-    ///
-    /// As [`Stream::launch`].
-    #[doc(alias = "cuLaunchKernel")]
-    pub fn launch_queued_with<'a>(
-        &self,
-        kernel: &Kernel,
-        config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-    ) -> Result<LaunchHandle> {
-        self.launch_core(kernel, config, args, guard, owners, Keep::Queued, false)
-            .map(|handle| handle.expect("a queued launch returns its handle"))
-    }
-
-    /// The launch path: [`Stream::check_inner`], then [`Checked::enqueue`]. `keep` says what
-    /// holds the guards and whether a handle is returned. With `bound`, the configuration was
-    /// checked and the kernel prepared for it by [`Stream::bind`], and neither is done again.
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    pub(crate) fn launch_core<'a>(
-        &self,
-        kernel: &Kernel,
-        config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-        keep: Keep,
-        bound: bool,
-    ) -> Result<Option<LaunchHandle>> {
-        self.check_inner(kernel, config, args, bound)?
-            .enqueue(guard, owners, keep)
-    }
-}
-
-impl Checked<'_, '_> {
-    /// Consumes the tensors and launches, as [`Stream::launch`] does after its checks: the
-    /// returned handle owns the tensors until the work is done.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Descriptor`] if a tensor's deleter-owning export cannot be taken over (see
-    /// [`Unused::consume`](tile_dlpack::Unused::consume); what was consumed is released), and
-    /// [`Error::Cuda`] if a wait or the launch fails (the consumed tensors are released, since
-    /// nothing was enqueued that uses them, with the stream's context current and the capture
-    /// mode relaxed; for a capturing stream, they are released with the graph).
-    #[doc(alias = "cuLaunchKernel")]
     #[inline]
     pub fn launch(self) -> Result<LaunchHandle> {
-        self.launch_with(|_, used| Guard::Tensor(used), [])
+        let keep = if self.queue_guards {
+            Keep::Queued
+        } else {
+            Keep::Handle
+        };
+        self.enqueue(keep)
+            .map(|handle| handle.expect("a launch into a handle returns its handle"))
     }
 
-    /// As [`Stream::launch_with`], after the checks: `guard(index, used)` is called once per
-    /// tensor argument, in argument order, as it is consumed; `owners` are held until the work
-    /// is done.
+    /// As [`Checked::launch`], with no handle: the launch's guards go straight to the stream's
+    /// release queue (one lock of it per launch), and are released once a later launch,
+    /// [`Stream::poll`], [`Stream::synchronize`] or the stream's drop sees the work complete. A
+    /// launch that holds nothing (scalars and [borrowed](crate::TensorArg::borrowed) tensors
+    /// only) does not touch the queue, and records no completion marker.
     ///
     /// # Errors
     ///
     /// As [`Checked::launch`].
     #[doc(alias = "cuLaunchKernel")]
     #[inline]
-    pub fn launch_with(
-        self,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-    ) -> Result<LaunchHandle> {
-        self.enqueue(guard, owners, Keep::Handle)
-            .map(|handle| handle.expect("a launch that is not deferred returns its handle"))
-    }
-
-    /// As [`Stream::launch_queued_with`], after the checks: the guards go straight to the
-    /// stream's release queue and the returned handle owns nothing.
-    ///
-    /// # Errors
-    ///
-    /// As [`Checked::launch`].
-    #[doc(alias = "cuLaunchKernel")]
-    #[inline]
-    pub fn launch_queued_with(
-        self,
-        guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-    ) -> Result<LaunchHandle> {
-        self.enqueue(guard, owners, Keep::Queued)
-            .map(|handle| handle.expect("a queued launch returns its handle"))
-    }
-
-    /// As [`Stream::launch_deferred`], after the checks: the tensors go to the stream's
-    /// release queue, and no handle is returned.
-    ///
-    /// # Errors
-    ///
-    /// As [`Checked::launch`].
-    #[doc(alias = "cuLaunchKernel")]
-    #[inline]
-    pub fn launch_deferred(self) -> Result<()> {
-        self.enqueue(|_, used| Guard::Tensor(used), [], Keep::Deferred)
-            .map(drop)
+    pub fn launch_queued(self) -> Result<()> {
+        self.enqueue(Keep::Deferred).map(drop)
     }
 
     /// Consumes, orders and enqueues; checks nothing (the [`Checked`] proves it was checked).
     #[inline(always)]
-    pub(crate) fn enqueue(
-        mut self,
-        mut guard: impl FnMut(usize, Used) -> Guard,
-        owners: impl IntoIterator<Item = Guard>,
-        keep: Keep,
-    ) -> Result<Option<LaunchHandle>> {
+    fn enqueue(mut self, keep: Keep) -> Result<Option<LaunchHandle>> {
         let (s, kernel, config, d) = (self.stream, self.kernel, self.config, self.d);
         let ctx = s.context();
         let capture = self.capture;
-        // 1. Consume. A failure here releases what was consumed so far (nothing is launched).
+        // 1. Consume every tensor. A failure (only possible for a descriptor changed since it
+        //    was checked) is reported once all of them are consumed, and releases them all:
+        //    nothing is launched, and every tensor is then consumed whatever the outcome.
         let mut guards = Vec::new();
-        if self.tensors > 0 {
-            guards.reserve_exact(self.tensors);
+        let mut owners = std::mem::take(&mut self.owners);
+        if self.tensors + owners.len() > 0 {
+            guards.reserve_exact(self.tensors + owners.len());
         }
+        let release = self.release;
         let mut waits: SmallVec<[CUstream; 4]> = SmallVec::new();
+        let mut refused = None;
         // `drain` moves one argument at a time out of the inline buffer instead of moving the
         // whole buffer into an iterator (arguments are about 100 bytes each).
         for (index, arg) in self.args.drain(..).enumerate() {
@@ -246,8 +112,8 @@ impl Checked<'_, '_> {
                 TensorSource::Unused(u) => match u.consume() {
                     Ok(used) => Some(used),
                     Err(source) => {
-                        release_taken(ctx, guards);
-                        return Err(Error::Descriptor { index, source });
+                        refused.get_or_insert(Error::Descriptor { index, source });
+                        None
                     }
                 },
                 TensorSource::Used(u) => Some(u),
@@ -255,7 +121,10 @@ impl Checked<'_, '_> {
                 TensorSource::Borrowed(_) => None,
             };
             if let Some(used) = used {
-                guards.push(guard(index, used));
+                guards.push(match release {
+                    Some(f) => Guard::HandedOff(HandOff::new(used, f)),
+                    None => Guard::Tensor(used),
+                });
             }
             if let Some(p) = t.ready_on.filter(|p| *p != s.raw())
                 && !waits.contains(&p)
@@ -263,7 +132,11 @@ impl Checked<'_, '_> {
                 waits.push(p);
             }
         }
-        guards.extend(owners);
+        guards.append(&mut owners);
+        if let Some(e) = refused {
+            release_taken(ctx, guards);
+            return Err(e);
+        }
         let bytes = self.bytes;
         // 2. Parameters: one 8-byte slot per kernel parameter (an array argument fills
         //    `1 + 2 * ndim`), pointed to by the parameter array.
@@ -390,7 +263,7 @@ fn release_taken(ctx: &crate::Context, guards: Vec<Guard>) {
 
 /// What holds a launch's guards until its work is done.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Keep {
+enum Keep {
     /// The returned handle ([`HandleInner::Tracked`]).
     Handle,
     /// The release queue; no handle is returned.

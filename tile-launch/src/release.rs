@@ -304,7 +304,7 @@ pub struct Stats {
     pub release_panics: u64,
     /// Successful launches through the queue (sequence numbers handed out). A launch that
     /// holds nothing and returns no handle (scalars and
-    /// [borrowed](crate::TensorArg::borrowed) tensors only, through `launch_deferred`) does not
+    /// [borrowed](crate::TensorArg::borrowed) tensors only, through `launch_queued`) does not
     /// go through the queue and is not counted.
     pub launches: u64,
     /// Markers recorded.

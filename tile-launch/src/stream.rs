@@ -10,9 +10,16 @@ use cuda_sys::{
     driver,
 };
 
+use crate::args::Arg;
+use crate::bound::BoundLaunch;
+use crate::capture::{Capture, CaptureMode};
+use crate::check::Checked;
+use crate::config::LaunchConfig;
 use crate::context::{Context, HandleKind};
 use crate::error::Result;
 use crate::guard::Guard;
+use crate::handle::LaunchHandle;
+use crate::module::Kernel;
 use crate::release::{ReleaseConfig, Stats, Timeline, Tracker};
 
 /// A CUDA event used as a completion marker (`CU_EVENT_DISABLE_TIMING`).
@@ -784,5 +791,134 @@ impl Stream {
             .trackers()
             .iter()
             .fold(gone, |sum, t| sum.plus(&t.stats()))
+    }
+
+    // The launch: checked once (`check.rs`), then enqueued (`launch.rs`).
+
+    /// Checks a launch of `kernel` with `config` and `args` on this stream, consuming nothing,
+    /// and returns it [`Checked`], ready to be launched.
+    ///
+    /// Checks, in this order: the configuration against the device's limits, every argument
+    /// against the kernel's [`Signature`](crate::Signature) (count, kind, dtype, device,
+    /// writability of outputs, dense row-major layout for plain pointer parameters, scalar
+    /// range), the kernel's own limits for the configuration (dynamic shared memory, cooperative
+    /// occupancy), the memory of each tensor (unless [trusted](crate::TensorArg::trust_memory),
+    /// the driver must know its data pointer as device, managed or page-locked host memory: one
+    /// `cuPointerGetAttributes` per tensor), whether the stream is capturing a graph (one
+    /// `cuStreamGetCaptureInfo`), and then that each producer stream joins that capture.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
+    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
+    /// [`Error::NotDeviceMemory`], [`Error::NotContiguous`], [`Error::Descriptor`],
+    /// [`Error::NdimMismatch`], [`Error::IndexOverflow`], [`Error::ProducerOutsideCapture`],
+    /// and [`Error::Cuda`] from a driver call the checks make (e.g.
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Nothing is consumed: tensors handed over
+    /// already consumed are released (with the capture mode relaxed), `Unused` ones are left to
+    /// their producers.
+    #[doc(alias = "cuStreamGetCaptureInfo")]
+    #[doc(alias = "cuPointerGetAttributes")]
+    #[inline]
+    pub fn check<'s, 'a>(
+        &'s self,
+        kernel: &'s Kernel,
+        config: &'s LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<Checked<'s, 'a>> {
+        crate::check::check(self, kernel, config, args, false)
+    }
+
+    /// Launches `kernel` on this stream (`cuLaunchKernel`, or `cuLaunchKernelEx` when the
+    /// configuration needs launch attributes): [`Stream::check`], then [`Checked::launch`]. The
+    /// returned handle owns the consumed tensors until the work is done. Nothing is consumed or
+    /// launched when a check fails.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Stream::check`] (nothing consumed, nothing launched) and of
+    /// [`Checked::launch`] (every tensor consumed and released).
+    ///
+    /// # Capture
+    ///
+    /// If the stream is capturing a graph (one `cuStreamGetCaptureInfo` per launch tells), the
+    /// tensors are handed to the graph (see [`capture`](crate::capture)) and the handle owns
+    /// nothing ([`LaunchHandle::is_captured`]).
+    #[doc(alias = "cuLaunchKernel")]
+    #[doc(alias = "cuLaunchKernelEx")]
+    #[inline]
+    pub fn launch<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<LaunchHandle> {
+        self.check(kernel, config, args)?.launch()
+    }
+
+    /// As [`Stream::launch`], with no handle: the tensors go straight to the stream's release
+    /// queue ([`Checked::launch_queued`]), for a caller that never waits for this launch in
+    /// particular; they are released once a later launch, [`Stream::poll`],
+    /// [`Stream::synchronize`] or the stream's drop sees the work complete.
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    #[inline]
+    pub fn launch_queued<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<()> {
+        self.check(kernel, config, args)?.launch_queued()
+    }
+
+    /// Binds `kernel` and `config` to this stream for repeated launches: checks the
+    /// configuration against the device's limits and prepares the kernel for it once (the
+    /// shared-memory opt-in, `cuKernelSetAttribute`; the cooperative grid bound,
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`), so that [`BoundLaunch::launch`] makes
+    /// none of those checks again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the limit and the value;
+    /// [`Error::Cuda`](crate::Error::Cuda) when a driver call fails;
+    /// [`Error::Driver`](crate::Error::Driver) when no driver is installed. Nothing is bound
+    /// then.
+    #[doc(alias = "cuKernelSetAttribute")]
+    pub fn bind(&self, kernel: &Kernel, config: &LaunchConfig) -> Result<BoundLaunch> {
+        crate::bound::bind(self, kernel, config)
+    }
+
+    /// Begins capturing the work enqueued on this stream into a CUDA graph
+    /// (`cuStreamBeginCapture`). Launches on the stream until [`Capture::end`] are captured:
+    /// they run when the graph is launched, and the graph owns their tensors.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the driver refuses, e.g. on the legacy default stream
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) or a stream already capturing
+    /// (`CUDA_ERROR_ILLEGAL_STATE`).
+    #[doc(alias = "cuStreamBeginCapture")]
+    pub fn begin_capture(&self, mode: CaptureMode) -> Result<Capture<'_>> {
+        crate::capture::begin(self, mode)
+    }
+
+    /// Launches on a `cudarc` stream. The stream is kept alive (its `Arc` is held) for as long
+    /// as this value or any launch on it lives.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] without a driver; [`Error::WrongContext`] if `ctx` is not the stream's
+    /// device; [`Error::NonPrimaryContext`] if the stream's `cudarc` context is not that
+    /// device's primary context (`ctx`): tile launches only in primary contexts.
+    #[cfg(feature = "cudarc")]
+    pub fn from_cudarc(
+        ctx: &Arc<Context>,
+        stream: &Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Stream> {
+        crate::cudarc_interop::stream_from_cudarc(ctx, stream)
     }
 }

@@ -193,7 +193,7 @@ fn kernel_sees_pending_producer_write() -> Result<()> {
     Ok(())
 }
 
-/// Deferred launches (`defer` and `launch_deferred`) are released by later launches and by
+/// Deferred launches (`defer` and `launch_queued`) are released by later launches and by
 /// synchronize, each exactly once.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -211,11 +211,11 @@ fn deferred_release_exactly_once() -> Result<()> {
         let (tc, cc) = ready_tensor(c, Layout::contiguous(n))?;
         let cfg = LaunchConfig::for_elements(n as u64, 256);
         let args = vector_add_args(ta, tb, tc, 1, n);
-        // Both ways of deferring: a handle's `defer`, and `launch_deferred` (no handle).
+        // Both ways of deferring: a handle's `defer`, and `launch_queued` (no handle).
         if i % 2 == 0 {
             launch.launch(&f.add, &cfg, args)?.defer();
         } else {
-            launch.launch_deferred(&f.add, &cfg, args)?;
+            launch.launch_queued(&f.add, &cfg, args)?;
         }
         counts.extend([ca, cb, cc]);
     }
@@ -430,7 +430,7 @@ fn borrowed_tensors_are_launched_without_being_held() -> Result<()> {
         let lend = |d| unsafe { TensorArg::borrowed(Unused::from_versioned(d)).ready_on(producer) };
         let args = vector_add_args(lend(da), lend(db), lend(dc), 1, n);
         if round == 0 {
-            launch.launch_deferred(&f.add, &cfg, args)?;
+            launch.launch_queued(&f.add, &cfg, args)?;
         } else {
             let handle = launch.launch(&f.add, &cfg, args)?;
             ensure!(!handle.is_captured());
@@ -460,5 +460,95 @@ fn borrowed_tensors_are_launched_without_being_held() -> Result<()> {
         "markers recorded for launches that hold nothing: {after:?}"
     );
     println!("borrowed: 2 launches, {after:?}");
+    Ok(())
+}
+
+/// The options of a checked launch: `hold` keeps an owner alive until the work is done (and a
+/// `Checked` dropped unlaunched releases it at once, leaving `Unused` tensors to their
+/// producer); `release_with` routes each consumed tensor through the caller's function;
+/// `queue_guards` returns a handle that owns nothing but still waits for the launch.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn checked_launch_options_hold_release_with_and_queue_guards() -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tile_dlpack::testing::{TensorSpec, counted_tensor};
+    use tile_dlpack::{DType, Used};
+    use tile_launch::Guard;
+
+    static RELEASED_WITH: AtomicUsize = AtomicUsize::new(0);
+    fn release(t: Used) {
+        RELEASED_WITH.fetch_add(1, Ordering::SeqCst);
+        drop(t);
+    }
+    struct Owner(Arc<AtomicUsize>);
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    use std::sync::Arc;
+
+    let f = fixture()?;
+    let launch = Stream::new(&f.ctx)?;
+    let n = 1 << 20;
+    let (ha, hb) = (random(n, 81), random(n, 82));
+    let a = f.producer.clone_htod(&ha)?;
+    let b = f.producer.clone_htod(&hb)?;
+    let c = f.producer.clone_htod(&vec![f32::NAN; n])?;
+    f.producer.synchronize()?;
+    let spec = |p: u64| TensorSpec::new(&[n as i64], DType::F32).data(p);
+    let cfg = LaunchConfig::for_elements(n as u64, 256);
+    let tensors = || {
+        let (ua, da) = counted_tensor(&spec(gpu_common::address(&a)));
+        let (ub, db) = counted_tensor(&spec(gpu_common::address(&b)));
+        let (uc, dc) = counted_tensor(&spec(gpu_common::address(&c)));
+        (
+            vector_add_args(ua.into(), ub.into(), uc.into(), 1, n),
+            [da, db, dc],
+        )
+    };
+
+    // Dropped unlaunched: the owner goes at once, the producer keeps its tensors.
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (args, counts) = tensors();
+    let mut checked = launch.check(&f.add, &cfg, args)?;
+    checked.hold([Guard::Owner(Box::new(Owner(Arc::clone(&dropped))))]);
+    ensure!(checked.tensors() == 3);
+    drop(checked);
+    ensure!(
+        dropped.load(Ordering::SeqCst) == 1,
+        "the held owner was not released once"
+    );
+    ensure!(
+        counts.iter().all(|c| c.get() == 0),
+        "an unlaunched tensor was consumed"
+    );
+
+    // Launched with every option: the owner and the tensors live until the work is done, the
+    // tensors are released through `release`, and the handle (owning nothing) waits.
+    let held = Arc::new(AtomicUsize::new(0));
+    let (args, counts) = tensors();
+    let before = RELEASED_WITH.load(Ordering::SeqCst);
+    let mut checked = launch.check(&f.add, &cfg, args)?;
+    checked
+        .hold([Guard::Owner(Box::new(Owner(Arc::clone(&held))))])
+        .release_with(release)
+        .queue_guards();
+    let h = checked.launch()?;
+    h.retire()?;
+    launch.synchronize()?;
+    ensure!(
+        held.load(Ordering::SeqCst) == 1,
+        "the held owner was not released once"
+    );
+    ensure!(counts.iter().all(|c| c.get() == 1), "each deleter once");
+    ensure!(
+        RELEASED_WITH.load(Ordering::SeqCst) - before == 3,
+        "release_with saw {} tensors",
+        RELEASED_WITH.load(Ordering::SeqCst) - before
+    );
+    let got = f.producer.clone_dtoh(&c)?;
+    let wrong = (0..n).filter(|&i| got[i] != ha[i] + hb[i]).count();
+    ensure!(wrong == 0, "{wrong} of {n} elements wrong");
     Ok(())
 }

@@ -36,11 +36,11 @@ fn bound_launch_keeps_tensors_until_the_kernel_ran() -> Result<()> {
     Ok(())
 }
 
-/// `BoundLaunch::launch_deferred`: many launches with fresh tensors, each released exactly
+/// `BoundLaunch::launch_queued`: many launches with fresh tensors, each released exactly
 /// once, the results right.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn bound_launch_deferred_releases_each_tensor_once() -> Result<()> {
+fn bound_launch_queued_releases_each_tensor_once() -> Result<()> {
     let f = fixture()?;
     let n = 4096usize;
     let launch = Stream::new(&f.ctx)?;
@@ -56,7 +56,7 @@ fn bound_launch_deferred_releases_each_tensor_once() -> Result<()> {
         let (ta, ca) = ready_tensor(a, Layout::contiguous(n))?;
         let (tb, cb) = ready_tensor(b, Layout::contiguous(n))?;
         let (tc, cc) = view(c_ptr, n, 0)?;
-        bound.launch_deferred(vector_add_args(ta, tb, tc, 1, n))?;
+        bound.launch_queued(vector_add_args(ta, tb, tc, 1, n))?;
         counts.extend([ca, cb, cc]);
         outputs.push((c, ha, hb));
     }
@@ -206,7 +206,7 @@ fn large_input_never_makes_a_launch_synchronous() -> Result<()> {
         if round == 0 {
             launch.launch(&f.add, &cfg, args)?.defer();
         } else {
-            launch.launch_deferred(&f.add, &cfg, args)?;
+            launch.launch_queued(&f.add, &cfg, args)?;
         }
         let launched = t1.elapsed();
         let pending_bytes = launch.stats().pending_bytes;

@@ -226,14 +226,10 @@ fn release_thread_frees_in_the_graph_context_during_a_global_capture() -> Result
     let (tb, cb) = owned_tensor(b, 0)?;
     let (tc, cc) = view(address(&out), N, 0)?;
     let capture = s1.begin_capture(CaptureMode::Global)?;
-    s1.launch_with(
-        &k,
-        &cfg(),
-        vector_add_args(ta, tb, tc, 1, N),
-        |_, used| Guard::Tensor(used),
-        [Guard::Owner(Box::new(owner))],
-    )?
-    .retire()?;
+    let config = cfg();
+    let mut checked = s1.check(&k, &config, vector_add_args(ta, tb, tc, 1, N))?;
+    checked.hold([Guard::Owner(Box::new(owner))]);
+    checked.launch()?.retire()?;
     let graph = capture.end()?;
     let exec = graph.instantiate()?;
     exec.launch(&s1)?;

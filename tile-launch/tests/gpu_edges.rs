@@ -221,7 +221,7 @@ fn a_launch_only_stream_destroyed_after_its_work_is_never_touched_again() -> Res
         let (ta, ca) = view(address(&a), n, 0)?;
         let (tb, cb) = view(address(&b), n, 0)?;
         let (tc, cc) = view(address(&c), n, 0)?;
-        s.launch_deferred(
+        s.launch_queued(
             &k,
             &LaunchConfig::for_elements(n as u64, 256),
             vector_add_args(ta, tb, tc, 1, n),

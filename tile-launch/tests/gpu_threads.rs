@@ -204,8 +204,8 @@ fn per_thread_stream_synchronize_waits_for_every_thread() -> Result<()> {
         );
         workers.push(std::thread::spawn(move || -> Result<()> {
             let (c, args) = case(&f, seed)?;
-            stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
-            stream.launch_deferred(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
+            stream.launch_queued(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
+            stream.launch_queued(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
             tx.send((c, Instant::now()))
                 .map_err(|_| anyhow::anyhow!("main thread gone"))?;
             let _ = done_rx
@@ -280,7 +280,7 @@ fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
         // A moved-in `cudarc` buffer: its deleter frees it through cudarc (needs a context).
         let moved = f.producer.alloc_zeros::<f32>(N)?;
         let moved = tile_launch::cudarc_interop::tensor(moved)?;
-        stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
+        stream.launch_queued(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
         let h = stream.launch(&f.add, &LaunchConfig::for_elements(N as u64, 256), args)?;
         let launched = Instant::now();
         let (retired, ctx_after) = std::thread::spawn(move || -> Result<_> {
@@ -311,8 +311,8 @@ fn legacy_stream_retired_from_a_thread_without_context() -> Result<()> {
         let (tb, nb) = view(gpu_common::address(&scratch_b), N, 0)?;
         let (tc, nc) = view(gpu_common::address(&scratch_c), N, 0)?;
         let released_before = stream.stats().guards_released;
-        stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
-        stream.launch_deferred(
+        stream.launch_queued(&f.spin, &LaunchConfig::new(1, 1), [SPIN_NS.into()])?;
+        stream.launch_queued(
             &f.add,
             &LaunchConfig::for_elements(N as u64, 256),
             vector_add_args(moved, tb, tc, 1, N),
@@ -373,7 +373,7 @@ fn caller_context_is_left_current() -> Result<()> {
     ensure!(current()? == own, "launch changed the current context");
     h.retire()?;
     ensure!(current()? == own, "retire changed the current context");
-    stream.launch_deferred(&f.spin, &LaunchConfig::new(1, 1), [1_000_000u64.into()])?;
+    stream.launch_queued(&f.spin, &LaunchConfig::new(1, 1), [1_000_000u64.into()])?;
     stream.synchronize()?;
     ensure!(current()? == own, "synchronize changed the current context");
     ensure!(c.counts() == (1, 1, 1), "deleters: {:?}", c.counts());

@@ -209,7 +209,6 @@ pub(crate) fn launch_converted(
     conv: &mut Converted,
 ) -> PyResult<LaunchHandle> {
     let (s, kernel) = (t.stream, t.kernel);
-    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; conv.claims.len()];
     // 1. tile-launch checks everything once (nothing consumed); a refusal hands every claim
     //    back.
     let args = conv.args.drain(..);
@@ -223,48 +222,46 @@ pub(crate) fn launch_converted(
             Converted::rollback(
                 std::mem::take(&mut conv.claims),
                 std::mem::take(&mut conv.owners),
-                &consumed,
+                &[], // nothing consumed
             );
             let e = launch_err(py, e, expected(&kernel.params));
             drain(py);
             return Err(e);
         }
     };
-    let owner_guards: SmallVec<[Guard; 2]> = conv
-        .owners
-        .iter()
-        .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py)))))
-        .collect();
+    // Options of the checked launch: the owners (Python objects a tensor's memory depends on)
+    // are held with the tensors; each consumed tensor is handed to `release_tensor` (no
+    // allocation per tensor); the guards go straight to the release queue (one lock of it per
+    // launch), and the handle only waits or asks.
+    let mut checked = checked;
+    checked
+        .hold(
+            conv.owners
+                .iter()
+                .map(|o| Guard::Owner(Box::new(PyGuard::object(o.clone_ref(py))))),
+        )
+        .release_with(release::release_tensor)
+        .queue_guards();
+    let taken = checked.tensors();
     // The launch is a few microseconds of non-blocking driver calls: made attached, since
     // detaching and re-attaching costs about as much and hands the interpreter to any waiting
     // thread. It can block only when the release queue is near its bound (it then waits for the
-    // oldest queued work first), which the checked launch tells: then it is made detached.
-    let blocking = checked.may_wait(owner_guards.len());
-    // What each consumed tensor is held by: no allocation per tensor (the release queue hands it
-    // to `release_tensor`); `consumed` records which were taken, for the rollback.
-    fn guard(consumed: &mut [bool]) -> impl FnMut(usize, tile_dlpack::Used) -> Guard + '_ {
-        |index, used| {
-            consumed[index] = true;
-            Guard::HandedOff(tile_launch::HandOff::new(used, release::release_tensor))
-        }
-    }
-    // Queued: the guards go straight to the release queue (one lock of it per launch), and the
-    // handle only waits or asks. The common, attached case calls it in place: the checked launch
-    // (about a kilobyte of inline arguments) is not moved into a closure.
-    let r = if blocking {
-        let work = SameThread((checked, owner_guards, consumed.as_mut_slice()));
+    // oldest queued work first), which the checked launch tells: then it is made detached. The
+    // common, attached case calls it in place: the checked launch (about a kilobyte of inline
+    // arguments) is not moved into a closure.
+    let r = if checked.may_wait() {
+        let work = SameThread(checked);
         py.detach(move || {
             let work = work;
-            let (checked, owners, consumed) = work.0;
-            checked.launch_queued_with(guard(consumed), owners)
+            work.0.launch()
         })
     } else {
-        checked.launch_queued_with(guard(consumed.as_mut_slice()), owner_guards)
+        checked.launch()
     };
-    // Counted once per launch rather than once per tensor (one atomic add).
-    let taken = consumed.iter().filter(|&&c| c).count() as u64;
+    // Whatever the outcome, every tensor the launch held was consumed once it was launched
+    // (`Checked::launch`): counted once per launch rather than once per tensor (one atomic add).
     if taken > 0 {
-        COUNTERS.consumed.fetch_add(taken, Ordering::Relaxed);
+        COUNTERS.consumed.fetch_add(taken as u64, Ordering::Relaxed);
     }
     let r = match r {
         Ok(h) => {
@@ -277,10 +274,13 @@ pub(crate) fn launch_converted(
             })
         }
         Err(e) => {
+            // A launch refused after its check has consumed (and released) every tensor: no
+            // claim is handed back, only our references to the owners are dropped.
+            let all: SmallVec<[bool; INLINE]> = smallvec::smallvec![true; conv.claims.len()];
             Converted::rollback(
                 std::mem::take(&mut conv.claims),
                 std::mem::take(&mut conv.owners),
-                &consumed,
+                &all,
             );
             Err(launch_err(py, e, expected(&kernel.params)))
         }

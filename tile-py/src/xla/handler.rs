@@ -380,7 +380,7 @@ fn execute(frame: &Frame<'_>) -> Result<(), FfiError> {
     let checked = s
         .check(&entry.kernel, &config, launch)
         .map_err(|e| in_kernel(name, e))?;
-    checked.launch_deferred().map_err(|e| in_kernel(name, e))
+    checked.launch_queued().map_err(|e| in_kernel(name, e))
 }
 
 fn in_kernel(name: &str, e: tile_launch::Error) -> FfiError {
