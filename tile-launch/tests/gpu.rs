@@ -443,6 +443,15 @@ fn borrowed_tensors_are_launched_without_being_held() -> Result<()> {
         }
         std::hint::black_box(&ds);
         launch.synchronize()?;
+        if round == 0 {
+            // The queued launch holding nothing went past the release queue: no sequence
+            // number, no completion marker.
+            let now = launch.stats();
+            ensure!(
+                now.launches == before.launches && now.markers_recorded == before.markers_recorded,
+                "a launch that holds nothing used the release queue: {now:?}"
+            );
+        }
         let got = f.producer.clone_dtoh(&c)?;
         let plus = if round == 1 { 1.0 } else { 0.0 };
         let wrong = (0..n).filter(|&i| got[i] != ha[i] + plus + hb[i]).count();
@@ -454,10 +463,6 @@ fn borrowed_tensors_are_launched_without_being_held() -> Result<()> {
             && after.held_guards == 0
             && after.guards_released == before.guards_released,
         "a borrowed tensor was held: {after:?}"
-    );
-    ensure!(
-        after.markers_recorded - before.markers_recorded <= 1,
-        "markers recorded for launches that hold nothing: {after:?}"
     );
     println!("borrowed: 2 launches, {after:?}");
     Ok(())
