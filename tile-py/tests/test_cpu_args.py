@@ -1063,3 +1063,45 @@ def test_cupy_ndarray_without_a_readable_stream_goes_through_dlpack(counters, fa
     b = ndarray()
     check([In("float32")], (b,), sync=False)
     assert b.dlpack_calls == 0
+
+
+class _Index:
+    """An int-like whose conversion raises ``exc``."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def __index__(self):
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    "over, exc, message",
+    [
+        (dict(shape=(True, 3), strides=(12, 4)), ValueError, r"cupy.ndarray: shape holds a bool"),
+        (dict(strides=(False, 4)), ValueError, r"cupy.ndarray: strides holds a bool"),
+        (dict(ptr=True), ValueError, r"cupy.ndarray: data.ptr holds a bool"),
+        (dict(device_id=False), ValueError, r"cupy.ndarray: data.device_id holds a bool"),
+        (dict(shape=b"\x04\x03"), TypeError, r"cupy.ndarray: shape must be a tuple of ints, got b"),
+        (dict(ptr=2**64), OverflowError, r"cupy.ndarray: data.ptr must be a pointer"),
+        (dict(shape=(2**63, 1)), OverflowError, r"cupy.ndarray: shape must be a tuple of ints, each below 2\*\*63"),
+        (dict(typestr="<V4"), TypeError, r"unsupported cupy.ndarray dtype.str \"<V4\""),
+    ],
+)
+def test_cupy_ndarray_bad_attributes_are_refused_naming_them(counters, fake_cupy, over, exc, message):
+    fake_cupy["ptr"] = 0x4321
+    kw = {k: v for k, v in over.items() if k in ("shape", "strides", "typestr", "ptr", "device_id")}
+    with pytest.raises(exc, match=rf"argument 0: {message}"):
+        check([In("float32", strided=True)], (ndarray(**kw),), device=0)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, MemoryError])
+def test_an_interrupt_while_reading_an_array_is_raised_as_it_is(counters, fake_cupy, exc):
+    """Only a value that does not convert becomes tile_py's ValueError / TypeError /
+    OverflowError; an interrupt (or running out of memory) while converting is raised as it
+    was, on both the cupy.ndarray and the __cuda_array_interface__ paths."""
+    fake_cupy["ptr"] = 0x4321
+    with pytest.raises(exc):
+        check([In("float32")], (ndarray(ptr=_Index(exc())),), device=0)
+    with pytest.raises(exc):
+        check([In("float32")], (CAI(data=(_Index(exc()), False)),))

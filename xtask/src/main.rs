@@ -1,6 +1,7 @@
 //! Build tasks for the tile workspace.
 //!
-//! - `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings.
+//! - `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings and the XLA
+//!   FFI bindings.
 //! - `cargo xtask test` runs everything that needs no GPU: formatting, clippy, the codegen
 //!   freshness check, and every test (GPU tests are listed as ignored).
 //! - `cargo xtask wheel` builds the `tile-py` abi3 wheel into `target/wheels/`; `cargo xtask test`
@@ -102,7 +103,8 @@ fn run(args: Vec<String>) -> Result<()> {
 const USAGE: &str = "usage: cargo xtask <task> [--help]
 
 tasks:
-  codegen [--check]   regenerate cuda-sys bindings from the pinned cuda.h (--check: fail on any difference)
+  codegen [--check]   regenerate the bindings: cuda-sys's from the pinned cuda.h, tile-py's XLA FFI
+                      ones from the pinned jaxlib's c_api.h (--check: fail on any difference)
   test                run everything that needs no GPU: fmt, clippy, codegen --check, all Rust tests,
                       then build the tile_py wheel (manylinux2014, via zig) and run its pytest suite
                       and mypy stubtest in target/py-venv

@@ -20,14 +20,10 @@ unsafe extern "C" fn cai_deleter(t: *mut DLManagedTensorVersioned) {
     }
 }
 
-pub(crate) fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
-    let bad = || {
-        arg_err(
-            Kind::Type,
-            index,
-            format!("unsupported __cuda_array_interface__ typestr {s:?}"),
-        )
-    };
+/// The dtype of an array-interface typestr (`"<f4"`), `what` naming where it came from in
+/// errors (`__cuda_array_interface__ typestr`, `cupy.ndarray dtype.str`).
+pub(crate) fn parse_typestr(index: usize, s: &str, what: &str) -> PyResult<DType> {
+    let bad = || arg_err(Kind::Type, index, format!("unsupported {what} {s:?}"));
     // Byte-wise: a typestr is ASCII; anything else (a multi-byte character included) is refused
     // here rather than sliced.
     let b = s.as_bytes();
@@ -54,9 +50,8 @@ pub(crate) fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
             Kind::Type,
             index,
             format!(
-                "unsupported __cuda_array_interface__ typestr {s:?}: byte order {:?} for \
-                 {size}-byte items (accepted: '<', '=' on a little-endian machine, '|' for \
-                 one-byte items)",
+                "unsupported {what} {s:?}: byte order {:?} for {size}-byte items (accepted: \
+                 '<', '=' on a little-endian machine, '|' for one-byte items)",
                 b[0] as char
             ),
         ));
@@ -80,6 +75,43 @@ pub(crate) fn parse_typestr(index: usize, s: &str) -> PyResult<DType> {
     })
 }
 
+/// A field of an array description (`what`, e.g. `__cuda_array_interface__: 'shape' ...`) that
+/// did not extract: a `TypeError` or `ValueError` becomes `kind` with `what` (the extraction
+/// error its cause), an `OverflowError` (an integer that does not fit) stays an
+/// `OverflowError` with `what`; anything else (`KeyboardInterrupt`, `MemoryError`, ...) is
+/// returned as it was raised.
+fn field_err(py: Python<'_>, index: usize, kind: Kind, what: String, e: PyErr) -> PyErr {
+    let kind = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+        Kind::Overflow
+    } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
+        || e.is_instance_of::<pyo3::exceptions::PyValueError>(py)
+    {
+        kind
+    } else {
+        return e;
+    };
+    let r = arg_err(kind, index, what);
+    r.set_cause(py, Some(e));
+    r
+}
+
+/// Refuses a bool (Python's bools are ints) where an array description holds an int or a
+/// tuple of ints: no extent, stride, pointer, device or stream is a bool.
+fn no_bool(index: usize, what: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
+    let is_bool = |x: &Bound<'_, PyAny>| x.cast::<PyBool>().is_ok();
+    let inner = v
+        .cast::<PyTuple>()
+        .is_ok_and(|t| t.iter().any(|x| is_bool(&x)));
+    if is_bool(v) || inner {
+        return Err(arg_err(
+            Kind::Value,
+            index,
+            format!("{what} holds a bool ({}); ints expected", show(v)),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn cai_device(ptr: u64, fallback: i32) -> i32 {
     tile_launch::Context::device_of_pointer(ptr).unwrap_or(fallback)
 }
@@ -97,17 +129,14 @@ pub(crate) fn from_cai(
             format!("__cuda_array_interface__: {what}"),
         )
     };
-    // A field that does not extract: `kind` with `what`, or OverflowError when the cause is an
-    // integer that does not fit (row 7); the extraction error is the cause.
     let bad_field = |kind: Kind, what: String, e: PyErr| {
-        let kind = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-            Kind::Overflow
-        } else {
-            kind
-        };
-        let r = arg_err(kind, index, format!("__cuda_array_interface__: {what}"));
-        r.set_cause(py, Some(e));
-        r
+        field_err(
+            py,
+            index,
+            kind,
+            format!("__cuda_array_interface__: {what}"),
+            e,
+        )
     };
     let cai = obj.getattr(intern!(py, "__cuda_array_interface__"))?;
     let cai = cai
@@ -131,18 +160,8 @@ pub(crate) fn from_cai(
         )));
     }
     // Python's bools are ints, but no extent, stride, pointer or stream of the protocol.
-    let no_bool = |field: &str, v: &Bound<'_, PyAny>| -> PyResult<()> {
-        let is_bool = |x: &Bound<'_, PyAny>| x.cast::<PyBool>().is_ok();
-        let inner = v
-            .cast::<PyTuple>()
-            .is_ok_and(|t| t.iter().any(|x| is_bool(&x)));
-        if is_bool(v) || inner {
-            return Err(bad(format!(
-                "'{field}' holds a bool ({}); ints expected",
-                show(v)
-            )));
-        }
-        Ok(())
+    let no_bool = |field: &str, v: &Bound<'_, PyAny>| {
+        no_bool(index, &format!("__cuda_array_interface__: '{field}'"), v)
     };
     let shape_obj = get("shape")?.ok_or_else(|| bad("no 'shape' entry".into()))?;
     no_bool("shape", &shape_obj)?;
@@ -161,7 +180,7 @@ pub(crate) fn from_cai(
             e,
         )
     })?;
-    let dtype = parse_typestr(index, &typestr)?;
+    let dtype = parse_typestr(index, &typestr, "__cuda_array_interface__ typestr")?;
     let data_obj = get("data")?.ok_or_else(|| bad("no 'data' entry".into()))?;
     if let Ok(t) = data_obj.cast::<PyTuple>()
         && let Ok(first) = t.get_item(0)
@@ -284,46 +303,67 @@ pub(crate) fn from_cai(
 ///
 /// `None` (the caller exports through `__dlpack__` instead) when CuPy's current stream cannot be
 /// read in a launch that orders after producers: only CuPy can then order its own work.
-pub(crate) fn from_cupy(
-    py: Python<'_>,
+pub(crate) fn from_cupy<'py>(
+    py: Python<'py>,
     index: usize,
-    obj: &Bound<'_, PyAny>,
+    obj: &Bound<'py, PyAny>,
     hs: &Handshake,
 ) -> PyResult<Option<Tensor>> {
     let (_, ready_on) = family_offer(py, hs);
     if hs.sync && !matches!(hs.cupy.get(), FamilyStream::Known { .. }) {
         return Ok(None);
     }
-    let bad = |what: String, e: PyErr| {
-        let r = arg_err(Kind::Value, index, format!("cupy.ndarray: {what}"));
-        r.set_cause(py, Some(e));
-        r
+    let bad = |what: &str, e: PyErr| {
+        field_err(py, index, Kind::Value, format!("cupy.ndarray: {what}"), e)
+    };
+    // An int (not a bool) attribute, or a tuple of them.
+    let int = |v: Bound<'py, PyAny>, what: &str| -> PyResult<Bound<'py, PyAny>> {
+        no_bool(index, &format!("cupy.ndarray: {what}"), &v)?;
+        Ok(v)
+    };
+    let tuple = |v: Bound<'py, PyAny>, what: &str| -> PyResult<Bound<'py, PyAny>> {
+        if v.cast::<PyTuple>().is_err() {
+            return Err(arg_err(
+                Kind::Type,
+                index,
+                format!(
+                    "cupy.ndarray: {what} must be a tuple of ints, got {}",
+                    show(&v)
+                ),
+            ));
+        }
+        int(v, what)
     };
     let memory = obj.getattr(intern!(py, "data"))?;
-    let data: u64 = memory
-        .getattr(intern!(py, "ptr"))?
+    let data: u64 = int(memory.getattr(intern!(py, "ptr"))?, "data.ptr")?
         .extract()
-        .map_err(|e| bad("data.ptr is not a pointer".into(), e))?;
-    let device: i32 = memory
-        .getattr(intern!(py, "device_id"))?
+        .map_err(|e| bad("data.ptr must be a pointer (an int from 0 to 2**64 - 1)", e))?;
+    let device: i32 = int(memory.getattr(intern!(py, "device_id"))?, "data.device_id")?
         .extract()
-        .map_err(|e| bad("data.device_id is not a device ordinal".into(), e))?;
-    let shape: Vec<i64> = obj
-        .getattr(intern!(py, "shape"))?
+        .map_err(|e| bad("data.device_id must be a device ordinal", e))?;
+    let shape: Vec<i64> = tuple(obj.getattr(intern!(py, "shape"))?, "shape")?
         .extract()
-        .map_err(|e| bad("shape is not a tuple of ints".into(), e))?;
-    let bytes: Vec<i64> = obj
-        .getattr(intern!(py, "strides"))?
+        .map_err(|e| bad("shape must be a tuple of ints, each below 2**63", e))?;
+    let bytes: Vec<i64> = tuple(obj.getattr(intern!(py, "strides"))?, "strides")?
         .extract()
-        .map_err(|e| bad("strides is not a tuple of ints".into(), e))?;
+        .map_err(|e| bad("strides must be a tuple of ints, each in -2**63..2**63", e))?;
     let typestr = obj
         .getattr(intern!(py, "dtype"))?
         .getattr(intern!(py, "str"))?;
     let typestr = typestr
         .cast::<pyo3::types::PyString>()
-        .map_err(|e| bad("dtype.str is not a str".into(), e.into()))?
+        .map_err(|_| {
+            arg_err(
+                Kind::Type,
+                index,
+                format!(
+                    "cupy.ndarray: dtype.str must be a str, got {}",
+                    show(&typestr)
+                ),
+            )
+        })?
         .to_str()?;
-    let dtype = parse_typestr(index, typestr)?;
+    let dtype = parse_typestr(index, typestr, "cupy.ndarray dtype.str")?;
     if bytes.len() != shape.len() {
         return Err(arg_err(
             Kind::Value,

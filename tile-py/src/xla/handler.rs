@@ -253,7 +253,10 @@ fn compact_strides(dims: &[i64], out: &mut SmallVec<[i64; 32]>) -> Option<()> {
     let mut stride = 1i64;
     for (i, &d) in dims.iter().enumerate().rev() {
         out[start + i] = stride;
-        stride = stride.checked_mul(d.max(1))?;
+        // The outermost extent multiplies into no stride.
+        if i > 0 {
+            stride = stride.checked_mul(d.max(1))?;
+        }
     }
     Some(())
 }
