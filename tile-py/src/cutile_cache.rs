@@ -114,6 +114,14 @@ pub(crate) struct CutileKey {
 
 #[pymethods]
 impl CutileKey {
+    /// Keys are equal when they name one kernel, compute capability and specialisation.
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<CutileKey>().is_ok_and(|o| {
+            let o = o.get();
+            o.kernel == self.kernel && o.cc == self.cc && o.words == self.words
+        })
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "CutileKey(sm_{}{}, {} words)",
@@ -487,6 +495,36 @@ pub(crate) fn _cutile_try<'py>(
         args,
         cooperative,
         programmatic_dependent_launch,
+        false,
+    )?;
+    outcome_object(py, r)
+}
+
+/// The key the cached launch computes for these arguments, launching nothing whether or not a
+/// kernel is registered under it: None (no plan), False (a launch the cache does not take) or
+/// the key. Every claim is handed back. `tile_py.cutile` registers a kernel it compiled only
+/// under the key of the very exports it compiled it for (a producer that describes its tensor
+/// differently from one export to the next must not map one layout to another's kernel).
+#[pyfunction]
+#[pyo3(signature = (stream, grid, kernel, args, cooperative = false, programmatic_dependent_launch = false))]
+pub(crate) fn _cutile_key<'py>(
+    py: Python<'py>,
+    stream: &Bound<'py, PyAny>,
+    grid: &Bound<'py, PyAny>,
+    kernel: &Bound<'py, PyAny>,
+    args: &Bound<'py, PyAny>,
+    cooperative: bool,
+    programmatic_dependent_launch: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let r = cached_launch(
+        py,
+        kernel,
+        stream,
+        grid,
+        args,
+        cooperative,
+        programmatic_dependent_launch,
+        true,
     )?;
     outcome_object(py, r)
 }
@@ -500,6 +538,7 @@ fn outcome_object(py: Python<'_>, r: Outcome) -> PyResult<Bound<'_, PyAny>> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn cached_launch(
     py: Python<'_>,
     kernel: &Bound<'_, PyAny>,
@@ -508,6 +547,7 @@ fn cached_launch(
     args: &Bound<'_, PyAny>,
     cooperative: bool,
     programmatic_dependent_launch: bool,
+    key_only: bool,
 ) -> PyResult<Outcome> {
     let kid = kernel.as_ptr() as usize;
     // Per parameter: constant, static dims (copied out: the lock is not held while converting,
@@ -610,6 +650,14 @@ fn cached_launch(
         }
     }
     let lookup = (cc.0, cc.1, words);
+    if key_only {
+        tensors.abandon(py);
+        return Ok(Outcome::Miss(CutileKey {
+            kernel: kid,
+            cc,
+            words: lookup.2,
+        }));
+    }
     let found = {
         let g = plans();
         g.as_ref()

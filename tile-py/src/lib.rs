@@ -87,6 +87,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<cutile_cache::CutileKey>()?;
     m.add_function(wrap_pyfunction!(cutile_cache::launch, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_try, m)?)?;
+    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_key, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_set_fallback, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_plan, m)?)?;
     m.add_function(wrap_pyfunction!(cutile_cache::_cutile_register, m)?)?;

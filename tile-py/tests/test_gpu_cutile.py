@@ -645,3 +645,47 @@ def test_cutile_kernel_as_a_torch_custom_operator(torch, ct, tc, K):
         settle(torch)
         assert torch.equal(out, expected * 2.0), backend
     print("cuTile kernel as a torch custom operator: eager, opcheck and torch.compile (eager, aot_eager, inductor, fullgraph) right")
+
+
+def test_a_producer_that_changes_its_description_never_maps_one_layout_to_anothers_kernel(tc, K, torch):
+    """A producer whose exports describe its tensor differently from one call to the next (an
+    aligned view, then a misaligned one, ...): the cached launch keys its own export, Python's
+    path compiles for its export, and the kernel is registered only when the two keys agree.
+    Here they never do: nothing is registered, every launch goes through Python's path and
+    computes with the kernel compiled for the export it launches, and every result is right for
+    the data that export describes."""
+    n = 1 << 16
+    buf = torch.randn(n + 16, device="cuda")
+    y = torch.randn(n, device="cuda")
+    views = [buf[:n], buf[1 : n + 1]]  # 16-byte aligned, then 4-byte aligned: two keys
+
+    class Shifty:
+        def __init__(self):
+            self.calls = 0
+
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            v = views[self.calls % 2]
+            self.calls += 1
+            return v.__dlpack__(stream=stream)
+
+        def __dlpack_device__(self):
+            return buf.__dlpack_device__()
+
+    stream = torch.cuda.current_stream()
+    tc.clear_cache()
+    x = Shifty()
+    entries0 = tile_py._tile_py._cutile_info()[1]
+    for _ in range(4):
+        out = poisoned(torch, (n,))
+        tc.launch(stream, (n // 16,), K.axpy, (x, y, out, 2.0)).wait()
+        # Python's path launches the export it compiled for: the view of its (even) call.
+        want = [2.0 * v + y for v in views]
+        assert any(bool((out == w).all()) for w in want), "the result matches neither view"
+    assert tile_py._tile_py._cutile_info()[1] == entries0, "a key was registered for a shifting producer"
+    # A producer that describes its tensor the same way each time is registered, once.
+    steady = buf[:n]
+    for _ in range(2):
+        out = poisoned(torch, (n,))
+        tc.launch(stream, (n // 16,), K.axpy, (steady, y, out, 2.0)).wait()
+        assert bool((out == 2.0 * steady + y).all())
+    assert tile_py._tile_py._cutile_info()[1] == entries0 + 1

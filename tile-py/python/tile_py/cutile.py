@@ -845,6 +845,7 @@ def _launch(
         found = _cutile_try(stream, grid, kernel, args, cooperative, programmatic_dependent_launch)
         if type(found) is _LaunchHandle:
             return found
+    given_stream = stream
     stream = _stream(stream)
     grid = _dims(grid)
     cluster = None if block_in_cluster_count is None else _dims(block_in_cluster_count)
@@ -880,7 +881,17 @@ def _launch(
         and len(keep) == len(args)
         and type(entry.kernel) is tile_py.Kernel
     ):
-        _tile._cutile_register(found, entry.kernel, list(keep))
+        # Registered only under the key of the exports it was compiled for: the cached launch
+        # keys these very capsules again (no producer is asked), and a producer that described
+        # its tensor differently to the cached launch's export leaves the key unregistered.
+        exported = _replaced(args, {
+            i: (e.capsule if type(e) is _Exported else e) for i, (e, _) in w.exports.items()
+        }) if w.exports else args
+        again = _tile._cutile_key(
+            given_stream, grid, kernel, exported, cooperative, programmatic_dependent_launch
+        )
+        if again == found:
+            _tile._cutile_register(found, entry.kernel, list(keep))
     if w.exports:
         args = _replaced(args, {
             i: _stage(e) if type(e) is _ListArg else e for i, (e, _) in w.exports.items()
