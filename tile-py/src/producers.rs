@@ -43,11 +43,6 @@ pub(crate) enum Family {
     /// to check, but its current stream can be read once per launch (see
     /// [`convert::family_offer`](crate::convert::family_offer)).
     Cupy,
-    /// `cupy.ndarray` itself (not a subclass, which may export differently): as
-    /// [`Family::Cupy`], and read through its attributes (`data.ptr`, `data.device_id`,
-    /// `shape`, `strides`, `dtype`) rather than exported through `__dlpack__`
-    /// ([`convert::from_cupy`](crate::convert::from_cupy)).
-    CupyNdarray,
 }
 
 /// The family of a producer type, from its MRO (the conversion caches it per type).
@@ -55,16 +50,6 @@ pub(crate) fn classify(ty: &Bound<'_, PyType>) -> Family {
     let torch = |m: &str, n: &str| m == "torch._C" && (n == "TensorBase" || n == "_TensorBase");
     let jax = |m: &str, _: &str| in_package(m, "jax") || m.starts_with("jaxlib");
     let cupy = |m: &str, _: &str| in_package(m, "cupy");
-    // CuPy's own array type, read through its attributes.
-    let own = |attr: &str| {
-        ty.getattr(attr)
-            .ok()
-            .and_then(|v| v.extract::<String>().ok())
-            .unwrap_or_default()
-    };
-    if own("__name__") == "ndarray" && in_package(&own("__module__"), "cupy") {
-        return Family::CupyNdarray;
-    }
     // The first class of either family in MRO order decides, as a walk would.
     let mut found = Family::Plain;
     mro_any(ty, |m, n| {
@@ -112,7 +97,7 @@ pub(crate) fn check<'py>(
         Param::Tensor { intent, .. } | Param::Array { intent, .. } if intent.writes()
     );
     match f {
-        Family::Plain | Family::Cupy | Family::CupyNdarray => Ok(Checked::AsIs),
+        Family::Plain | Family::Cupy => Ok(Checked::AsIs),
         Family::Jax if writes => Err(arg_err(
             Kind::Value,
             index,

@@ -1,5 +1,4 @@
-//! `__cuda_array_interface__` objects (the dict parsed into a DLPack descriptor tile owns), and
-//! `cupy.ndarray`, read through its attributes into the same kind of descriptor.
+//! `__cuda_array_interface__` objects: the dict parsed into a DLPack descriptor tile owns.
 
 use super::*;
 
@@ -21,7 +20,7 @@ unsafe extern "C" fn cai_deleter(t: *mut DLManagedTensorVersioned) {
 }
 
 /// The dtype of an array-interface typestr (`"<f4"`), `what` naming where it came from in
-/// errors (`__cuda_array_interface__ typestr`, `cupy.ndarray dtype.str`).
+/// errors (`__cuda_array_interface__ typestr`).
 pub(crate) fn parse_typestr(index: usize, s: &str, what: &str) -> PyResult<DType> {
     let bad = || arg_err(Kind::Type, index, format!("unsupported {what} {s:?}"));
     // Byte-wise: a typestr is ASCII; anything else (a multi-byte character included) is refused
@@ -292,138 +291,4 @@ pub(crate) fn from_cai(
         owner: Some(obj.clone().unbind()),
         memory_trusted: false,
     })
-}
-
-/// A `cupy.ndarray` as a DLPack descriptor tile owns, read through the array's attributes
-/// (`data.ptr`, `data.device_id`, `shape`, `strides` in bytes, `dtype.str`), with the array held
-/// by the launch as the owner of its memory. About a quarter of what `__dlpack__` costs CuPy
-/// (which makes a capsule, and whose deleter needs the interpreter), with the same ordering:
-/// the launch stream waits for CuPy's current stream, read once per launch
-/// ([`family_offer`]), which is what CuPy's `__dlpack__(stream=launch stream)` would wait for.
-///
-/// `None` (the caller exports through `__dlpack__` instead) when CuPy's current stream cannot be
-/// read in a launch that orders after producers: only CuPy can then order its own work.
-pub(crate) fn from_cupy<'py>(
-    py: Python<'py>,
-    index: usize,
-    obj: &Bound<'py, PyAny>,
-    hs: &Handshake,
-) -> PyResult<Option<Tensor>> {
-    let (_, ready_on) = family_offer(py, hs);
-    if hs.sync && !matches!(hs.cupy.get(), FamilyStream::Known { .. }) {
-        return Ok(None);
-    }
-    let bad = |what: &str, e: PyErr| {
-        field_err(py, index, Kind::Value, format!("cupy.ndarray: {what}"), e)
-    };
-    // An int (not a bool) attribute, or a tuple of them.
-    let int = |v: Bound<'py, PyAny>, what: &str| -> PyResult<Bound<'py, PyAny>> {
-        no_bool(index, &format!("cupy.ndarray: {what}"), &v)?;
-        Ok(v)
-    };
-    let tuple = |v: Bound<'py, PyAny>, what: &str| -> PyResult<Bound<'py, PyAny>> {
-        if v.cast::<PyTuple>().is_err() {
-            return Err(arg_err(
-                Kind::Type,
-                index,
-                format!(
-                    "cupy.ndarray: {what} must be a tuple of ints, got {}",
-                    show(&v)
-                ),
-            ));
-        }
-        int(v, what)
-    };
-    let memory = obj.getattr(intern!(py, "data"))?;
-    let data: u64 = int(memory.getattr(intern!(py, "ptr"))?, "data.ptr")?
-        .extract()
-        .map_err(|e| bad("data.ptr must be a pointer (an int from 0 to 2**64 - 1)", e))?;
-    let device: i32 = int(memory.getattr(intern!(py, "device_id"))?, "data.device_id")?
-        .extract()
-        .map_err(|e| bad("data.device_id must be a device ordinal", e))?;
-    let shape: Vec<i64> = tuple(obj.getattr(intern!(py, "shape"))?, "shape")?
-        .extract()
-        .map_err(|e| bad("shape must be a tuple of ints, each below 2**63", e))?;
-    let bytes: Vec<i64> = tuple(obj.getattr(intern!(py, "strides"))?, "strides")?
-        .extract()
-        .map_err(|e| bad("strides must be a tuple of ints, each in -2**63..2**63", e))?;
-    let typestr = obj
-        .getattr(intern!(py, "dtype"))?
-        .getattr(intern!(py, "str"))?;
-    let typestr = typestr
-        .cast::<pyo3::types::PyString>()
-        .map_err(|_| {
-            arg_err(
-                Kind::Type,
-                index,
-                format!(
-                    "cupy.ndarray: dtype.str must be a str, got {}",
-                    show(&typestr)
-                ),
-            )
-        })?
-        .to_str()?;
-    let dtype = parse_typestr(index, typestr, "cupy.ndarray dtype.str")?;
-    if bytes.len() != shape.len() {
-        return Err(arg_err(
-            Kind::Value,
-            index,
-            format!(
-                "cupy.ndarray: {} strides for {} dimensions",
-                bytes.len(),
-                shape.len()
-            ),
-        ));
-    }
-    let itemsize = dtype.itemsize() as i64;
-    let mut strides = Vec::with_capacity(bytes.len());
-    for (axis, b) in bytes.iter().enumerate() {
-        if b % itemsize != 0 {
-            return Err(arg_err(
-                Kind::Value,
-                index,
-                format!(
-                    "cupy.ndarray: strides[{axis}] = {b} bytes is not a multiple of the item \
-                     size {itemsize}"
-                ),
-            ));
-        }
-        strides.push(b / itemsize);
-    }
-    let ndim = shape.len() as i32;
-    let mut boxed = Box::new(CaiTensor {
-        // SAFETY: all-zero bytes are a valid `DLManagedTensorVersioned` (null pointers, zero
-        // integers, `None` deleter); every field is set below.
-        managed: unsafe { std::mem::zeroed() },
-        shape,
-        strides,
-    });
-    let shape_ptr = boxed.shape.as_mut_ptr();
-    let strides_ptr = boxed.strides.as_mut_ptr();
-    boxed.managed.version = DLPackVersion { major: 1, minor: 3 };
-    boxed.managed.deleter = Some(cai_deleter);
-    boxed.managed.flags = dlpark::DlpackFlags::empty(); // CuPy arrays are writable
-    boxed.managed.dl_tensor = DLTensor {
-        data: data as *mut c_void,
-        device: DLDevice {
-            device_type: DLDeviceType::CUDA,
-            device_id: device,
-        },
-        ndim,
-        dtype: dtype.into(),
-        shape: shape_ptr,
-        strides: strides_ptr,
-        byte_offset: 0,
-    };
-    let ptr = Box::into_raw(boxed).cast::<DLManagedTensorVersioned>();
-    // SAFETY: `ptr` is our own descriptor, valid until `cai_deleter` frees it, which its
-    // `Used` (or a rollback) calls once; the array (the owner) keeps the memory alive.
-    let unused = unsafe { Unused::from_versioned(ptr) };
-    Ok(Some(Tensor {
-        unused,
-        claim: Claim::Owned(ptr),
-        ready_on: hs.sync.then_some(ready_on).flatten(),
-        owner: Some(obj.clone().unbind()),
-        memory_trusted: false,
-    }))
 }

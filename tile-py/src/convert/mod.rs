@@ -424,11 +424,6 @@ fn convert_tensor(
         t.memory_trusted = family == Family::Torch;
         return Ok(t);
     }
-    if family == Family::CupyNdarray
-        && let Some(t) = from_cupy(py, index, obj, hs)?
-    {
-        return Ok(t);
-    }
     let detached;
     let obj = match producers::check(index, obj, family, param, true, None)? {
         Checked::AsIs => obj,
@@ -439,7 +434,7 @@ fn convert_tensor(
     };
     if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
         let offer = match family {
-            Family::Cupy | Family::CupyNdarray => family_offer(py, hs),
+            Family::Cupy => family_offer(py, hs),
             _ => offered_stream(hs),
         };
         let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs, offer)?;
