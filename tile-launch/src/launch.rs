@@ -1,4 +1,4 @@
-//! The enqueue: [`Stream::launch`] and its variants, and what a [`Checked`] launch does once
+//! The enqueue: [`Stream::launch`](crate::Stream::launch) and its variants, and what a [`Checked`] launch does once
 //! checked (`check.rs`): consuming, ordering after producers, and enqueueing.
 
 use std::ffi::c_void;
@@ -74,7 +74,7 @@ impl<'a> Checked<'_, 'a> {
 
     /// As [`Checked::launch`], with no handle: the launch's guards go straight to the stream's
     /// release queue (one lock of it per launch), and are released once a later launch,
-    /// [`Stream::poll`], [`Stream::synchronize`] or the stream's drop sees the work complete. A
+    /// [`Stream::poll`](crate::Stream::poll), [`Stream::synchronize`](crate::Stream::synchronize) or the stream's drop sees the work complete. A
     /// launch that holds nothing (scalars and [borrowed](crate::TensorArg::borrowed) tensors
     /// only) does not touch the queue, and records no completion marker.
     ///

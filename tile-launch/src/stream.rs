@@ -809,11 +809,11 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`], [`Error::ArgumentCount`], [`Error::ArgumentKind`],
-    /// [`Error::DtypeMismatch`], [`Error::DeviceMismatch`], [`Error::PointerDeviceMismatch`],
-    /// [`Error::NotDeviceMemory`], [`Error::NotContiguous`], [`Error::Descriptor`],
-    /// [`Error::NdimMismatch`], [`Error::IndexOverflow`], [`Error::ProducerOutsideCapture`],
-    /// and [`Error::Cuda`] from a driver call the checks make (e.g.
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig), [`Error::ArgumentCount`](crate::Error::ArgumentCount), [`Error::ArgumentKind`](crate::Error::ArgumentKind),
+    /// [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::DeviceMismatch`](crate::Error::DeviceMismatch), [`Error::PointerDeviceMismatch`](crate::Error::PointerDeviceMismatch),
+    /// [`Error::NotDeviceMemory`](crate::Error::NotDeviceMemory), [`Error::NotContiguous`](crate::Error::NotContiguous), [`Error::Descriptor`](crate::Error::Descriptor),
+    /// [`Error::NdimMismatch`](crate::Error::NdimMismatch), [`Error::IndexOverflow`](crate::Error::IndexOverflow), [`Error::ProducerOutsideCapture`](crate::Error::ProducerOutsideCapture),
+    /// and [`Error::Cuda`](crate::Error::Cuda) from a driver call the checks make (e.g.
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Nothing is consumed: tensors handed over
     /// already consumed are released (with the capture mode relaxed), `Unused` ones are left to
     /// their producers.
@@ -898,7 +898,7 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::Cuda`] if the driver refuses, e.g. on the legacy default stream
+    /// [`Error::Cuda`](crate::Error::Cuda) if the driver refuses, e.g. on the legacy default stream
     /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) or a stream already capturing
     /// (`CUDA_ERROR_ILLEGAL_STATE`).
     #[doc(alias = "cuStreamBeginCapture")]
@@ -911,8 +911,8 @@ impl Stream {
     ///
     /// # Errors
     ///
-    /// [`Error::Driver`] without a driver; [`Error::WrongContext`] if `ctx` is not the stream's
-    /// device; [`Error::NonPrimaryContext`] if the stream's `cudarc` context is not that
+    /// [`Error::Driver`](crate::Error::Driver) without a driver; [`Error::WrongContext`](crate::Error::WrongContext) if `ctx` is not the stream's
+    /// device; [`Error::NonPrimaryContext`](crate::Error::NonPrimaryContext) if the stream's `cudarc` context is not that
     /// device's primary context (`ctx`): tile launches only in primary contexts.
     #[cfg(feature = "cudarc")]
     pub fn from_cudarc(
