@@ -487,17 +487,16 @@ pub(crate) fn _cutile_try<'py>(
     cooperative: bool,
     programmatic_dependent_launch: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let r = cached_launch(
+    try_or_key(
         py,
-        kernel,
         stream,
         grid,
+        kernel,
         args,
         cooperative,
         programmatic_dependent_launch,
         false,
-    )?;
-    outcome_object(py, r)
+    )
 }
 
 /// The key the cached launch computes for these arguments, launching nothing whether or not a
@@ -516,6 +515,30 @@ pub(crate) fn _cutile_key<'py>(
     cooperative: bool,
     programmatic_dependent_launch: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
+    try_or_key(
+        py,
+        stream,
+        grid,
+        kernel,
+        args,
+        cooperative,
+        programmatic_dependent_launch,
+        true,
+    )
+}
+
+/// [`_cutile_try`] (`key_only` false) and [`_cutile_key`] (true).
+#[allow(clippy::too_many_arguments)]
+fn try_or_key<'py>(
+    py: Python<'py>,
+    stream: &Bound<'py, PyAny>,
+    grid: &Bound<'py, PyAny>,
+    kernel: &Bound<'py, PyAny>,
+    args: &Bound<'py, PyAny>,
+    cooperative: bool,
+    programmatic_dependent_launch: bool,
+    key_only: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let r = cached_launch(
         py,
         kernel,
@@ -524,7 +547,7 @@ pub(crate) fn _cutile_key<'py>(
         args,
         cooperative,
         programmatic_dependent_launch,
-        true,
+        key_only,
     )?;
     outcome_object(py, r)
 }
