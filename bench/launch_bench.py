@@ -139,6 +139,49 @@ def bursts(fn, sync, burst, count):
     return out
 
 
+def producer_bounds(bmed, t):
+    """What bounds the burst ratios from below, from rows of the same run: tile_py's launch
+    with no tensor (4 u64 scalars) plus what the producers themselves cost per tensor (torch:
+    one C exchange-API export and its deleter, timed in C by `tile_py._exchange_api_cost`, plus
+    the negative-bit check per tensor and requires_grad for the output; CuPy: one
+    `__dlpack__(stream=...)` and the capsule's release per array). A launch that did no
+    per-tensor work of its own would still cost this. Returns (bounds, reasons for nulls)."""
+    out, missing = {}, {}
+    scalars = bmed.get("tile_py.launch, 4 u64 scalars")
+    try:
+        costs = [tile_py._exchange_api_cost(t, 64) for _ in range(200)]
+        export_us = statistics.median(c[0] for c in costs) / 1e3
+        out["bound.torch_exchange_export_release_us"] = export_us
+        out["bound.torch_current_work_stream_us"] = statistics.median(c[1] for c in costs) / 1e3
+    except Exception as e:  # noqa: BLE001 - an older torch without the C exchange API
+        export_us = None
+        missing["bound.torch_exchange_export_release_us"] = repr(e)
+    neg = bmed.get("producer: torch x.is_neg(), 1 tensor")
+    grad = bmed.get("producer: torch x.requires_grad, 1 tensor")
+    per = None
+    if None not in (export_us, neg, grad):
+        per = export_us + neg + grad / 3
+    out["bound.py_per_torch_tensor_producer_us"] = per
+    if per is None:
+        missing["bound.py_per_torch_tensor_producer_us"] = "a producer row is missing"
+
+    def floor(key, den, per_tensor):
+        if None not in (scalars, per_tensor) and den in bmed:
+            out[key] = (scalars + 3 * per_tensor) / bmed[den]
+        else:
+            out[key] = None
+            missing[key] = f"a row is missing ({den}, tile_py 4 u64 scalars or a producer row)"
+
+    floor("bound.py_torch_vs_cutile", "ct.launch (cuTile), 3 torch tensors", per)
+    floor("bound.py_torch_vs_cuda_core", "cuda.core launch, raw pointers", per)
+    floor("bound.py_cupy_vs_cupy_raw", "CuPy RawKernel, CuPy arrays",
+          bmed.get("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array"))
+    floor("bound.py_cupy_cross_stream_vs_cupy_raw", "CuPy RawKernel, CuPy arrays",
+          bmed.get("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array, "
+                   "CuPy current stream != launch stream"))
+    return out, missing
+
+
 def cuda_core_setup(stream):
     try:
         from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
@@ -431,6 +474,17 @@ def main():
                 tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256)
 
         brow("tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream", cupy_cross)
+        # The producer's own cost per array (bounds): the export tile_py asks CuPy for, and the
+        # capsule's release, with CuPy's current stream the launch stream and another one.
+        brow("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array",
+             lambda: ca2.__dlpack__(stream=handle, max_version=(1, 3)))
+
+        def cupy_export_cross():
+            with other_cupy:
+                ca2.__dlpack__(stream=handle, max_version=(1, 3))
+
+        brow("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array, "
+             "CuPy current stream != launch stream", cupy_export_cross)
     except Exception as e:  # noqa: BLE001
         burst_skipped["CuPy RawKernel, CuPy arrays"] = f"CuPy unavailable: {e!r}"
         burst_skipped["tile_py.launch, 3 CuPy arrays"] = f"CuPy unavailable: {e!r}"
@@ -461,6 +515,10 @@ def main():
     brow("tile_py.launch, 4 u64 scalars",
          lambda: tile_py.launch(stream, grid, k_ptrs, (ia, ib, ic, N), block=256))
     brow("tile_py prepared (Kernel.bind), 3 torch tensors", lambda: bound(a, b, c, N))
+    # The checks on a torch tensor that protect values, as Python calls (bounds): the negative
+    # bit (every tensor) and requires_grad (the output).
+    brow("producer: torch x.is_neg(), 1 tensor", lambda: a.is_neg())
+    brow("producer: torch x.requires_grad, 1 tensor", lambda: c.requires_grad)
     brow("tile_py prepared (Kernel.bind), 3 torch tensors, cross stream",
          lambda: bound(a, b, c, N), same=False)
 
@@ -530,6 +588,7 @@ def main():
     burst_ratios["burst.py_per_torch_tensor_us"] = per_tensor
     if per_tensor is None:
         burst_ratio_missing["burst.py_per_torch_tensor_us"] = "a torch or u64-scalar row is missing"
+    bounds, bounds_missing = producer_bounds(bmed, a)
 
     results = {name: [] for name in paths}
     errors = {}
@@ -602,6 +661,9 @@ def main():
     for key, v in burst_ratios.items():
         shown = f"{v:.3f}" if v is not None else f"null ({burst_ratio_missing.get(key)})"
         print(f"{key:<40} {shown}  (target <= {targets[key]})")
+    for key, v in bounds.items():
+        shown = f"{v:.3f}" if v is not None else f"null ({bounds_missing.get(key)})"
+        print(f"{key:<52} {shown}")
     print()
     print(f"saturated: per launch, {N}-element f32 vector add, 3 tensors, median of {o.reps} reps x "
           f"{o.launches} launches (after {o.warmup} warm-up)")
@@ -651,6 +713,7 @@ def main():
                                                              in burst_rows.items()},
                           "per_torch_tensor_us": per_tensor},
                 "ratios": {**burst_ratios, **ratios, **op["ratios"]},
+                "bounds": bounds, "bounds_missing": bounds_missing,
                 "ratios_missing": {**burst_ratio_missing, **op["ratios_missing"]},
                 "op": op,
                 "launches": o.launches, "warmup": o.warmup, "reps": o.reps,

@@ -1,6 +1,7 @@
-//! Test hooks (`tile_py._check_args`, `tile_py._pack_args`, `tile_py._debug_counters`): the
-//! conversion and checks of a launch without a device, and tile_py's own counters. Nothing on the
-//! launch path calls them.
+//! Test hooks (`tile_py._check_args`, `tile_py._pack_args`, `tile_py._debug_counters`,
+//! `tile_py._exchange_api_cost`): the conversion and checks of a launch without a device,
+//! tile_py's own counters, and what a producer's export costs. Nothing on the launch path calls
+//! them.
 
 use std::sync::atomic::Ordering;
 
@@ -215,4 +216,73 @@ pub(crate) fn _cutile_features(
         crate::cutile_cache::array_words(view, statics.as_ref(), &mut words);
         (words.to_vec(), crate::cutile_cache::span(view))
     })
+}
+
+/// What the producer's own side of a tensor argument costs, for the benchmark's bounds: `n`
+/// exports of `obj` through its type's DLPack C exchange API
+/// (`managed_tensor_from_py_object_no_sync`), each released at once by its deleter, and `n`
+/// calls of the table's `current_work_stream` for the tensor's device. Returns host
+/// nanoseconds per export + deleter and per `current_work_stream` call. Nothing is launched
+/// or queued. `TypeError` if `type(obj)` has no usable exchange API.
+#[pyfunction]
+#[pyo3(signature = (obj, n = 64))]
+pub(crate) fn _exchange_api_cost(obj: &Bound<'_, PyAny>, n: u32) -> PyResult<(f64, f64)> {
+    use std::time::Instant;
+    use tile_dlpack::ffi::DLManagedTensorVersioned;
+
+    let py = obj.py();
+    let no_api = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "{} has no usable DLPack C exchange API (__dlpack_c_exchange_api__)",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |s| s.to_string())
+        ))
+    };
+    let api = crate::convert::lookup_exchange_api(py, &obj.get_type()).ok_or_else(no_api)?;
+    // SAFETY: `lookup_exchange_api` returns only major-version-1 tables with both entries set.
+    let (Some(from_obj), Some(current_stream)) = (unsafe {
+        (
+            (*api.as_ptr()).managed_tensor_from_py_object_no_sync,
+            (*api.as_ptr()).current_work_stream,
+        )
+    }) else {
+        return Err(no_api());
+    };
+    let n = n.max(1);
+    let mut device = None;
+    let t = Instant::now();
+    for _ in 0..n {
+        let mut out: *mut DLManagedTensorVersioned = std::ptr::null_mut();
+        // SAFETY: `obj` is an instance of the table's type; `out` is a valid out pointer.
+        let rc = unsafe { from_obj(obj.as_ptr().cast(), &mut out) };
+        if rc != 0 || out.is_null() {
+            return Err(PyErr::take(py).unwrap_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("the exchange API export failed")
+            }));
+        }
+        // SAFETY: `out` is an owning export nobody else holds; its deleter (when set) frees it
+        // and is called exactly once, here.
+        unsafe {
+            device.get_or_insert((*out).dl_tensor.device);
+            if let Some(deleter) = (*out).deleter {
+                deleter(out);
+            }
+        }
+    }
+    let export_ns = t.elapsed().as_secs_f64() * 1e9 / f64::from(n);
+    let dev = device.expect("n >= 1 exports were made");
+    let t = Instant::now();
+    for _ in 0..n {
+        let mut s: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: plain values and a valid out pointer.
+        let rc = unsafe { current_stream(dev.device_type, dev.device_id, &mut s) };
+        if rc != 0 {
+            return Err(PyErr::take(py).unwrap_or_else(|| {
+                pyo3::exceptions::PyRuntimeError::new_err("current_work_stream failed")
+            }));
+        }
+    }
+    let stream_ns = t.elapsed().as_secs_f64() * 1e9 / f64::from(n);
+    Ok((export_ns, stream_ns))
 }

@@ -96,6 +96,7 @@ fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hooks::_cutile_features, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::compute_capability, m)?)?;
     m.add_function(wrap_pyfunction!(hooks::_debug_counters, m)?)?;
+    m.add_function(wrap_pyfunction!(hooks::_exchange_api_cost, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::_after_fork_in_child, m)?)?;
     m.add_function(wrap_pyfunction!(worker::_release_thread, m)?)?;

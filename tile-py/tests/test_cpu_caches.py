@@ -229,6 +229,19 @@ def test_exchange_api_cache_switches_between_types():
     assert args[1].calls == [{"stream": 0x1234, "max_version": (1, 3)}]
 
 
+def test_exchange_api_cost_exports_and_deletes_each_time_and_refuses_other_types():
+    # The benchmark's bound on the producer's side: every export it times is released by its
+    # own deleter at once, and current_work_stream is asked for the tensor's device.
+    Ex, log = make_exchange_producer_type()
+    x = Ex()
+    export_ns, stream_ns = tile_py._exchange_api_cost(x, 5)
+    assert export_ns > 0 and stream_ns > 0
+    assert log["from_obj"] == 5 and len(x.counters) == 5 and x.deleted == 5
+    assert log["current_work_stream"] == [(kDLCUDA, 0)] * 5
+    with pytest.raises(TypeError, match="no usable DLPack C exchange API"):
+        tile_py._exchange_api_cost(Producer())
+
+
 # ---- scalars -------------------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from ._tile_py import (
     _export,
     _pack_args,
     _debug_counters,
+    _exchange_api_cost,
     _after_fork_in_child,
     _queue_release,
     _release_thread,

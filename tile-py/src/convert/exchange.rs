@@ -7,6 +7,12 @@ pub(crate) struct ApiPtr(*const DLPackExchangeAPI);
 // SAFETY: the exchange API table is immutable and lives for the whole process (DLPack 1.3).
 unsafe impl Send for ApiPtr {}
 
+impl ApiPtr {
+    pub(crate) fn as_ptr(self) -> *const DLPackExchangeAPI {
+        self.0
+    }
+}
+
 pub(crate) fn lookup_exchange_api(py: Python<'_>, ty: &Bound<'_, PyType>) -> Option<ApiPtr> {
     let attr = ty
         .getattr_opt(intern!(py, "__dlpack_c_exchange_api__"))
