@@ -175,9 +175,9 @@ def producer_bounds(bmed, t):
     floor("bound.py_torch_vs_cutile", "ct.launch (cuTile), 3 torch tensors", per)
     floor("bound.py_torch_vs_cuda_core", "cuda.core launch, raw pointers", per)
     floor("bound.py_cupy_vs_cupy_raw", "CuPy RawKernel, CuPy arrays",
-          bmed.get("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array"))
+          bmed.get("producer: CuPy __dlpack__(stream=current) + capsule drop, 1 array"))
     floor("bound.py_cupy_cross_stream_vs_cupy_raw", "CuPy RawKernel, CuPy arrays",
-          bmed.get("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array, "
+          bmed.get("producer: CuPy __dlpack__(stream=current) + capsule drop, 1 array, "
                    "CuPy current stream != launch stream"))
     return out, missing
 
@@ -439,10 +439,13 @@ def main():
     other = torch.cuda.Stream()  # torch's current stream in the cross-stream rows
     bound = k.bind(stream, grid, block=256)
     burst_rows = {}  # name -> (fn, same_stream)
+    burst_before = {}  # name -> what sets the row's condition up, untimed, before its bursts
     burst_skipped = {}
 
-    def brow(name, fn, same=True):
+    def brow(name, fn, same=True, before=None):
         burst_rows[name] = (fn, same)
+        if before is not None:
+            burst_before[name] = before
 
     if "cuda.core launch, raw pointers" in paths:
         brow("cuda.core launch, raw pointers", paths["cuda.core launch, raw pointers"][0])
@@ -456,14 +459,21 @@ def main():
         raw2 = cupy.RawKernel(SOURCE, "vector_add")
         n2 = np.uint64(N)
 
-        xs2.use()  # CuPy's current stream for RawKernel below (no stream argument)
+        def cupy_on_launch_stream():
+            # CuPy's current stream (what RawKernel launches on, and what tile_py offers CuPy
+            # arrays) is the launch stream for the CuPy rows, set before each row's bursts: set
+            # once, other code in this process was seen to leave another one current.
+            xs2.use()
+            if cupy.cuda.get_current_stream().ptr != handle:
+                raise RuntimeError("CuPy's current stream is not the launch stream after use()")
 
         def cupy_raw():
             raw2((grid,), (256,), (ca2, cb2, cc2, n2))
 
-        brow("CuPy RawKernel, CuPy arrays", cupy_raw)
+        brow("CuPy RawKernel, CuPy arrays", cupy_raw, before=cupy_on_launch_stream)
         brow("tile_py.launch, 3 CuPy arrays",
-             lambda: tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256))
+             lambda: tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256),
+             before=cupy_on_launch_stream)
         # CuPy's current stream is another stream than the launch stream: tile_py orders the
         # launch after it (CuPy RawKernel launches on its current stream, so its row is the
         # same-stream one).
@@ -473,18 +483,20 @@ def main():
             with other_cupy:
                 tile_py.launch(xs2, grid, k, (ca2, cb2, cc2, N), block=256)
 
-        brow("tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream", cupy_cross)
-        # The producer's own cost per array (bounds): the export tile_py asks CuPy for, and the
-        # capsule's release, with CuPy's current stream the launch stream and another one.
-        brow("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array",
-             lambda: ca2.__dlpack__(stream=handle, max_version=(1, 3)))
-
-        def cupy_export_cross():
-            with other_cupy:
-                ca2.__dlpack__(stream=handle, max_version=(1, 3))
-
-        brow("producer: CuPy __dlpack__(stream=launch) + capsule drop, 1 array, "
-             "CuPy current stream != launch stream", cupy_export_cross)
+        brow("tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream", cupy_cross,
+             before=cupy_on_launch_stream)
+        # The producer's own cost per array (bounds): the export tile_py asks CuPy for (offered
+        # CuPy's current stream, which therefore needs no event), and the capsule's release; in
+        # the cross-stream case with `other_cupy` current (set before the bursts, so that the
+        # row does not pay a `with` per array).
+        brow("producer: CuPy __dlpack__(stream=current) + capsule drop, 1 array",
+             lambda: ca2.__dlpack__(stream=handle, max_version=(1, 3)),
+             before=cupy_on_launch_stream)
+        other_ptr = other_cupy.ptr
+        brow("producer: CuPy __dlpack__(stream=current) + capsule drop, 1 array, "
+             "CuPy current stream != launch stream",
+             lambda: ca2.__dlpack__(stream=other_ptr, max_version=(1, 3)),
+             before=other_cupy.use)
     except Exception as e:  # noqa: BLE001
         burst_skipped["CuPy RawKernel, CuPy arrays"] = f"CuPy unavailable: {e!r}"
         burst_skipped["tile_py.launch, 3 CuPy arrays"] = f"CuPy unavailable: {e!r}"
@@ -533,6 +545,8 @@ def main():
                 continue
             fn, same = burst_rows[name]
             try:
+                if name in burst_before:
+                    burst_before[name]()
                 with torch.cuda.stream(stream if same else other):
                     burst_us[name].extend(bursts(fn, sync, o.burst, o.bursts))
             except Exception as e:  # noqa: BLE001
