@@ -18,8 +18,8 @@ pub enum Scalar {
     Bool(bool),
     /// Any integer, converted to the parameter's integer type if it fits.
     Int(i128),
-    /// Any float, converted to the parameter's float type (`f64` → `f32` rounds; a finite value
-    /// beyond f32's range is refused).
+    /// Any float, converted to the parameter's float type (`f64` → `f32` rounds to nearest; a
+    /// finite value that rounds beyond f32's range is refused).
     Float(f64),
 }
 
@@ -60,9 +60,10 @@ impl Scalar {
             (Scalar::Int(i), T::U16) => u16::try_from(i).ok()?.into(),
             (Scalar::Int(i), T::U32) => u32::try_from(i).ok()?.into(),
             (Scalar::Int(i), T::U64) => u64::try_from(i).ok()?,
-            // Rounds to the nearest f32; a finite value beyond f32's range is refused rather
-            // than turned into an infinity. NaN and the infinities pass through.
-            (Scalar::Float(x), T::F32) if x.is_finite() && x.abs() > f64::from(f32::MAX) => {
+            // Rounds to the nearest f32 (ties to even, as NumPy's `float32(x)`); a finite value
+            // that rounds beyond f32's range (at or above f32::MAX plus half its last step) is
+            // refused rather than turned into an infinity. NaN and the infinities pass through.
+            (Scalar::Float(x), T::F32) if x.is_finite() && !(x as f32).is_finite() => {
                 return None;
             }
             (Scalar::Float(x), T::F32) => u64::from((x as f32).to_bits()),

@@ -216,7 +216,17 @@ fn scalar_out_of_range_is_refused() {
 #[test]
 fn float_beyond_f32_range_is_refused_for_an_f32_parameter() {
     let sig = Signature::new([Param::scalar(ScalarType::F32)]);
-    for x in [1e300, -1e39, 3.5e38, f64::MAX] {
+    // f32::MAX plus half its last step (2^103) is where rounding gives an infinity.
+    let halfway = f64::from(f32::MAX) + 2f64.powi(103);
+    for x in [
+        1e300,
+        -1e39,
+        3.5e38,
+        f64::MAX,
+        halfway,
+        -halfway,
+        3.4028236e38,
+    ] {
         let e = check_args("k", &sig, &[x.into()], 0).unwrap_err();
         assert!(
             matches!(e, Error::ArgumentKind { index: 0, .. }),
@@ -224,11 +234,17 @@ fn float_beyond_f32_range_is_refused_for_an_f32_parameter() {
         );
         assert!(e.to_string().contains("out of range"), "{e}");
     }
-    // In range (rounded), the largest finite f32, and the non-finite values are passed on.
+    // In range (rounded), the largest finite f32, values that round to it (as NumPy's float32
+    // rounds them: the literal 3.4028235e38 is a double just above f32::MAX), and the
+    // non-finite values are passed on.
+    let below_halfway = f64::from_bits(halfway.to_bits() - 1);
     for x in [
         1.5,
         f64::from(f32::MAX),
         -f64::from(f32::MAX),
+        3.4028235e38,
+        below_halfway,
+        -below_halfway,
         1e-50,
         f64::INFINITY,
         f64::NAN,

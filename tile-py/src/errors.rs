@@ -52,6 +52,27 @@ pub(crate) enum Kind {
     Runtime,
 }
 
+/// Whether `e`, raised while reading a user's object (its `__index__`, `__float__`, an
+/// attribute), must reach the caller as it was raised rather than be reported as a bad
+/// argument: anything that is not an ordinary `Exception` (`KeyboardInterrupt`, `SystemExit`),
+/// and `MemoryError` and `RecursionError`, which say nothing about the argument.
+pub(crate) fn raised_as_is(py: Python<'_>, e: &PyErr) -> bool {
+    !e.is_instance_of::<pyo3::exceptions::PyException>(py)
+        || e.is_instance_of::<pyo3::exceptions::PyMemoryError>(py)
+        || e.is_instance_of::<pyo3::exceptions::PyRecursionError>(py)
+}
+
+/// `e` itself when it must propagate as raised ([`raised_as_is`]), else the argument error
+/// `bad()`, with `e` as its cause.
+pub(crate) fn reraise_or(py: Python<'_>, e: PyErr, bad: impl FnOnce() -> PyErr) -> PyErr {
+    if raised_as_is(py, &e) {
+        return e;
+    }
+    let b = bad();
+    b.set_cause(py, Some(e));
+    b
+}
+
 /// Builds the exception for one of tile-py's own checks.
 pub(crate) fn err(kind: Kind, msg: impl Into<String>) -> PyErr {
     let msg = msg.into();

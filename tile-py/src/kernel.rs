@@ -12,7 +12,7 @@ use tile_launch::{
     ArrayAssumptions, IndexType, Intent, MAX_ASSUMED_DIMS, Param, ScalarType, Signature,
 };
 
-use crate::errors::{Kind, err, launch_err, show};
+use crate::errors::{Kind, err, launch_err, reraise_or, show};
 
 /// One declared kernel parameter (made by `In`, `Out`, `InOut` or `Scalar`).
 #[pyclass(frozen, name = "Param", module = "tile_py")]
@@ -202,11 +202,13 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
                 .map_err(|_| bad(&key, format!("expected True or False, got {}", show(v))))
         };
         let per_dim = |v: &Bound<'_, PyAny>| -> PyResult<[u32; MAX_ASSUMED_DIMS]> {
-            let xs: Vec<u32> = v.extract().map_err(|_| {
-                bad(
-                    &key,
-                    format!("expected a sequence of positive ints, got {}", show(v)),
-                )
+            let xs: Vec<u32> = v.extract().map_err(|e| {
+                reraise_or(v.py(), e, || {
+                    bad(
+                        &key,
+                        format!("expected a sequence of positive ints, got {}", show(v)),
+                    )
+                })
             })?;
             if xs.len() != usize::from(ndim) || xs.len() > dims {
                 return Err(bad(
@@ -222,11 +224,13 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
             Ok(out)
         };
         let mask = |v: &Bound<'_, PyAny>| -> PyResult<u8> {
-            let xs: Vec<usize> = v.extract().map_err(|_| {
-                bad(
-                    &key,
-                    format!("expected a sequence of dimensions, got {}", show(v)),
-                )
+            let xs: Vec<usize> = v.extract().map_err(|e| {
+                reraise_or(v.py(), e, || {
+                    bad(
+                        &key,
+                        format!("expected a sequence of dimensions, got {}", show(v)),
+                    )
+                })
             })?;
             let mut m = 0u8;
             for x in xs {
@@ -239,9 +243,22 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
         };
         match key.as_str() {
             "base_addr_divisible_by" => {
-                a.base_addr_divisible_by = v
-                    .extract()
-                    .map_err(|_| bad(&key, format!("expected an int, got {}", show(&v))))?;
+                if v.cast::<pyo3::types::PyBool>().is_ok() {
+                    return Err(bad(&key, format!("expected an int, got {}", show(&v))));
+                }
+                a.base_addr_divisible_by = v.extract::<u32>().map_err(|e: PyErr| {
+                    let overflow = e.is_instance_of::<pyo3::exceptions::PyOverflowError>(v.py());
+                    reraise_or(v.py(), e, || {
+                        if overflow {
+                            bad(
+                                &key,
+                                format!("{} is out of range (0 to 2**32 - 1)", show(&v)),
+                            )
+                        } else {
+                            bad(&key, format!("expected an int, got {}", show(&v)))
+                        }
+                    })
+                })?;
             }
             "stride_divisible_by" => a.stride_divisible_by = per_dim(&v)?,
             "shape_divisible_by" => a.shape_divisible_by = per_dim(&v)?,
@@ -349,16 +366,18 @@ fn tensor_param(
         }
         (Some(n), index) => {
             let not_bool = n.cast::<pyo3::types::PyBool>().is_err();
+            let bad_ndim = || {
+                err(
+                    Kind::Value,
+                    format!("ndim must be an int from 0 to 32, got {}", show(n)),
+                )
+            };
             let ndim = n
                 .extract::<u8>()
-                .ok()
-                .filter(|&n| n <= 32 && not_bool)
-                .ok_or_else(|| {
-                    err(
-                        Kind::Value,
-                        format!("ndim must be an int from 0 to 32, got {}", show(n)),
-                    )
-                })?;
+                .map_err(|e| reraise_or(n.py(), e, bad_ndim))?;
+            if ndim > 32 || !not_bool {
+                return Err(bad_ndim());
+            }
             let index = match index {
                 Some(i) => parse_index_type(i)?,
                 None => IndexType::I64,

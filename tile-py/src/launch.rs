@@ -88,7 +88,9 @@ pub(crate) fn expected(params: &[Param]) -> impl Fn(usize) -> Option<String> + '
 /// `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
 #[pyfunction]
 #[pyo3(signature = (stream, grid, kernel, args, *, block, shared_mem = None, cluster = None,
-                    cooperative = false, programmatic_dependent_launch = false, sync = true))]
+                    cooperative = None, programmatic_dependent_launch = None, sync = None),
+       text_signature = "(stream, grid, kernel, args, *, block, shared_mem=None, cluster=None, \
+                         cooperative=False, programmatic_dependent_launch=False, sync=True)")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     py: Python<'_>,
@@ -99,10 +101,24 @@ pub(crate) fn launch(
     block: &Bound<'_, PyAny>,
     shared_mem: Option<&Bound<'_, PyAny>>,
     cluster: Option<&Bound<'_, PyAny>>,
-    cooperative: bool,
-    programmatic_dependent_launch: bool,
-    sync: bool,
+    cooperative: Option<&Bound<'_, PyAny>>,
+    programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
+    sync: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<LaunchHandle> {
+    // True or False only, named in the error (an int is refused, as `Kernel.bind` refuses it).
+    let flag = |v: Option<&Bound<'_, PyAny>>, what: &str, default: bool| match v {
+        None => Ok(default),
+        Some(v) if v.is(pyo3::types::PyBool::new(py, true)) => Ok(true),
+        Some(v) if v.is(pyo3::types::PyBool::new(py, false)) => Ok(false),
+        Some(v) => crate::kernel::bool_arg(v, &format!("launch: {what}")),
+    };
+    let cooperative = flag(cooperative, "cooperative", false)?;
+    let programmatic_dependent_launch = flag(
+        programmatic_dependent_launch,
+        "programmatic_dependent_launch",
+        false,
+    )?;
+    let sync = flag(sync, "sync", true)?;
     let (spec, cached) = prelude(py, stream)?;
     let config = parse_config(
         grid,

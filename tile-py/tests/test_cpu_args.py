@@ -1011,3 +1011,49 @@ def test_an_interrupt_while_reading_an_array_is_raised_as_it_is(counters, exc):
     __cuda_array_interface__ is raised as it was."""
     with pytest.raises(exc):
         check([In("float32")], (CAI(data=(_Index(exc()), False)),))
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, MemoryError, RecursionError])
+def test_an_interrupt_from_index_is_raised_as_it_is_wherever_an_int_is_read(exc):
+    """The same rule for every int tile_py reads through ``__index__``: a scalar argument, an
+    array parameter's ``ndim``, and its ``assume`` entries. Only a value that does not convert
+    becomes tile_py's TypeError / ValueError (with the conversion error as its cause)."""
+    with pytest.raises(exc):
+        check([Scalar("i32")], (_Index(exc()),))
+    with pytest.raises(exc):
+        In("float32", ndim=_Index(exc()))
+    with pytest.raises(exc):
+        In("float32", ndim=1, assume={"stride_divisible_by": [_Index(exc())]})
+    with pytest.raises(exc):
+        In("float32", ndim=1, assume={"unit_stride": [_Index(exc())]})
+    with pytest.raises(exc):
+        In("float32", ndim=1, assume={"base_addr_divisible_by": _Index(exc())})
+    # An ordinary exception from __index__ is still the argument's error, caused by it.
+    with pytest.raises(TypeError, match="argument 0") as e:
+        check([Scalar("i32")], (_Index(ValueError("no")),))
+    assert isinstance(e.value.__cause__, ValueError)
+    with pytest.raises(ValueError, match="ndim must be an int from 0 to 32") as e:
+        In("float32", ndim=_Index(ValueError("no")))
+    assert isinstance(e.value.__cause__, ValueError)
+
+
+def test_assume_base_addr_refuses_bools_and_names_out_of_range_values():
+    with pytest.raises(ValueError, match=r"assume\[\"base_addr_divisible_by\"\]: expected an int"):
+        In("float32", ndim=1, assume={"base_addr_divisible_by": True})
+    with pytest.raises(ValueError, match="out of range"):
+        In("float32", ndim=1, assume={"base_addr_divisible_by": 2**64 - 1})
+    In("float32", ndim=1, assume={"base_addr_divisible_by": 16})
+
+
+def test_cuda_array_interface_integers_out_of_range_are_named_as_such(counters):
+    with pytest.raises(OverflowError, match=r"'stream' is 18446744073709551616 \(int\), outside"):
+        check([In("float32")], (CAI(stream=2**64),))
+    with pytest.raises(OverflowError, match="'data' pointer of .* is outside 0..2\\*\\*64"):
+        check([In("float32")], (CAI(data=(2**64, False)),))
+
+
+@pytest.mark.parametrize("flag", ["cooperative", "programmatic_dependent_launch", "sync"])
+def test_launch_flags_are_bools_and_a_wrong_one_is_named(flag):
+    # Refused before anything else (no driver needed): the message names the keyword.
+    with pytest.raises(TypeError, match=f"launch: {flag} must be True or False, got 1"):
+        tile_py.launch(1, 1, object(), (), block=1, **{flag: 1})

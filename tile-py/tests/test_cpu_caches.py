@@ -257,6 +257,8 @@ def test_exchange_api_cost_exports_and_deletes_each_time_and_refuses_other_types
         ("i32", 1.0, TypeError),
         ("f32", 1, None),
         ("f32", 1e39, OverflowError),
+        ("f32", 3.4028235e38, None),  # a double above FLT_MAX that rounds to it
+        ("f32", 3.4028236e38, OverflowError),  # rounds beyond FLT_MAX
         ("f32", float("inf"), None),
         ("f64", 1.5, None),
         ("bool", 1, TypeError),
@@ -364,3 +366,14 @@ def test_bool_stream_is_refused():
     with pytest.raises(TypeError, match="unsupported stream True"):
         check([In("float32")], (p,), stream=True)
     assert p.calls == [] and p.deleted == 0
+
+
+def test_a_types_exchange_api_table_is_read_once_and_kept():
+    # DLPack requires the table to live as long as the process: tile_py reads it at the type's
+    # first tensor and keeps it, so a later change of the attribute is not seen (documented).
+    Ex, log = make_exchange_producer_type()
+    x = Ex()
+    check([In("float32")], (x,))
+    Ex.__dlpack_c_exchange_api__ = None
+    check([In("float32")], (x,))
+    assert log["from_obj"] == 2 and log["dlpack"] == 0 and x.deleted == 2

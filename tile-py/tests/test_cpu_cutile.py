@@ -278,6 +278,22 @@ def test_grid_is_read_as_cutile_reads_it():
         tc._dims((-1,))
 
 
+def test_without_cutile_install_names_the_package_to_install():
+    # cuTile Python absent (None in sys.modules makes its import fail as a missing module would).
+    code = (
+        "import sys; sys.modules['cuda.tile'] = None\n"
+        "import tile_py.cutile as tc\n"
+        "try:\n"
+        "    tc.install()\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e.name, '|', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("cuda.tile | tile_py.cutile needs cuTile Python"), out.stdout
+    assert "pip install cuda-tile==1.7.0" in out.stdout
+
+
 def test_grid_limit_is_checked_before_anything_is_exported():
     producer = Producer(shape=(64,), data=BASE)
     cap, c = make_capsule(shape=(64,), data=BASE + 0x1000)

@@ -775,7 +775,8 @@ MAX_GRID_DIM = (1 << 24) - 1
 def _dims(grid: Any) -> Tuple[int, int, int]:
     """A grid (or cluster) as cuTile reads it: a tuple of at most 3 ints, padded with 1s on
     the right (``()`` is ``(1, 1, 1)``), each at most ``MAX_GRID_DIM``; an int is taken as a
-    1-tuple. Raises cuTile's errors, in its words where its tests match them."""
+    1-tuple. Raises cuTile's errors, in its words where its tests match them (the same words,
+    ``Grid[i]``, for ``block_in_cluster_count``)."""
     if isinstance(grid, int) and not isinstance(grid, bool):
         dims: Tuple[Any, ...] = (grid,)
     elif isinstance(grid, tuple):
@@ -964,6 +965,23 @@ class _Installed:
         self.uninstall()
 
 
+def _import_cuda_tile() -> Any:
+    """``cuda.tile`` (with ``cuda.tile._cext`` loaded), or a ``ModuleNotFoundError`` that says
+    which package provides it when cuTile Python is not installed."""
+    try:
+        import cuda.tile
+        import cuda.tile._cext  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name in ("cuda", "cuda.tile", "cuda.tile._cext"):
+            raise ModuleNotFoundError(
+                f"tile_py.cutile needs cuTile Python, which is not installed ({e}): "
+                "pip install cuda-tile==1.7.0",
+                name=e.name,
+            ) from e
+        raise
+    return cuda.tile
+
+
 def install() -> _Installed:
     """Routes every ``ct.launch`` of the program through tile: ``cuda.tile.launch`` (what
     ``ct.launch`` and ``from cuda.tile import launch`` made after this call find) and
@@ -972,20 +990,16 @@ def install() -> _Installed:
     before the call keeps the original. Returns an object that undoes it: ``uninstall()``, or
     use it as a context manager (``with tile_py.cutile.install(): ...``). Installing twice is
     harmless."""
-    import cuda.tile
-    import cuda.tile._cext
-
-    previous = (cuda.tile.launch, cuda.tile._cext.launch)
-    cuda.tile.launch = _as_ct_launch
-    cuda.tile._cext.launch = _as_ct_launch
+    cuda_tile = _import_cuda_tile()
+    previous = (cuda_tile.launch, cuda_tile._cext.launch)
+    cuda_tile.launch = _as_ct_launch
+    cuda_tile._cext.launch = _as_ct_launch
     return _Installed(previous)
 
 
 def installed() -> bool:
     """Whether ``ct.launch`` is routed through tile now (``install()``)."""
-    import cuda.tile
-
-    return cuda.tile.launch is _as_ct_launch
+    return _import_cuda_tile().launch is _as_ct_launch
 
 
 def cache_info() -> Dict[str, int]:

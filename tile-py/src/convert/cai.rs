@@ -186,12 +186,13 @@ pub(crate) fn from_cai(
     {
         no_bool("data[0]", &first)?;
     }
-    let (data, readonly): (u64, bool) = data_obj.extract().map_err(|e| {
-        bad_field(
-            Kind::Value,
-            "'data' must be a (pointer, read_only) tuple".into(),
-            e,
-        )
+    let (data, readonly): (u64, bool) = data_obj.extract().map_err(|e: PyErr| {
+        let what = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+            format!("'data' pointer of {} is outside 0..2**64", show(&data_obj))
+        } else {
+            "'data' must be a (pointer, read_only) tuple".into()
+        };
+        bad_field(Kind::Value, what, e)
     })?;
     if let Some(mask) = get("mask")?
         && !mask.is_none()
@@ -232,9 +233,17 @@ pub(crate) fn from_cai(
     let ready_on = match get("stream")? {
         Some(s) if !s.is_none() && version >= 3 => {
             no_bool("stream", &s)?;
-            let n: i64 = s
-                .extract()
-                .map_err(|_| bad(format!("'stream' must be an int, got {}", show(&s))))?;
+            let n: i64 = s.extract().map_err(|e: PyErr| {
+                let what = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                    format!(
+                        "'stream' is {}, outside what a stream handle can be",
+                        show(&s)
+                    )
+                } else {
+                    format!("'stream' must be an int, got {}", show(&s))
+                };
+                bad_field(Kind::Value, what, e)
+            })?;
             if n == 0 {
                 return Err(bad("'stream' is 0, which the protocol disallows".into()));
             }

@@ -129,22 +129,15 @@ pub(crate) fn convert_scalar(
                     format!("{} does not fit scalar {ty}", show(obj)),
                 ));
             }
-            // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
-            // converts to infinity: refused, as an int too large is. An infinity compares equal
-            // to the infinite double it converts to.
-            if x.is_infinite() && obj.cast::<PyFloat>().is_err() && !obj.eq(x).unwrap_or(false) {
-                return Err(arg_err(
-                    Kind::Overflow,
-                    index,
-                    format!("{} does not fit scalar {ty}", show(obj)),
-                ));
-            }
-            if ty == ScalarType::F32 && x.is_finite() && x.abs() > f64::from(f32::MAX) {
+            // Rounded to the nearest f32 as tile-launch packs it: refused only when that is an
+            // infinity (the value is at or beyond f32::MAX plus half its last step).
+            if ty == ScalarType::F32 && x.is_finite() && !(x as f32).is_finite() {
                 return Err(arg_err(
                     Kind::Overflow,
                     index,
                     format!(
-                        "{} does not fit scalar f32 (largest finite {:e})",
+                        "{} does not fit scalar f32: it rounds beyond the largest finite f32 \
+                         ({:e})",
                         show(obj),
                         f32::MAX
                     ),
@@ -165,9 +158,7 @@ pub(crate) fn convert_scalar(
                 } {
                     Ok(i) => i,
                     Err(e) => {
-                        let w = wrong("an integer");
-                        w.set_cause(py, Some(e));
-                        return Err(w);
+                        return Err(crate::errors::reraise_or(py, e, || wrong("an integer")));
                     }
                 },
             };
