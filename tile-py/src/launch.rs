@@ -105,12 +105,18 @@ pub(crate) fn launch(
     programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     sync: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<LaunchHandle> {
-    // True or False only, named in the error (an int is refused, as `Kernel.bind` refuses it).
+    // A bool (or NumPy's bool), named in the error otherwise (an int is refused).
     let flag = |v: Option<&Bound<'_, PyAny>>, what: &str, default: bool| match v {
         None => Ok(default),
-        Some(v) if v.is(pyo3::types::PyBool::new(py, true)) => Ok(true),
-        Some(v) if v.is(pyo3::types::PyBool::new(py, false)) => Ok(false),
-        Some(v) => crate::kernel::bool_arg(v, &format!("launch: {what}")),
+        Some(v) => v.extract::<bool>().map_err(|_| {
+            crate::errors::err(
+                crate::errors::Kind::Type,
+                format!(
+                    "launch: {what} must be True or False, got {}",
+                    crate::errors::show(v)
+                ),
+            )
+        }),
     };
     let cooperative = flag(cooperative, "cooperative", false)?;
     let programmatic_dependent_launch = flag(
