@@ -346,6 +346,23 @@ def test_row13_grid_and_block(counters, grid, block, exc, pattern):
     assert c.calls == 1
 
 
+def test_row13_numpy_integer_dimensions_are_ints(counters):
+    # Dimensions computed with NumPy (np.int64 from shape arithmetic) are taken as ints, through
+    # __index__; NumPy floats and bools are not ints. The kernel check comes after the
+    # configuration, so reaching it means the configuration was read.
+    for grid, block in [(np.int64(4), 256), ((np.int32(2), np.uint8(3)), (np.int64(128),))]:
+        with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
+            tile_py.launch(STREAM, grid, None, (), block=block)
+    with pytest.raises(TypeError, match=r"grid must be an int or a tuple of 1 to 3 ints, got (np\.float64\()?4\.0"):
+        tile_py.launch(STREAM, np.float64(4), None, (), block=1)
+    with pytest.raises(TypeError, match=r"block\[0\] must be an int, got (np\.)?True"):
+        tile_py.launch(STREAM, 1, None, (), block=(np.bool_(True),))
+    with pytest.raises(ValueError, match=r"grid\[0\] is -1, outside"):
+        tile_py.launch(STREAM, np.int64(-1), None, (), block=1)
+    with pytest.raises(KeyboardInterrupt):
+        tile_py.launch(STREAM, (_Index(KeyboardInterrupt()),), None, (), block=1)
+
+
 def test_row13_shared_mem(counters):
     with pytest.raises(ValueError, match=r"shared_mem is -1 bytes"):
         tile_py.launch(STREAM, 1, None, (), block=1, shared_mem=-1)

@@ -12,11 +12,35 @@ pub(crate) fn int_text(v: &Bound<'_, PyAny>) -> String {
     v.str().map(|s| s.to_string()).unwrap_or_else(|_| show(v))
 }
 
+/// `v` as a Python int when it is one (not a bool), or when it converts through `__index__`
+/// (NumPy's integer scalars, for dimensions computed with NumPy); `None` for anything else (a
+/// float, a bool, an `__index__` that refuses). An interrupt or a memory error raised by
+/// `__index__` propagates.
+fn dimension_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if v.cast::<PyBool>().is_ok() {
+        return Ok(None);
+    }
+    if v.cast::<PyInt>().is_ok() {
+        return Ok(Some(v.clone()));
+    }
+    // SAFETY: `v` is a live object; `PyIndex_Check` only reads its type.
+    if v.cast::<PyFloat>().is_ok() || unsafe { ffi::PyIndex_Check(v.as_ptr()) } == 0 {
+        return Ok(None);
+    }
+    // SAFETY: as above; a new reference, or null with an exception set.
+    match unsafe { Bound::from_owned_ptr_or_err(v.py(), ffi::PyNumber_Index(v.as_ptr())) } {
+        Ok(i) => Ok(Some(i)),
+        Err(e) if crate::errors::raised_as_is(v.py(), &e) => Err(e),
+        Err(_) => Ok(None),
+    }
+}
+
 /// Converts a `grid`, `block` or `cluster` argument (an int, or a tuple of 1 to 3 ints; missing
-/// dimensions are 1) into a [`Dim3`]. Only what a `Dim3` cannot hold is refused here (not an
+/// dimensions are 1; NumPy integer scalars count as ints) into a [`Dim3`]. Only what a `Dim3` cannot hold is refused here (not an
 /// int, below 0, above `u32::MAX`): every limit a dimension has (at least 1, the device's
 /// maxima, the block's thread count) is tile-launch's to check, once, when the launch is
 /// checked (`Stream::check`, `Stream::bind`).
+#[inline]
 pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     // The common case, an exact int: no tuple, no allocation.
     if obj.is_exact_instance_of::<PyInt>()
@@ -24,11 +48,19 @@ pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     {
         return Ok(Dim3::new(v, 1, 1));
     }
+    parse_dims_other(what, obj)
+}
+
+/// [`parse_dims`] for anything but an exact int that fits (tuples, NumPy integers, errors);
+/// out of line, so that the exact-int case stays small where it is inlined.
+#[inline(never)]
+fn parse_dims_other(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     let one;
     let tuple;
-    let items: &[Bound<'_, PyAny>] = if obj.cast::<PyInt>().is_ok() && obj.cast::<PyBool>().is_err()
+    let items: &[Bound<'_, PyAny>] = if obj.cast::<PyTuple>().is_err()
+        && let Some(i) = dimension_int(obj)?
     {
-        one = [obj.clone()];
+        one = [i];
         &one
     } else if let Ok(t) = obj.cast::<PyTuple>() {
         tuple = t.iter().collect::<SmallVec<[Bound<'_, PyAny>; 3]>>();
@@ -59,12 +91,13 @@ pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     }
     let mut dims = [1u32; 3];
     for (i, item) in items.iter().enumerate() {
-        if item.cast::<PyInt>().is_err() || item.cast::<PyBool>().is_ok() {
+        let Some(item) = dimension_int(item)? else {
             return Err(err(
                 Kind::Type,
                 format!("{what}[{i}] must be an int, got {}", show(item)),
             ));
-        }
+        };
+        let item = &item;
         dims[i] = item.extract::<u32>().map_err(|_| {
             err(
                 Kind::Value,
