@@ -2,7 +2,7 @@
 
 import os
 from types import TracebackType
-from typing import Any, Optional, Sequence, Tuple, Type, Union, final
+from typing import Any, Optional, Sequence, SupportsIndex, Tuple, Type, Union, final
 
 __all__ = [
     "BoundLaunch",
@@ -26,7 +26,9 @@ __version__: str
 """The version of tile_py (the Rust crate's version, as in the wheel's metadata), e.g. '0.1.0'."""
 
 # Type aliases for the annotations below; they exist in the stub only.
-_Dims = Union[int, Tuple[int], Tuple[int, int], Tuple[int, int, int]]
+# An int, or 1 to 3 of them; NumPy integer scalars count (anything with __index__ but a bool).
+_Dim = SupportsIndex
+_Dims = Union[_Dim, Tuple[_Dim], Tuple[_Dim, _Dim], Tuple[_Dim, _Dim, _Dim]]
 _StreamLike = Any  # an object with __cuda_stream__, a CuPy stream, or an int handle
 _DTypeLike = Any  # 'float32', 'bfloat16', torch.float16, numpy.int32, ...
 
