@@ -7,7 +7,6 @@ no launch). Host us per call, bursts of 64, median of 200 rounds.
     PYTHONPATH=<tile_py site> python3 bench/probe_tensor_costs.py
 """
 import statistics, time
-import numpy as np
 import torch, cupy
 import tile_py
 from tile_py import In, Out, Scalar
