@@ -27,6 +27,14 @@ fn dimension_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny
     if v.cast::<PyFloat>().is_ok() || unsafe { ffi::PyIndex_Check(v.as_ptr()) } == 0 {
         return Ok(None);
     }
+    // NumPy's bool is not an int, although NumPy before 2.3 still converts it through
+    // `__index__` (with a DeprecationWarning).
+    let ty = v.get_type();
+    if ty.name().is_ok_and(|n| n == "bool" || n == "bool_")
+        && ty.module().is_ok_and(|m| m == "numpy")
+    {
+        return Ok(None);
+    }
     // SAFETY: as above; a new reference, or null with an exception set.
     match unsafe { Bound::from_owned_ptr_or_err(v.py(), ffi::PyNumber_Index(v.as_ptr())) } {
         Ok(i) => Ok(Some(i)),
