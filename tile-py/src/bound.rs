@@ -7,7 +7,7 @@ use pyo3::types::PyTuple;
 use crate::convert::parse_config;
 use crate::errors::launch_err;
 use crate::handle::LaunchHandle;
-use crate::kernel::{Kernel, bool_arg};
+use crate::kernel::{Kernel, flag_arg};
 use crate::launch::{Target, arg_list, as_kernel, check_count, check_usable};
 use crate::streams;
 
@@ -43,13 +43,12 @@ impl BoundLaunch {
         cooperative: Option<&Bound<'_, PyAny>>,
         programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BoundLaunch> {
-        let flag = |v: Option<&Bound<'_, PyAny>>, what: &str| {
-            v.map_or(Ok(false), |v| bool_arg(v, &format!("Kernel.bind: {what}")))
-        };
-        let cooperative = flag(cooperative, "cooperative")?;
-        let programmatic_dependent_launch = flag(
+        let cooperative = flag_arg(cooperative, "Kernel.bind", "cooperative", false)?;
+        let programmatic_dependent_launch = flag_arg(
             programmatic_dependent_launch,
+            "Kernel.bind",
             "programmatic_dependent_launch",
+            false,
         )?;
         let (spec, cached) = crate::launch::prelude(py, stream)?;
         let config = parse_config(

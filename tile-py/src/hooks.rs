@@ -240,13 +240,7 @@ pub(crate) fn _exchange_api_cost(obj: &Bound<'_, PyAny>, n: u32) -> PyResult<(f6
         ))
     };
     let api = crate::convert::lookup_exchange_api(py, &obj.get_type()).ok_or_else(no_api)?;
-    // SAFETY: `lookup_exchange_api` returns only major-version-1 tables with both entries set.
-    let (Some(from_obj), Some(current_stream)) = (unsafe {
-        (
-            (*api.as_ptr()).managed_tensor_from_py_object_no_sync,
-            (*api.as_ptr()).current_work_stream,
-        )
-    }) else {
+    let (Some(from_obj), Some(current_stream)) = api.entries() else {
         return Err(no_api());
     };
     let n = n.max(1);

@@ -281,6 +281,26 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
     Ok(a)
 }
 
+/// The optional bool keyword `name` of `func` (`launch`, `Kernel.bind`): `default` when not
+/// given; a bool (NumPy's included); anything else a `TypeError` naming `func: name`.
+#[inline]
+pub(crate) fn flag_arg(
+    v: Option<&Bound<'_, PyAny>>,
+    func: &str,
+    name: &str,
+    default: bool,
+) -> PyResult<bool> {
+    match v {
+        None => Ok(default),
+        Some(v) => v.extract::<bool>().map_err(|_| {
+            err(
+                Kind::Type,
+                format!("{func}: {name} must be True or False, got {}", show(v)),
+            )
+        }),
+    }
+}
+
 /// `obj` as a `bool` (`True` or `False` only), or a `TypeError` naming `what`.
 pub(crate) fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
     obj.cast::<pyo3::types::PyBool>()

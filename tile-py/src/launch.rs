@@ -105,26 +105,15 @@ pub(crate) fn launch(
     programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     sync: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<LaunchHandle> {
-    // A bool (or NumPy's bool), named in the error otherwise (an int is refused).
-    let flag = |v: Option<&Bound<'_, PyAny>>, what: &str, default: bool| match v {
-        None => Ok(default),
-        Some(v) => v.extract::<bool>().map_err(|_| {
-            crate::errors::err(
-                crate::errors::Kind::Type,
-                format!(
-                    "launch: {what} must be True or False, got {}",
-                    crate::errors::show(v)
-                ),
-            )
-        }),
-    };
-    let cooperative = flag(cooperative, "cooperative", false)?;
-    let programmatic_dependent_launch = flag(
+    use crate::kernel::flag_arg;
+    let cooperative = flag_arg(cooperative, "launch", "cooperative", false)?;
+    let programmatic_dependent_launch = flag_arg(
         programmatic_dependent_launch,
+        "launch",
         "programmatic_dependent_launch",
         false,
     )?;
-    let sync = flag(sync, "sync", true)?;
+    let sync = flag_arg(sync, "launch", "sync", true)?;
     let (spec, cached) = prelude(py, stream)?;
     let config = parse_config(
         grid,

@@ -1074,3 +1074,23 @@ def test_launch_flags_are_bools_and_a_wrong_one_is_named(flag):
     # Refused before anything else (no driver needed): the message names the keyword.
     with pytest.raises(TypeError, match=f"launch: {flag} must be True or False, got 1"):
         tile_py.launch(1, 1, object(), (), block=1, **{flag: 1})
+
+
+@pytest.mark.parametrize("flag", ["cooperative", "programmatic_dependent_launch"])
+def test_launch_and_bind_read_their_bool_keywords_alike(flag):
+    # One reading for both entry points: an int refused naming the keyword, NumPy's bool taken
+    # as a bool (the call then fails later, on the kernel, exactly as with True).
+    not_a_kernel = object()
+    for call, name in [
+        (lambda **kw: tile_py.launch(1, 1, not_a_kernel, (), block=1, **kw), "launch"),
+        (lambda **kw: tile_py.BoundLaunch(1, 1, not_a_kernel, block=1, **kw), "Kernel.bind"),
+    ]:
+        with pytest.raises(TypeError, match=f"{name}: {flag} must be True or False, got 1"):
+            call(**{flag: 1})
+        with pytest.raises(Exception) as with_true:
+            call(**{flag: True})
+        with pytest.raises(Exception) as with_np:
+            call(**{flag: np.True_})
+        assert type(with_np.value) is type(with_true.value)
+        assert str(with_np.value) == str(with_true.value)
+        assert flag not in str(with_true.value)

@@ -8,8 +8,23 @@ pub(crate) struct ApiPtr(*const DLPackExchangeAPI);
 unsafe impl Send for ApiPtr {}
 
 impl ApiPtr {
-    pub(crate) fn as_ptr(self) -> *const DLPackExchangeAPI {
-        self.0
+    /// The table's export and current-work-stream entries, read now (a producer may have
+    /// cleared one since the table was first read and checked).
+    #[inline]
+    pub(crate) fn entries(
+        self,
+    ) -> (
+        tile_dlpack::ffi::DLPackManagedTensorFromPyObjectNoSync,
+        tile_dlpack::ffi::DLPackCurrentWorkStream,
+    ) {
+        // SAFETY: an `ApiPtr` is only made by `lookup_exchange_api`, for a major-version-1
+        // table that lives as long as the process (DLPack 1.3); the layout is that version's.
+        unsafe {
+            (
+                (*self.0).managed_tensor_from_py_object_no_sync,
+                (*self.0).current_work_stream,
+            )
+        }
     }
 }
 
@@ -47,13 +62,7 @@ pub(crate) fn from_exchange_api(
     hs: &Handshake,
 ) -> PyResult<Tensor> {
     let note = |e: PyErr| with_note(py, e, argument_note(index));
-    // SAFETY: `api` was checked to be a major-version-1 table with these entries non-null.
-    let (from_obj, current_stream) = unsafe {
-        (
-            (*api.0).managed_tensor_from_py_object_no_sync,
-            (*api.0).current_work_stream,
-        )
-    };
+    let (from_obj, current_stream) = api.entries();
     // Checked when the table was cached; a producer that cleared an entry since gets an error
     // (before anything is exported), not a panic.
     let (Some(from_obj), Some(current_stream)) = (from_obj, current_stream) else {
