@@ -572,7 +572,7 @@ impl Stream {
     ) -> Stream {
         let timeline = CudaTimeline::new(d, ctx, raw, owned, launch_only, keep);
         let per_thread = timeline.thread.is_some();
-        let tracker = Tracker::new(timeline, config);
+        let tracker = Tracker::recycle_with(timeline, config, crate::launch::recycle_guards);
         let per_thread = per_thread
             .then(|| Mutex::new(vec![(std::thread::current().id(), Arc::clone(&tracker))]));
         Stream {
@@ -613,7 +613,8 @@ impl Stream {
         });
         let first = self.inner.tracker.timeline();
         let timeline = CudaTimeline::new(first.d, &first.ctx, first.raw, false, false, None);
-        let tracker = Tracker::new(timeline, self.inner.config);
+        let tracker =
+            Tracker::recycle_with(timeline, self.inner.config, crate::launch::recycle_guards);
         map.push((me, Arc::clone(&tracker)));
         Cow::Owned(tracker)
     }

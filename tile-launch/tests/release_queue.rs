@@ -1766,3 +1766,66 @@ fn a_launch_only_timeline_is_never_named_after_the_launch() {
     );
     assert!(h.tracker.is_quiescent());
 }
+
+/// What the recycle hook of [`recycled_vectors_come_back_empty_after_their_guards`] received:
+/// each vector's capacity and length, and how many guards had been dropped by then.
+static RECYCLED: Mutex<Vec<(usize, usize, usize)>> = Mutex::new(Vec::new());
+static RECYCLE_LOG: OnceLock<Arc<Mutex<Vec<DropRecord>>>> = OnceLock::new();
+
+fn recycle_hook(v: Vec<Guard>) {
+    let dropped = RECYCLE_LOG.get().map_or(0, |l| l.lock().unwrap().len());
+    RECYCLED
+        .lock()
+        .unwrap()
+        .push((v.capacity(), v.len(), dropped));
+}
+
+#[test]
+fn recycled_vectors_come_back_empty_after_their_guards() {
+    let fake = FakeTimeline::new();
+    let h = Harness {
+        tracker: Tracker::recycle_with(fake.clone(), config(1), recycle_hook),
+        fake,
+        log: Arc::default(),
+        next_launch: AtomicU64::new(0),
+    };
+    RECYCLE_LOG.set(Arc::clone(&h.log)).unwrap();
+    // A retired handle, then two deferred launches released by a poll.
+    let handle = h.launch(3);
+    assert!(
+        RECYCLED.lock().unwrap().is_empty(),
+        "nothing recycled before release"
+    );
+    handle.retire().unwrap();
+    assert_eq!(*RECYCLED.lock().unwrap(), vec![(3, 0, 3)]);
+    h.launch_deferred(2);
+    h.launch_deferred(4);
+    assert_eq!(
+        RECYCLED.lock().unwrap().len(),
+        1,
+        "deferred launches are still pending"
+    );
+    h.fake.complete_all();
+    h.tracker.poll();
+    // Each vector reaches the hook empty, with its buffer, once every guard it held (in launch
+    // order) was dropped.
+    assert_eq!(
+        *RECYCLED.lock().unwrap(),
+        vec![(3, 0, 3), (2, 0, 5), (4, 0, 9)]
+    );
+    // A failed enqueue releases its guards at once and recycles their vector too.
+    let (_, _, guards) = h.guards(2);
+    let err = h
+        .tracker
+        .launch_deferred(guards, 200, || Err::<(), &str>("refused"))
+        .unwrap_err();
+    assert_eq!(err, "refused");
+    assert_eq!(RECYCLED.lock().unwrap().last(), Some(&(2, 0, 11)));
+    // A launch of no guards has no buffer: nothing to recycle.
+    h.launch_deferred(0);
+    h.fake.complete_all();
+    h.tracker.poll();
+    assert_eq!(RECYCLED.lock().unwrap().len(), 4);
+    h.assert_sound();
+    assert_eq!(h.stats().guards_released, 11);
+}

@@ -142,7 +142,12 @@ pub(crate) fn drain(py: Python<'_>) {
             push(batch);
             return;
         }
-        let saved = PyErr::take(py);
+        // SAFETY: attached (`py`); only reads the thread's exception indicator.
+        let saved = if unsafe { pyo3::ffi::PyErr_Occurred() }.is_null() {
+            None
+        } else {
+            PyErr::take(py)
+        };
         release_batch(py, batch);
         if let Some(err) = saved {
             err.restore(py);
@@ -171,43 +176,47 @@ fn device_of(item: &Release) -> Option<i32> {
 /// first in the batch, runs in the first device's context tile_py made. No context is ever
 /// made here: without one (no launch yet, or no driver) the batch runs as it is.
 fn release_batch(py: Python<'_>, batch: Vec<Release>) {
+    // Each group is released straight from the batch's iterator, without a vector of its own.
     let mut items = batch.into_iter().peekable();
     let mut device = None;
     while let Some(first) = items.peek() {
         device = device_of(first).or(device);
-        let mut group = Vec::new();
-        while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device)) {
-            group.push(item);
-        }
         let ctx = match device {
             Some(d) => crate::contexts::cached_context(d),
             None => crate::contexts::first_cached_context(),
         };
+        let mut group = || {
+            while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device))
+            {
+                release_one(py, item);
+            }
+        };
         match ctx {
-            Some(ctx) => ctx.releasing(|| release_each(py, group)),
-            None => release_each(py, group),
+            Some(ctx) => ctx.releasing(group),
+            None => group(),
         }
     }
 }
 
-/// Runs each release of `group` (attached, in order), counting them and reporting a deleter's
-/// exception through `sys.unraisablehook`.
-fn release_each(py: Python<'_>, group: Vec<Release>) {
-    for item in group {
-        let is_tensor = matches!(item, Release::Tensor(_));
-        // A panic cannot come from a C deleter (it would abort), only from Rust code
-        // around it; catch it so that the remaining releases still run.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(item)));
-        if is_tensor {
-            COUNTERS.released.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(err) = PyErr::take(py) {
-            COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
-            err.write_unraisable(py, None);
-        }
-        if r.is_err() {
-            COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
-        }
+/// Runs one release (attached), counting it and reporting a deleter's exception through
+/// `sys.unraisablehook`.
+fn release_one(py: Python<'_>, item: Release) {
+    let is_tensor = matches!(item, Release::Tensor(_));
+    // A panic cannot come from a C deleter (it would abort), only from Rust code around it;
+    // catch it so that the remaining releases still run.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(item)));
+    if is_tensor {
+        COUNTERS.released.fetch_add(1, Ordering::Relaxed);
+    }
+    // SAFETY: attached (`py`); only reads the thread's exception indicator.
+    if !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null()
+        && let Some(err) = PyErr::take(py)
+    {
+        COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
+        err.write_unraisable(py, None);
+    }
+    if r.is_err() {
+        COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -35,6 +35,9 @@ pub struct Tracker<T: Timeline, G: Send + 'static> {
     /// and [`would_wait`](Tracker::would_wait) without taking the lock).
     queued_guards: AtomicUsize,
     queued_bytes: AtomicU64,
+    /// Where each released launch's emptied guard vector goes ([`Tracker::recycle_with`]); none:
+    /// it is freed.
+    recycle: Option<fn(Vec<G>)>,
 }
 
 /// The tracker's lock held. Letting go of it publishes how much the queue holds.
@@ -90,6 +93,18 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// A [`PendingBytes::ShareOfDevice`](super::PendingBytes::ShareOfDevice) bound is resolved
     /// here, once, against [`Timeline::device_memory`].
     pub fn new(timeline: T, config: ReleaseConfig) -> Arc<Self> {
+        Self::build(timeline, config, None)
+    }
+
+    /// As [`Tracker::new`], and each launch's guard vector, once its guards are released, is
+    /// handed to `recycle` empty (its buffer kept) instead of being freed, so that the launching
+    /// side can reuse it for a later launch rather than allocate one per launch. `recycle` runs
+    /// on the releasing thread, without the tracker's lock; it must not panic.
+    pub fn recycle_with(timeline: T, config: ReleaseConfig, recycle: fn(Vec<G>)) -> Arc<Self> {
+        Self::build(timeline, config, Some(recycle))
+    }
+
+    fn build(timeline: T, config: ReleaseConfig, recycle: Option<fn(Vec<G>)>) -> Arc<Self> {
         let max_pending_bytes = config.max_pending_bytes.resolve(timeline.device_memory());
         Arc::new(Self {
             timeline,
@@ -117,6 +132,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             release_panics: AtomicU64::new(0),
             queued_guards: AtomicUsize::new(0),
             queued_bytes: AtomicU64::new(0),
+            recycle,
         })
     }
 
@@ -766,13 +782,14 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         let mut released = 0usize;
         let mut panics = 0u64;
         let mut batch = Some(batch);
+        let recycle = self.recycle;
         self.timeline.releasing(&mut || {
             let Some(batch) = batch.take() else { return };
-            Self::drop_all(batch, &mut released, &mut panics);
+            Self::drop_all(batch, recycle, &mut released, &mut panics);
         });
         // Were `releasing` not to call us back, the guards are dropped here all the same.
         if let Some(batch) = batch.take() {
-            Self::drop_all(batch, &mut released, &mut panics);
+            Self::drop_all(batch, recycle, &mut released, &mut panics);
         }
         self.released.fetch_add(released as u64, Ordering::Relaxed);
         if panics > 0 {
@@ -781,10 +798,17 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         released
     }
 
-    /// Drops every guard of `batch` in order, each inside `catch_unwind`.
-    fn drop_all(batch: Vec<Held<G>>, released: &mut usize, panics: &mut u64) {
+    /// Drops every guard of `batch` in order, each inside `catch_unwind`, then hands each
+    /// emptied vector to `recycle` (or frees it).
+    fn drop_all(
+        batch: Vec<Held<G>>,
+        recycle: Option<fn(Vec<G>)>,
+        released: &mut usize,
+        panics: &mut u64,
+    ) {
         for held in batch {
-            for guard in ManuallyDrop::into_inner(held) {
+            let mut guards = ManuallyDrop::into_inner(held);
+            for guard in guards.drain(..) {
                 *released += 1;
                 if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(move || drop(guard))) {
                     *panics += 1;
@@ -798,6 +822,11 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                         mem::forget(again);
                     }
                 }
+            }
+            if let Some(recycle) = recycle
+                && guards.capacity() > 0
+            {
+                recycle(guards);
             }
         }
     }

@@ -241,15 +241,22 @@ pub(crate) fn call_dlpack<'py>(
         let r = match kw {
             Keywords::Positional => method.call1((stream,)),
             _ => {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item(intern!(py, "stream"), stream)?;
-                if kw == Keywords::StreamAndVersion {
-                    let v = MAX_VERSION.get_or_try_init(py, || {
-                        PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind)
-                    })?;
-                    kwargs.set_item(intern!(py, "max_version"), v.bind(py))?;
+                let v = MAX_VERSION
+                    .get_or_try_init(py, || PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind))?
+                    .bind(py);
+                let s = stream.into_pyobject(py)?.into_any();
+                let with_version = kw == Keywords::StreamAndVersion;
+                match keyword_call(py, method, &s, with_version.then_some(v.as_any()))? {
+                    Some(r) => r,
+                    None => {
+                        let kwargs = PyDict::new(py);
+                        kwargs.set_item(intern!(py, "stream"), &s)?;
+                        if with_version {
+                            kwargs.set_item(intern!(py, "max_version"), v)?;
+                        }
+                        method.call((), Some(&kwargs))
+                    }
                 }
-                method.call((), Some(&kwargs))
             }
         };
         match r {
@@ -295,6 +302,34 @@ pub(crate) fn call_dlpack<'py>(
         ));
     }
     Ok((cap, ready_on))
+}
+
+/// `method(stream=stream)`, or `method(stream=stream, max_version=version)`, with no keyword
+/// dict ([`crate::pytypes::call_keywords`]; the keyword names are made once). `Ok(None)` where
+/// the interpreter cannot call so (Python 3.10): the caller passes a dict.
+fn keyword_call<'py>(
+    py: Python<'py>,
+    method: &Bound<'py, PyAny>,
+    stream: &Bound<'py, PyAny>,
+    version: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Option<PyResult<Bound<'py, PyAny>>>> {
+    static STREAM_AND_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+    static STREAM: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+    Ok(match version {
+        Some(v) => {
+            let names = STREAM_AND_VERSION.get_or_try_init(py, || {
+                PyTuple::new(py, [intern!(py, "stream"), intern!(py, "max_version")])
+                    .map(Bound::unbind)
+            })?;
+            crate::pytypes::call_keywords(method, [stream, v], names.bind(py))
+        }
+        None => {
+            let names = STREAM.get_or_try_init(py, || {
+                PyTuple::new(py, [intern!(py, "stream")]).map(Bound::unbind)
+            })?;
+            crate::pytypes::call_keywords(method, [stream], names.bind(py))
+        }
+    })
 }
 
 /// The error for a `__dlpack__` call that raised `e`: when the producer's `__dlpack_device__()`
