@@ -16,6 +16,8 @@ per path the median over --rounds interleaved rounds (the path order rotates eve
                                                      orders the launch after it
   tile_py.launch, 3 CuPy arrays / 3 plain __dlpack__ objects / 4 u64 scalars
   tile_py prepared (Kernel.bind), 3 torch tensors    same stream and cross stream
+  tile_py prepared (Kernel.bind), 4 u64 scalars      the prepared path without any tensor
+                                                     (bound.py_prepared_vs_cuda_core's base)
 
   tile_py.launch, 3 CuPy arrays, CuPy current stream != launch stream
   tile_py.cutile.launch, cuTile kernel, 3 torch tensors   same stream and cross stream (with cuTile)
@@ -147,7 +149,6 @@ def producer_bounds(bmed, t):
     `__dlpack__(stream=...)` and the capsule's release per array). A launch that did no
     per-tensor work of its own would still cost this. Returns (bounds, reasons for nulls)."""
     out, missing = {}, {}
-    scalars = bmed.get("tile_py.launch, 4 u64 scalars")
     try:
         costs = [tile_py._exchange_api_cost(t, 64) for _ in range(200)]
         export_us = statistics.median(c[0] for c in costs) / 1e3
@@ -165,15 +166,18 @@ def producer_bounds(bmed, t):
     if per is None:
         missing["bound.py_per_torch_tensor_producer_us"] = "a producer row is missing"
 
-    def floor(key, den, per_tensor):
-        if None not in (scalars, per_tensor) and den in bmed:
-            out[key] = (scalars + 3 * per_tensor) / bmed[den]
+    def floor(key, den, per_tensor, base="tile_py.launch, 4 u64 scalars"):
+        no_tensor = bmed.get(base)
+        if None not in (no_tensor, per_tensor) and den in bmed:
+            out[key] = (no_tensor + 3 * per_tensor) / bmed[den]
         else:
             out[key] = None
-            missing[key] = f"a row is missing ({den}, tile_py 4 u64 scalars or a producer row)"
+            missing[key] = f"a row is missing ({den}, {base} or a producer row)"
 
     floor("bound.py_torch_vs_cutile", "ct.launch (cuTile), 3 torch tensors", per)
     floor("bound.py_torch_vs_cuda_core", "cuda.core launch, raw pointers", per)
+    floor("bound.py_prepared_vs_cuda_core", "cuda.core launch, raw pointers", per,
+          base="tile_py prepared (Kernel.bind), 4 u64 scalars")
     floor("bound.py_cupy_vs_cupy_raw", "CuPy RawKernel, CuPy arrays",
           bmed.get("producer: CuPy __dlpack__(stream=current) + capsule drop, 1 array"))
     floor("bound.py_cupy_cross_stream_vs_cupy_raw", "CuPy RawKernel, CuPy arrays",
@@ -527,6 +531,8 @@ def main():
     brow("tile_py.launch, 4 u64 scalars",
          lambda: tile_py.launch(stream, grid, k_ptrs, (ia, ib, ic, N), block=256))
     brow("tile_py prepared (Kernel.bind), 3 torch tensors", lambda: bound(a, b, c, N))
+    bound_ptrs = k_ptrs.bind(stream, grid, block=256)
+    brow("tile_py prepared (Kernel.bind), 4 u64 scalars", lambda: bound_ptrs(ia, ib, ic, N))
     # The checks on a torch tensor that protect values, as Python calls (bounds): the negative
     # bit (every tensor) and requires_grad (the output).
     brow("producer: torch x.is_neg(), 1 tensor", lambda: a.is_neg())
