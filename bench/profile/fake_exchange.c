@@ -102,6 +102,53 @@ static PyObject *no_get(PyObject *self, void *closure) {
     Py_RETURN_FALSE;
 }
 
+/* A generic DLPack producer in C (as CuPy's ndarray is in Cython): `__dlpack__(*, stream=None,
+ * max_version=None, dl_device=None, copy=None)` returns a "dltensor_versioned" capsule whose
+ * deleter drops the export; no exchange API, not named as any family tile_py knows. */
+typedef struct { PyObject_HEAD int64_t n; uint64_t address; } Array;
+
+static void capsule_destructor(PyObject *cap) {
+    /* Unconsumed: the capsule still owns the export. */
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m && m->deleter) m->deleter(m);
+    }
+}
+
+static PyObject *array_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    (void)args;
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "__dlpack__() takes keyword arguments only");
+        return NULL;
+    }
+    (void)kwnames; /* stream, max_version, dl_device, copy: all accepted and ignored here */
+    DLManagedTensorVersioned *m;
+    if (from_obj(self, &m) < 0) return NULL;
+    return PyCapsule_New(m, "dltensor_versioned", capsule_destructor);
+}
+
+static PyObject *array_dlpack_device(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    return Py_BuildValue("(ii)", 2, 0);
+}
+
+static PyMethodDef array_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))array_dlpack, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"__dlpack_device__", array_dlpack_device, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ArrayType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fake_exchange.Array",
+    .tp_methods = array_methods,
+    .tp_basicsize = sizeof(Array),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)tensor_init,
+};
+
 /* The queries tile_py makes of a PyTorch tensor (lazy conjugate / negative views, autograd). */
 static PyMethodDef tensor_methods[] = {
     {"is_conj", no, METH_NOARGS, NULL},
@@ -129,7 +176,7 @@ static PyTypeObject TensorType = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fake_exchange", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_fake_exchange(void) {
-    if (PyType_Ready(&TensorType) < 0) return NULL;
+    if (PyType_Ready(&TensorType) < 0 || PyType_Ready(&ArrayType) < 0) return NULL;
     PyObject *cap = PyCapsule_New(&api, "dlpack_exchange_api", NULL);
     if (!cap || PyDict_SetItemString(TensorType.tp_dict, "__dlpack_c_exchange_api__", cap) < 0)
         return NULL;
@@ -139,5 +186,7 @@ PyMODINIT_FUNC PyInit_fake_exchange(void) {
     if (!m) return NULL;
     Py_INCREF(&TensorType);
     PyModule_AddObject(m, "Tensor", (PyObject *)&TensorType);
+    Py_INCREF(&ArrayType);
+    PyModule_AddObject(m, "Array", (PyObject *)&ArrayType);
     return m;
 }

@@ -7,7 +7,8 @@ callgrind; the difference over the difference in N is the instructions per launc
     python py_launch_profile.py PATH N
 
 PATH: torch (3 tensors + 4 u64 scalars, producer's current stream = launch stream), cross (the
-same, producer's current stream another), scalars (7 u64 scalars), bound (Kernel.bind, 3 tensors).
+same, producer's current stream another), scalars (7 u64 scalars), bound (Kernel.bind, 3 tensors),
+capsule (3 arrays of a generic producer whose C `__dlpack__` returns a capsule, as CuPy's does).
 """
 
 import gc
@@ -39,6 +40,7 @@ def main():
     k3 = lib.kernel("k", [In("float32"), In("float32"), Out("float32")] + [Scalar("u64")] * 4)
     k7 = lib.kernel("k", [Scalar("u64")] * 7)
     a, b, c = (fake_exchange.Tensor(4096) for _ in range(3))
+    x, y, z = (fake_exchange.Array(4096) for _ in range(3))
     fake_exchange.set_current_stream(0x777 if path == "cross" else HANDLE)
     bound = k3.bind(STREAM, 16, block=256)
     paths = {
@@ -46,6 +48,7 @@ def main():
         "cross": lambda: tile_py.launch(STREAM, 16, k3, (a, b, c, 1, 2, 3, 4), block=256),
         "scalars": lambda: tile_py.launch(STREAM, 16, k7, (1, 2, 3, 4, 5, 6, 7), block=256),
         "bound": lambda: bound(a, b, c, 1, 2, 3, 4),
+        "capsule": lambda: tile_py.launch(STREAM, 16, k3, (x, y, z, 1, 2, 3, 4), block=256),
     }
     launch = paths[path]
     for _ in range(300):  # warm-up: caches, first-use paths

@@ -9,7 +9,9 @@ use pyo3::prelude::*;
 use pyo3::sync::critical_section::with_critical_section;
 use pyo3::types::PyCapsule;
 
-use crate::convert::{Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream};
+use crate::convert::{
+    DlpackMethod, Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream,
+};
 use crate::errors::{Kind, arg_err, launch_err, show};
 use crate::streams;
 
@@ -64,7 +66,8 @@ pub(crate) fn _export<'py>(
             ));
         };
         let offer = offered_stream(&hs);
-        let (cap, _ready_on) = call_dlpack(py, index, obj, &method, &hs, offer)?;
+        let (cap, _ready_on) =
+            call_dlpack(py, index, obj, &DlpackMethod::Attr(method), &hs, offer)?;
         (cap, Some(offer.0))
     };
     let layout = describe(py, index, &cap)?;

@@ -28,6 +28,22 @@ pub(crate) fn mro_any(ty: &Bound<'_, PyType>, mut pred: impl FnMut(&str, &str) -
     })
 }
 
+/// Whether a class in `ty`'s MRO defines `name` in its own `__dict__`: where an instance's
+/// attribute lookup finds a method without an instance attribute or `__getattr__` (a metaclass's
+/// attributes do not count; an instance never sees them). A dict that cannot be read counts as
+/// not defining it.
+pub(crate) fn defined_on_type(
+    ty: &Bound<'_, PyType>,
+    name: &Bound<'_, pyo3::types::PyString>,
+) -> bool {
+    let py = ty.py();
+    ty.mro().iter().any(|c| {
+        c.getattr(intern!(py, "__dict__"))
+            .and_then(|d| d.contains(name))
+            .unwrap_or(false)
+    })
+}
+
 /// Whether `module` is package `package` or one of its submodules.
 pub(crate) fn in_package(module: &str, package: &str) -> bool {
     module
@@ -208,6 +224,42 @@ pub(crate) fn call_keywords<'py, const N: usize>(
             callable.as_ptr(),
             args.as_mut_ptr().add(1),
             ARGUMENTS_OFFSET,
+            names.as_ptr(),
+        )
+    };
+    // SAFETY: a new reference, or null with an exception set.
+    Some(unsafe { Bound::from_owned_ptr_or_err(py, r) })
+}
+
+/// `obj.name(**dict(zip(names, values)))` without making a bound method or a keyword dict:
+/// through `PyObject_VectorcallMethod` with `names` as its keyword-name tuple. `None` where the
+/// interpreter does not export it: the caller then calls another way.
+pub(crate) fn call_method_keywords<'py, const N: usize>(
+    obj: &Bound<'py, PyAny>,
+    name: &Bound<'py, pyo3::types::PyString>,
+    values: [&Bound<'py, PyAny>; N],
+    names: &Bound<'py, pyo3::types::PyTuple>,
+) -> Option<PyResult<Bound<'py, PyAny>>> {
+    let f = vectorcall_method()?;
+    debug_assert_eq!(names.len(), N);
+    let py = obj.py();
+    // `args[0]` is free for the callee (ARGUMENTS_OFFSET); the receiver is `args[1]`, the
+    // keyword values follow it.
+    let mut args = [std::ptr::null_mut(); 8];
+    assert!(N + 1 < args.len());
+    args[1] = obj.as_ptr();
+    for (slot, v) in args[2..].iter_mut().zip(values) {
+        *slot = v.as_ptr();
+    }
+    // SAFETY: `name` is a str, `obj`, the values and `names` (a tuple of `N` str) are live for
+    // the call; the array is mutable and has the slot before the receiver that
+    // ARGUMENTS_OFFSET lets the callee overwrite; 1 positional argument (the receiver), `N`
+    // keyword values after it.
+    let r = unsafe {
+        f(
+            name.as_ptr(),
+            args.as_mut_ptr().add(1),
+            1 | ARGUMENTS_OFFSET,
             names.as_ptr(),
         )
     };

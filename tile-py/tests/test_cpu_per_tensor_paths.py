@@ -44,9 +44,9 @@ def test_dlpack_gets_stream_and_max_version_as_keywords_only():
     assert p.deleted == 1
 
 
-def test_keyword_values_are_fresh_per_call_and_survive_the_producer_keeping_them():
-    # A producer that keeps the keyword values: each call's are its own objects, alive after the
-    # call (no borrowed slot is reused under the producer).
+def test_keyword_values_survive_the_producer_keeping_them():
+    # A producer that keeps the keyword values: they stay alive and unchanged after the call and
+    # after later calls (the stream int is shared by one launch's calls; ints are immutable).
     kept = []
 
     class Keeper(Producer):
@@ -103,3 +103,59 @@ def test_drain_releases_queued_objects_once_each_in_queue_order():
         time.sleep(0.01)
     assert done[:40] == list(range(40))
     assert done[40:] == [100]
+
+
+def test_dlpack_reached_through_getattr_is_called_as_the_attribute():
+    # A wrapper whose type defines no __dlpack__ and forwards attribute access (`__getattr__`):
+    # its __dlpack__ is the attribute its lookup returns, called with the same keywords.
+    class Forwarding:
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    p = Producer()
+    check([In("float32")], (Forwarding(p),))
+    assert p.calls == [{"stream": STREAM, "max_version": (1, 3)}]
+    assert p.deleted == 1
+
+
+def test_a_class_that_loses_its_dlpack_is_then_treated_as_an_object_without_one():
+    # The type is first seen with __dlpack__ on it (called by name); once the class no longer
+    # has it, an instance is an object without __dlpack__: refused as such, nothing called.
+    class Changing(Producer):
+        def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+            self.calls.append({"stream": stream})
+            return self._export()
+
+    p = Changing()
+    check([In("float32")], (p,))
+    assert p.calls == [{"stream": STREAM}] and p.deleted == 1
+    del Changing.__dlpack__  # Producer's own __dlpack__ is still inherited: called by name
+    check([In("float32")], (p,))
+    assert p.calls[-1] == {"stream": STREAM, "max_version": (1, 3)} and p.deleted == 2
+
+    class Plain:
+        def __dlpack__(self, **kw):
+            raise AssertionError("not called once removed")
+
+    q = Plain()
+    with pytest.raises(AssertionError):
+        check([In("float32")], (q,))
+    del Plain.__dlpack__
+    with pytest.raises(TypeError, match=r"argument 0: expected a tensor .*__dlpack__ or __cuda_array_interface__"):
+        check([In("float32")], (q,))
+
+
+def test_positional_only_stream_is_retried_positionally_on_the_type_path():
+    calls = []
+
+    class PositionalOnly(Producer):
+        def __dlpack__(self, stream, /):
+            calls.append(stream)
+            return self._export()
+
+    p = PositionalOnly()
+    check([In("float32")], (p,))
+    assert calls == [STREAM] and p.deleted == 1

@@ -148,6 +148,10 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
             "bound",
             "tile_py prepared (Kernel.bind), 3 torch-like tensors + 4 u64 scalars",
         ),
+        (
+            "capsule",
+            "tile_py.launch, 3 arrays of a C __dlpack__ producer (capsules) + 4 u64 scalars",
+        ),
     ];
     let py = root.join("target/py-venv/bin/python");
     let probe = Command::new(&py)

@@ -226,11 +226,21 @@ pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
 /// `offer` is the `stream=` value and the stream the export is then ready on
 /// ([`offered_stream`], or [`family_offer`] for a family whose current stream is read). Returns
 /// the capsule and that ready-on stream.
+/// How `__dlpack__` is reached.
+pub(crate) enum DlpackMethod<'py> {
+    /// The object's type defines it ([`crate::pytypes::defined_on_type`]): called by name on the
+    /// object (`PyObject_VectorcallMethod`), without making a bound method. The lookup is the
+    /// object's own (an instance attribute of the same name still comes first).
+    OnType,
+    /// The attribute the object's lookup returned (an instance attribute, `__getattr__`).
+    Attr(Bound<'py, PyAny>),
+}
+
 pub(crate) fn call_dlpack<'py>(
     py: Python<'py>,
     index: usize,
     obj: &Bound<'py, PyAny>,
-    method: &Bound<'py, PyAny>,
+    method: &DlpackMethod<'py>,
     hs: &Handshake,
     offer: (i64, Option<usize>),
 ) -> PyResult<(Bound<'py, PyAny>, Option<usize>)> {
@@ -239,14 +249,17 @@ pub(crate) fn call_dlpack<'py>(
     let mut kw = Keywords::StreamAndVersion;
     let r = loop {
         let r = match kw {
-            Keywords::Positional => method.call1((stream,)),
+            Keywords::Positional => match method {
+                DlpackMethod::OnType => obj.call_method1(intern!(py, "__dlpack__"), (stream,)),
+                DlpackMethod::Attr(m) => m.call1((stream,)),
+            },
             _ => {
                 let v = MAX_VERSION
                     .get_or_try_init(py, || PyTuple::new(py, [1u32, 3u32]).map(Bound::unbind))?
                     .bind(py);
-                let s = stream.into_pyobject(py)?.into_any();
+                let s = hs.stream_object(py, stream)?;
                 let with_version = kw == Keywords::StreamAndVersion;
-                match keyword_call(py, method, &s, with_version.then_some(v.as_any()))? {
+                match keyword_call(py, obj, method, &s, with_version.then_some(v.as_any()))? {
                     Some(r) => r,
                     None => {
                         let kwargs = PyDict::new(py);
@@ -254,7 +267,12 @@ pub(crate) fn call_dlpack<'py>(
                         if with_version {
                             kwargs.set_item(intern!(py, "max_version"), v)?;
                         }
-                        method.call((), Some(&kwargs))
+                        match method {
+                            DlpackMethod::OnType => {
+                                obj.call_method(intern!(py, "__dlpack__"), (), Some(&kwargs))
+                            }
+                            DlpackMethod::Attr(m) => m.call((), Some(&kwargs)),
+                        }
                     }
                 }
             }
@@ -304,15 +322,19 @@ pub(crate) fn call_dlpack<'py>(
     Ok((cap, ready_on))
 }
 
-/// `method(stream=stream)`, or `method(stream=stream, max_version=version)`, with no keyword
-/// dict ([`crate::pytypes::call_keywords`]; the keyword names are made once). `Ok(None)` where
-/// the interpreter cannot call so (Python 3.10): the caller passes a dict.
+/// `__dlpack__(stream=stream)`, or `__dlpack__(stream=stream, max_version=version)`, with no
+/// keyword dict (the keyword names are made once): by name on `obj`
+/// ([`crate::pytypes::call_method_keywords`], CPython 3.9 and later) or on the attribute
+/// ([`crate::pytypes::call_keywords`], 3.11 and later). `Ok(None)` where the interpreter cannot
+/// call so: the caller passes a dict.
 fn keyword_call<'py>(
     py: Python<'py>,
-    method: &Bound<'py, PyAny>,
+    obj: &Bound<'py, PyAny>,
+    method: &DlpackMethod<'py>,
     stream: &Bound<'py, PyAny>,
     version: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Option<PyResult<Bound<'py, PyAny>>>> {
+    use crate::pytypes::{call_keywords, call_method_keywords};
     static STREAM_AND_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     static STREAM: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     Ok(match version {
@@ -321,13 +343,25 @@ fn keyword_call<'py>(
                 PyTuple::new(py, [intern!(py, "stream"), intern!(py, "max_version")])
                     .map(Bound::unbind)
             })?;
-            crate::pytypes::call_keywords(method, [stream, v], names.bind(py))
+            let names = names.bind(py);
+            match method {
+                DlpackMethod::OnType => {
+                    call_method_keywords(obj, intern!(py, "__dlpack__"), [stream, v], names)
+                }
+                DlpackMethod::Attr(m) => call_keywords(m, [stream, v], names),
+            }
         }
         None => {
             let names = STREAM.get_or_try_init(py, || {
                 PyTuple::new(py, [intern!(py, "stream")]).map(Bound::unbind)
             })?;
-            crate::pytypes::call_keywords(method, [stream], names.bind(py))
+            let names = names.bind(py);
+            match method {
+                DlpackMethod::OnType => {
+                    call_method_keywords(obj, intern!(py, "__dlpack__"), [stream], names)
+                }
+                DlpackMethod::Attr(m) => call_keywords(m, [stream], names),
+            }
         }
     })
 }

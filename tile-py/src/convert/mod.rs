@@ -62,6 +62,9 @@ pub(crate) struct Handshake {
     /// CuPy's current stream on `device`, read at the launch's first CuPy array (see
     /// [`family_offer`]).
     pub cupy: Cell<FamilyStream>,
+    /// The `stream=` value last offered to a `__dlpack__`, as a Python int: made once per
+    /// launch rather than once per tensor ([`Handshake::stream_object`]).
+    offered: std::cell::RefCell<Option<(i64, Py<PyAny>)>>,
 }
 
 impl Handshake {
@@ -77,7 +80,27 @@ impl Handshake {
             sync,
             device,
             cupy: Cell::new(FamilyStream::Unread),
+            offered: std::cell::RefCell::new(None),
         }
+    }
+
+    /// `value` as a Python int, the one made for this launch's last offer when it is the same.
+    pub(crate) fn stream_object<'py>(
+        &self,
+        py: Python<'py>,
+        value: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(last) = self.offered.try_borrow()
+            && let Some((v, obj)) = &*last
+            && *v == value
+        {
+            return Ok(obj.bind(py).clone());
+        }
+        let obj = value.into_pyobject(py)?.into_any();
+        if let Ok(mut last) = self.offered.try_borrow_mut() {
+            *last = Some((value, obj.clone().unbind()));
+        }
+        Ok(obj)
     }
 }
 
@@ -337,8 +360,9 @@ pub(crate) fn convert_array(
     convert_tensor(py, index, obj, &ANY_INPUT, hs)
 }
 
-/// What a producer type is: its family and its DLPack C exchange API, if any.
-type ProducerType = (Family, Option<ApiPtr>);
+/// What a producer type is: its family, its DLPack C exchange API, if any, and whether the
+/// type defines `__dlpack__` (then called by name, [`DlpackMethod::OnType`]).
+type ProducerType = (Family, Option<ApiPtr>, bool);
 
 thread_local! {
     static LAST_PRODUCER: Cell<(usize, Option<ProducerType>)> = const { Cell::new((0, None)) };
@@ -351,7 +375,11 @@ static PRODUCER_TYPES: TypeCache<ProducerType> = TypeCache::new(&LAST_PRODUCER);
 /// same type as this thread's last, is a pointer compare.
 fn producer_type(py: Python<'_>, obj: &Bound<'_, PyAny>) -> ProducerType {
     PRODUCER_TYPES.of(obj, |ty| {
-        (producers::classify(ty), lookup_exchange_api(py, ty))
+        (
+            producers::classify(ty),
+            lookup_exchange_api(py, ty),
+            crate::pytypes::defined_on_type(ty, intern!(py, "__dlpack__")),
+        )
     })
 }
 
@@ -407,7 +435,7 @@ fn convert_tensor(
     if let Ok(cap) = obj.cast::<PyCapsule>() {
         return claim_capsule(py, index, cap.as_any());
     }
-    let (family, api) = producer_type(py, obj);
+    let (family, api, on_type) = producer_type(py, obj);
     if let Some(api) = api {
         // Exported first, then checked: the export tells the dtype, which spares the
         // conjugate-bit query for real tensors. A refused tensor's export is released.
@@ -425,22 +453,39 @@ fn convert_tensor(
         return Ok(t);
     }
     let detached;
-    let obj = match producers::check(index, obj, family, param, true, None)? {
-        Checked::AsIs => obj,
+    let (obj, on_type) = match producers::check(index, obj, family, param, true, None)? {
+        Checked::AsIs => (obj, on_type),
+        // Another object (a detached torch tensor): its own type decides.
         Checked::Detached(d) => {
             detached = d;
-            &detached
+            (&detached, producer_type(py, &detached).2)
         }
     };
-    if let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? {
+    let method = if on_type {
+        Some(DlpackMethod::OnType)
+    } else {
+        obj.getattr_opt(intern!(py, "__dlpack__"))?
+            .map(DlpackMethod::Attr)
+    };
+    if let Some(method) = method {
         let offer = match family {
             Family::Cupy => family_offer(py, hs),
             _ => offered_stream(hs),
         };
-        let (cap, ready_on) = call_dlpack(py, index, obj, &method, hs, offer)?;
-        let mut t = claim_capsule(py, index, &cap)?;
-        t.ready_on = ready_on;
-        return Ok(t);
+        match call_dlpack(py, index, obj, &method, hs, offer) {
+            Ok((cap, ready_on)) => {
+                let mut t = claim_capsule(py, index, &cap)?;
+                t.ready_on = ready_on;
+                return Ok(t);
+            }
+            // The type defined `__dlpack__` when first seen and no longer does (a class
+            // changed at run time): as an object without one.
+            Err(e)
+                if matches!(method, DlpackMethod::OnType)
+                    && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py)
+                    && !obj.hasattr(intern!(py, "__dlpack__"))? => {}
+            Err(e) => return Err(e),
+        }
     }
     if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
         return from_cai(py, index, obj, hs);
