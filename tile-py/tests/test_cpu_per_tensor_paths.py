@@ -159,3 +159,50 @@ def test_positional_only_stream_is_retried_positionally_on_the_type_path():
     p = PositionalOnly()
     check([In("float32")], (p,))
     assert calls == [STREAM] and p.deleted == 1
+
+
+def test_a_lost_dlpack_is_not_mistaken_for_a_host_producer_refusing_the_stream():
+    # Once the class no longer has __dlpack__, its __dlpack_device__ (CPU here) is not asked:
+    # the object is one without __dlpack__, converted through __cuda_array_interface__ if it
+    # has one, as a class that never had __dlpack__ is.
+    class Lost:
+        def __dlpack__(self, **kw):
+            return Producer().__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            raise AssertionError("__dlpack_device__ must not be asked")
+
+    class WithCai(Lost):
+        __cuda_array_interface__ = {
+            "shape": (4,), "typestr": "<f4", "data": (0x10000, False), "version": 3,
+        }
+
+    p, q = Lost(), WithCai()
+    check([In("float32")], (p,))
+    check([In("float32")], (q,))
+    del Lost.__dlpack__
+    with pytest.raises(TypeError, match=r"argument 0: expected a tensor .*__dlpack__ or __cuda_array_interface__"):
+        check([In("float32")], (p,))
+    check([In("float32")], (q,))  # through its __cuda_array_interface__
+
+
+def test_a_dlpack_taking_no_argument_at_all_is_refused_as_taking_no_stream():
+    class NoArgs:
+        __dlpack__ = staticmethod(lambda: make_capsule()[0])
+
+    with pytest.raises(TypeError, match=r"argument 0: .*__dlpack__ takes no stream argument"):
+        check([In("float32")], (NoArgs(),))
+
+
+def test_the_refusal_after_retries_names_what_the_first_call_raised():
+    # A producer whose own helper raises a binding-like TypeError: after the retries, the
+    # refusal still shows what the first call raised.
+    def helper(x):
+        return x
+
+    class Buggy(Producer):
+        def __dlpack__(self, *, stream=None, max_version=None):
+            return helper(stream=stream)
+
+    with pytest.raises(TypeError, match=r"takes no stream argument.*first call, with keywords, raised: .*helper\(\) got an unexpected keyword argument 'stream'"):
+        check([In("float32")], (Buggy(),))

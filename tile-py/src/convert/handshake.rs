@@ -64,7 +64,8 @@ pub(crate) fn rejection(py: Python<'_>, e: &PyErr) -> Rejection {
     if m.contains("takes no keyword arguments") {
         return Rejection::StreamKeyword;
     }
-    if m.contains("positional argument") && m.contains("were given") {
+    // "takes 0 positional arguments but 1 was given", "takes 1 ... but 2 were given".
+    if m.contains("positional argument") && (m.contains("were given") || m.contains("was given")) {
         return Rejection::Positional;
     }
     if m.contains("incompatible function arguments") {
@@ -247,6 +248,9 @@ pub(crate) fn call_dlpack<'py>(
     static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     let (stream, ready_on) = offer;
     let mut kw = Keywords::StreamAndVersion;
+    // What the first call raised, when it was taken for a rejection and retried: named in the
+    // refusal if every way fails, so that a producer's own error is not lost behind it.
+    let mut first: Option<String> = None;
     let r = loop {
         let r = match kw {
             Keywords::Positional => match method {
@@ -281,7 +285,12 @@ pub(crate) fn call_dlpack<'py>(
             Err(e) => {
                 let why = rejection(py, &e);
                 match kw.after(why) {
-                    Some(next) => kw = next,
+                    Some(next) => {
+                        if first.is_none() {
+                            first = Some(e.value(py).to_string());
+                        }
+                        kw = next
+                    }
                     None if kw == Keywords::Positional
                         && matches!(why, Rejection::Positional | Rejection::Binding) =>
                     {
@@ -292,8 +301,14 @@ pub(crate) fn call_dlpack<'py>(
                                 "{}.__dlpack__ takes no stream argument, so its export could not \
                                  be ordered after the producer's pending work (tile_py always \
                                  passes the launch stream); synchronize the producer and pass \
-                                 the capsule of its __dlpack__() instead",
-                                show(obj)
+                                 the capsule of its __dlpack__() instead{}",
+                                show(obj),
+                                first
+                                    .as_deref()
+                                    .map(|f| format!(
+                                        " (the first call, with keywords, raised: {f})"
+                                    ))
+                                    .unwrap_or_default()
                             ),
                         );
                         refused.set_cause(py, Some(e));
@@ -307,6 +322,15 @@ pub(crate) fn call_dlpack<'py>(
     };
     let cap = match r {
         Ok(cap) => cap,
+        // The type defined `__dlpack__` when first seen and no longer does: the error as it
+        // is, which the caller takes for an object without one (no `__dlpack_device__` asked).
+        Err(e)
+            if matches!(method, DlpackMethod::OnType)
+                && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py)
+                && !obj.hasattr(intern!(py, "__dlpack__")).unwrap_or(true) =>
+        {
+            return Err(e);
+        }
         Err(e) => return Err(host_or(py, index, obj, hs, e)),
     };
     if cap.cast::<PyCapsule>().is_err() {
