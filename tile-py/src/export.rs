@@ -55,19 +55,25 @@ pub(crate) fn _export<'py>(
                 .ordinal(),
         };
         let hs = Handshake::new(dlpack_stream, true, device);
-        let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? else {
-            return Err(arg_err(
+        let no_dlpack = || {
+            arg_err(
                 Kind::Type,
                 index,
                 format!(
                     "expected an object with __dlpack__ or a DLPack capsule, got {}",
                     show(obj)
                 ),
-            ));
+            )
+        };
+        let Some(method) = obj.getattr_opt(intern!(py, "__dlpack__"))? else {
+            return Err(no_dlpack());
         };
         let offer = offered_stream(&hs);
-        let (cap, _ready_on) =
-            call_dlpack(py, index, obj, &DlpackMethod::Attr(method), &hs, offer)?;
+        let Some((cap, _ready_on)) =
+            call_dlpack(py, index, obj, &DlpackMethod::Attr(method), &hs, offer)?
+        else {
+            return Err(no_dlpack());
+        };
         (cap, Some(offer.0))
     };
     let layout = describe(py, index, &cap)?;

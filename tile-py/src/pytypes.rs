@@ -177,60 +177,6 @@ pub(crate) fn call_method0<'py>(
     unsafe { Bound::from_owned_ptr_or_err(py, r) }
 }
 
-/// `PyObject_Vectorcall`: exported from CPython 3.11 on (3.10 has it only as an inline
-/// function of its headers), looked up in the running interpreter once.
-type Vectorcall = unsafe extern "C" fn(
-    callable: *mut pyo3::ffi::PyObject,
-    args: *const *mut pyo3::ffi::PyObject,
-    nargsf: usize,
-    kwnames: *mut pyo3::ffi::PyObject,
-) -> *mut pyo3::ffi::PyObject;
-
-fn vectorcall() -> Option<Vectorcall> {
-    static F: std::sync::OnceLock<Option<Vectorcall>> = std::sync::OnceLock::new();
-    *F.get_or_init(|| {
-        let this = libloading::os::unix::Library::this();
-        // SAFETY: as in `vectorcall_method`: where the interpreter exports the symbol (3.11 and
-        // later), it has exactly this signature.
-        unsafe { this.get::<Vectorcall>(b"PyObject_Vectorcall\0") }
-            .ok()
-            .map(|f| *f)
-    })
-}
-
-/// `callable(**dict(zip(names, values)))` without making a keyword dict: through
-/// `PyObject_Vectorcall` with `names` as its keyword-name tuple. `None` where the interpreter
-/// does not export it (Python 3.10): the caller then calls with a dict.
-pub(crate) fn call_keywords<'py, const N: usize>(
-    callable: &Bound<'py, PyAny>,
-    values: [&Bound<'py, PyAny>; N],
-    names: &Bound<'py, pyo3::types::PyTuple>,
-) -> Option<PyResult<Bound<'py, PyAny>>> {
-    let f = vectorcall()?;
-    debug_assert_eq!(names.len(), N);
-    let py = callable.py();
-    // `args[0]` is free for the callee (ARGUMENTS_OFFSET: a bound method puts its receiver
-    // there); the keyword values follow, no positional argument.
-    let mut args = [std::ptr::null_mut(); 8];
-    assert!(N < args.len());
-    for (slot, v) in args[1..].iter_mut().zip(values) {
-        *slot = v.as_ptr();
-    }
-    // SAFETY: `callable`, the values and `names` (a tuple of `N` str) are live for the call;
-    // the array is mutable and has the slot before the first argument that ARGUMENTS_OFFSET
-    // lets the callee overwrite; 0 positional arguments, `N` keyword values after them.
-    let r = unsafe {
-        f(
-            callable.as_ptr(),
-            args.as_mut_ptr().add(1),
-            ARGUMENTS_OFFSET,
-            names.as_ptr(),
-        )
-    };
-    // SAFETY: a new reference, or null with an exception set.
-    Some(unsafe { Bound::from_owned_ptr_or_err(py, r) })
-}
-
 /// `obj.name(**dict(zip(names, values)))` without making a bound method or a keyword dict:
 /// through `PyObject_VectorcallMethod` with `names` as its keyword-name tuple. `None` where the
 /// interpreter does not export it: the caller then calls another way.

@@ -142,12 +142,7 @@ pub(crate) fn drain(py: Python<'_>) {
             push(batch);
             return;
         }
-        // SAFETY: attached (`py`); only reads the thread's exception indicator.
-        let saved = if unsafe { pyo3::ffi::PyErr_Occurred() }.is_null() {
-            None
-        } else {
-            PyErr::take(py)
-        };
+        let saved = take_pending(py);
         release_batch(py, batch);
         if let Some(err) = saved {
             err.restore(py);
@@ -198,6 +193,17 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>) {
     }
 }
 
+/// The exception pending on this thread, taken; the indicator is read first, so that the
+/// common case, none, costs no more than that read.
+fn take_pending(py: Python<'_>) -> Option<PyErr> {
+    // SAFETY: attached (`py`); only reads the thread's exception indicator.
+    if unsafe { pyo3::ffi::PyErr_Occurred() }.is_null() {
+        None
+    } else {
+        PyErr::take(py)
+    }
+}
+
 /// Runs one release (attached), counting it and reporting a deleter's exception through
 /// `sys.unraisablehook`.
 fn release_one(py: Python<'_>, item: Release) {
@@ -208,10 +214,7 @@ fn release_one(py: Python<'_>, item: Release) {
     if is_tensor {
         COUNTERS.released.fetch_add(1, Ordering::Relaxed);
     }
-    // SAFETY: attached (`py`); only reads the thread's exception indicator.
-    if !unsafe { pyo3::ffi::PyErr_Occurred() }.is_null()
-        && let Some(err) = PyErr::take(py)
-    {
+    if let Some(err) = take_pending(py) {
         COUNTERS.deleter_errors.fetch_add(1, Ordering::Relaxed);
         err.write_unraisable(py, None);
     }

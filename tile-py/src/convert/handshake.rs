@@ -203,6 +203,16 @@ pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
     }
 }
 
+/// How `__dlpack__` is reached.
+pub(crate) enum DlpackMethod<'py> {
+    /// The object's type defines it ([`crate::pytypes::defined_on_type`]): called by name on the
+    /// object (`PyObject_VectorcallMethod`), without making a bound method. The lookup is the
+    /// object's own (an instance attribute of the same name still comes first).
+    OnType,
+    /// The attribute the object's lookup returned (an instance attribute, `__getattr__`).
+    Attr(Bound<'py, PyAny>),
+}
+
 /// `obj.__dlpack__(stream=..., max_version=(1, 3))` (`method` is `obj.__dlpack__`), retried
 /// only when the producer rejected a keyword tile_py passed (see [`rejection`]): without
 /// `max_version` for a producer older than DLPack 1.0, then with the stream positionally for a
@@ -226,17 +236,9 @@ pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
 ///
 /// `offer` is the `stream=` value and the stream the export is then ready on
 /// ([`offered_stream`], or [`family_offer`] for a family whose current stream is read). Returns
-/// the capsule and that ready-on stream.
-/// How `__dlpack__` is reached.
-pub(crate) enum DlpackMethod<'py> {
-    /// The object's type defines it ([`crate::pytypes::defined_on_type`]): called by name on the
-    /// object (`PyObject_VectorcallMethod`), without making a bound method. The lookup is the
-    /// object's own (an instance attribute of the same name still comes first).
-    OnType,
-    /// The attribute the object's lookup returned (an instance attribute, `__getattr__`).
-    Attr(Bound<'py, PyAny>),
-}
-
+/// the capsule and that ready-on stream; `None` when the object turned out to have no
+/// `__dlpack__` ([`DlpackMethod::OnType`] for a class that lost it since its type was first
+/// seen): the caller treats it as an object without one, and no `__dlpack_device__` is asked.
 pub(crate) fn call_dlpack<'py>(
     py: Python<'py>,
     index: usize,
@@ -244,7 +246,7 @@ pub(crate) fn call_dlpack<'py>(
     method: &DlpackMethod<'py>,
     hs: &Handshake,
     offer: (i64, Option<usize>),
-) -> PyResult<(Bound<'py, PyAny>, Option<usize>)> {
+) -> PyResult<Option<(Bound<'py, PyAny>, Option<usize>)>> {
     static MAX_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     let (stream, ready_on) = offer;
     let mut kw = Keywords::StreamAndVersion;
@@ -322,14 +324,13 @@ pub(crate) fn call_dlpack<'py>(
     };
     let cap = match r {
         Ok(cap) => cap,
-        // The type defined `__dlpack__` when first seen and no longer does: the error as it
-        // is, which the caller takes for an object without one (no `__dlpack_device__` asked).
+        // The type defined `__dlpack__` when first seen and no longer does.
         Err(e)
             if matches!(method, DlpackMethod::OnType)
                 && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py)
                 && !obj.hasattr(intern!(py, "__dlpack__")).unwrap_or(true) =>
         {
-            return Err(e);
+            return Ok(None);
         }
         Err(e) => return Err(host_or(py, index, obj, hs, e)),
     };
@@ -343,14 +344,13 @@ pub(crate) fn call_dlpack<'py>(
             ),
         ));
     }
-    Ok((cap, ready_on))
+    Ok(Some((cap, ready_on)))
 }
 
-/// `__dlpack__(stream=stream)`, or `__dlpack__(stream=stream, max_version=version)`, with no
-/// keyword dict (the keyword names are made once): by name on `obj`
-/// ([`crate::pytypes::call_method_keywords`], CPython 3.9 and later) or on the attribute
-/// ([`crate::pytypes::call_keywords`], 3.11 and later). `Ok(None)` where the interpreter cannot
-/// call so: the caller passes a dict.
+/// `obj.__dlpack__(stream=stream)`, or with `max_version=version` too, by name and with no
+/// keyword dict ([`crate::pytypes::call_method_keywords`]; the keyword names are made once), for
+/// [`DlpackMethod::OnType`]. `Ok(None)` for an attribute (an instance attribute, `__getattr__`:
+/// rare) and where the interpreter cannot call so: the caller passes a dict.
 fn keyword_call<'py>(
     py: Python<'py>,
     obj: &Bound<'py, PyAny>,
@@ -358,34 +358,26 @@ fn keyword_call<'py>(
     stream: &Bound<'py, PyAny>,
     version: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Option<PyResult<Bound<'py, PyAny>>>> {
-    use crate::pytypes::{call_keywords, call_method_keywords};
+    use crate::pytypes::call_method_keywords;
     static STREAM_AND_VERSION: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
     static STREAM: pyo3::sync::PyOnceLock<Py<PyTuple>> = pyo3::sync::PyOnceLock::new();
+    if !matches!(method, DlpackMethod::OnType) {
+        return Ok(None);
+    }
+    let name = intern!(py, "__dlpack__");
     Ok(match version {
         Some(v) => {
             let names = STREAM_AND_VERSION.get_or_try_init(py, || {
                 PyTuple::new(py, [intern!(py, "stream"), intern!(py, "max_version")])
                     .map(Bound::unbind)
             })?;
-            let names = names.bind(py);
-            match method {
-                DlpackMethod::OnType => {
-                    call_method_keywords(obj, intern!(py, "__dlpack__"), [stream, v], names)
-                }
-                DlpackMethod::Attr(m) => call_keywords(m, [stream, v], names),
-            }
+            call_method_keywords(obj, name, [stream, v], names.bind(py))
         }
         None => {
             let names = STREAM.get_or_try_init(py, || {
                 PyTuple::new(py, [intern!(py, "stream")]).map(Bound::unbind)
             })?;
-            let names = names.bind(py);
-            match method {
-                DlpackMethod::OnType => {
-                    call_method_keywords(obj, intern!(py, "__dlpack__"), [stream], names)
-                }
-                DlpackMethod::Attr(m) => call_keywords(m, [stream], names),
-            }
+            call_method_keywords(obj, name, [stream], names.bind(py))
         }
     })
 }

@@ -472,19 +472,12 @@ fn convert_tensor(
             Family::Cupy => family_offer(py, hs),
             _ => offered_stream(hs),
         };
-        match call_dlpack(py, index, obj, &method, hs, offer) {
-            Ok((cap, ready_on)) => {
-                let mut t = claim_capsule(py, index, &cap)?;
-                t.ready_on = ready_on;
-                return Ok(t);
-            }
-            // The type defined `__dlpack__` when first seen and no longer does (a class
-            // changed at run time): as an object without one.
-            Err(e)
-                if matches!(method, DlpackMethod::OnType)
-                    && e.is_instance_of::<pyo3::exceptions::PyAttributeError>(py)
-                    && !obj.hasattr(intern!(py, "__dlpack__"))? => {}
-            Err(e) => return Err(e),
+        // `None`: the class lost `__dlpack__` since its type was first seen; as an object
+        // without one.
+        if let Some((cap, ready_on)) = call_dlpack(py, index, obj, &method, hs, offer)? {
+            let mut t = claim_capsule(py, index, &cap)?;
+            t.ready_on = ready_on;
+            return Ok(t);
         }
     }
     if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
