@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use tile_dlpack::{Unused, Used};
 
 use crate::error::{Error, Result};
-use crate::module::{Param, ScalarType, Signature};
+use crate::signature::{Param, ScalarType, Signature};
 
 /// A scalar kernel argument, passed by value.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -239,10 +239,14 @@ impl From<Scalar> for Arg<'_> {
 /// about 100 bytes, so the inline buffer is kept small enough to stay cheap to build.
 pub(crate) const INLINE_ARGS: usize = 8;
 
+/// The arguments of one launch, inline up to [`INLINE_ARGS`].
+pub(crate) type ArgList<'a> = SmallVec<[Arg<'a>; INLINE_ARGS]>;
+
 /// The 8-byte parameter slots of a launch, one per kernel parameter, in order (an array
 /// argument fills `1 + 2 * ndim`).
 pub(crate) type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
 
+#[cfg(any(test, feature = "testing"))]
 /// Checks `args` against `signature` exactly as [`Stream::launch`](crate::Stream::launch) does before consuming
 /// anything (count, kind, dtype, device `device_ordinal`, writability of outputs, dense
 /// row-major layout unless the parameter is strided or an array, scalar range),
@@ -273,6 +277,7 @@ pub(crate) struct Found {
     pub bytes: u64,
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// The kernel parameter values a launch of `signature` with `args` passes, one 8-byte slot per
 /// kernel parameter (a value narrower than 8 bytes in the slot's low bytes, little-endian; an
 /// array parameter is `1 + 2 * ndim` slots), after the same checks as [`check_args`]. Nothing
@@ -423,8 +428,8 @@ fn check_arg(
             Ok(())
         }
         Some((ndim, ty, assume)) => {
-            crate::array::pack(index, &view, ndim, ty, out)?;
-            crate::array::check_assumptions(index, &view, assume).inspect_err(|_| {
+            crate::signature::pack(index, &view, ndim, ty, out)?;
+            crate::signature::check_assumptions(index, &view, assume).inspect_err(|_| {
                 out.truncate(out.len() - (1 + 2 * usize::from(ndim)));
             })
         }

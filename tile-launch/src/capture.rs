@@ -479,17 +479,29 @@ pub struct Capture<'s> {
     _thread: PhantomData<*const ()>,
 }
 
-/// [`Stream::begin_capture`].
-pub(crate) fn begin(s: &Stream, mode: CaptureMode) -> Result<Capture<'_>> {
-    let d = cuda_sys::driver()?;
-    let _bound = s.context().bind_with(d)?;
-    // SAFETY: `s.raw()` is a live stream of the current context.
-    unsafe { (d.cuStreamBeginCapture)(s.raw(), mode.raw()) }.check("cuStreamBeginCapture")?;
-    Ok(Capture {
-        stream: s,
-        ended: false,
-        _thread: PhantomData,
-    })
+impl Stream {
+    /// Begins capturing the work enqueued on this stream into a CUDA graph
+    /// (`cuStreamBeginCapture`). Launches on the stream until [`Capture::end`] are captured:
+    /// they run when the graph is launched, and the graph owns their tensors.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Cuda`] if the driver refuses, e.g. on the legacy default stream
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) or a stream already capturing
+    /// (`CUDA_ERROR_ILLEGAL_STATE`).
+    #[doc(alias = "cuStreamBeginCapture")]
+    pub fn begin_capture(&self, mode: CaptureMode) -> Result<Capture<'_>> {
+        let d = cuda_sys::driver()?;
+        let _bound = self.context().bind_with(d)?;
+        // SAFETY: `self.raw()` is a live stream of the current context.
+        unsafe { (d.cuStreamBeginCapture)(self.raw(), mode.raw()) }
+            .check("cuStreamBeginCapture")?;
+        Ok(Capture {
+            stream: self,
+            ended: false,
+            _thread: PhantomData,
+        })
+    }
 }
 
 impl Capture<'_> {

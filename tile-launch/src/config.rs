@@ -4,8 +4,9 @@
 use cuda_sys::{CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue};
 use smallvec::SmallVec;
 
-use crate::context::DeviceLimits;
+use crate::context::{Context, DeviceLimits};
 use crate::error::{Error, Result};
+use crate::library::Kernel;
 
 /// Grid, block or cluster dimensions `(x, y, z)`, each at least 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -177,6 +178,54 @@ impl LaunchConfig {
             });
         }
         Ok(())
+    }
+}
+
+/// A configuration that passed [`LaunchConfig::validate`] against a device's limits, not yet
+/// checked against a kernel's ([`DeviceConfig::prepare`]).
+pub(crate) struct DeviceConfig<'c>(&'c LaunchConfig);
+
+/// A configuration valid on one device for one kernel, which is prepared for it there (the
+/// shared-memory opt-in, the cooperative grid bound: [`Kernel::prepare_launch`]). Only
+/// [`DeviceConfig::prepare`] makes one: holding it proves both checks, so that a launch with it
+/// ([`BoundLaunch`](crate::BoundLaunch)) makes neither again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ValidConfig(LaunchConfig);
+
+impl LaunchConfig {
+    /// [`LaunchConfig::validate`], as the first step towards a [`ValidConfig`].
+    pub(crate) fn validate_for(&self, limits: &DeviceLimits) -> Result<DeviceConfig<'_>> {
+        self.validate(limits)?;
+        Ok(DeviceConfig(self))
+    }
+}
+
+impl DeviceConfig<'_> {
+    /// Whether [`prepare`](DeviceConfig::prepare) asks the driver (the context must then be
+    /// current): for dynamic shared memory or a cooperative launch.
+    pub(crate) fn needs_kernel(&self) -> bool {
+        self.0.shared_mem_bytes > 0 || self.0.cooperative
+    }
+
+    /// Checks the configuration against `kernel`'s limits on `ctx`'s device and prepares the
+    /// kernel for it; `ctx` must be current when [`needs_kernel`](DeviceConfig::needs_kernel).
+    pub(crate) fn prepare(
+        self,
+        kernel: &Kernel,
+        d: &cuda_sys::Driver,
+        ctx: &Context,
+    ) -> Result<ValidConfig> {
+        if self.needs_kernel() {
+            kernel.prepare_launch(d, ctx, self.0)?;
+        }
+        Ok(ValidConfig(*self.0))
+    }
+}
+
+impl std::ops::Deref for ValidConfig {
+    type Target = LaunchConfig;
+    fn deref(&self) -> &LaunchConfig {
+        &self.0
     }
 }
 

@@ -81,19 +81,16 @@ impl<T> Handed<T> {
     }
 }
 
-/// The slice an [`Error::ExportRefused`] holds, of any element type; freed safely (see
-/// [`ExportError`]) when dropped unclaimed.
-pub struct HeldSlice(Box<dyn std::any::Any + Send + Sync>);
+pub use crate::error::HeldSlice;
 
-impl HeldSlice {
-    pub(crate) fn take<T: 'static>(&mut self) -> Option<CudaSlice<T>> {
-        self.0.downcast_mut::<Handed<T>>()?.0.take()
-    }
-}
-
-impl fmt::Debug for HeldSlice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("HeldSlice { .. }")
+impl Error {
+    /// The `CudaSlice<T>` an [`Error::ExportRefused`] holds, taken out of it (`None` for any
+    /// other error, for another element type, or once taken).
+    pub fn take_slice<T: 'static>(&mut self) -> Option<CudaSlice<T>> {
+        match self {
+            Error::ExportRefused { slice, .. } => slice.0.downcast_mut::<Handed<T>>()?.0.take(),
+            _ => None,
+        }
     }
 }
 
@@ -579,26 +576,35 @@ mod raw {
     }
 }
 
-/// [`Stream::from_cudarc`].
-pub(crate) fn stream_from_cudarc(ctx: &Arc<Context>, stream: &Arc<CudaStream>) -> Result<Stream> {
-    let cu = stream.context();
-    if i32::try_from(cu.ordinal()).ok() != Some(ctx.ordinal()) {
-        return Err(Error::WrongContext {
-            what: "cudarc stream",
-            device: cu.ordinal(),
-            context_device: ctx.ordinal(),
-        });
+impl Stream {
+    /// Launches on a `cudarc` stream. The stream is kept alive (its `Arc` is held) for as long
+    /// as this value or any launch on it lives.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] without a driver; [`Error::WrongContext`] if `ctx` is not the stream's
+    /// device; [`Error::NonPrimaryContext`] if the stream's `cudarc` context is not that
+    /// device's primary context (`ctx`): tile launches only in primary contexts.
+    pub fn from_cudarc(ctx: &Arc<Context>, stream: &Arc<CudaStream>) -> Result<Stream> {
+        let cu = stream.context();
+        if i32::try_from(cu.ordinal()).ok() != Some(ctx.ordinal()) {
+            return Err(Error::WrongContext {
+                what: "cudarc stream",
+                device: cu.ordinal(),
+                context_device: ctx.ordinal(),
+            });
+        }
+        if raw_ctx(cu) != ctx.raw() {
+            return Err(Error::NonPrimaryContext {
+                what: "cudarc stream",
+                device: cu.ordinal(),
+            });
+        }
+        let raw = stream.cu_stream() as CUstream;
+        // SAFETY: `raw` belongs to `ctx`, the device's primary context (checked above); the
+        // `Arc` kept by the stream keeps it valid.
+        unsafe { Stream::from_raw_keeping(ctx, raw, Box::new(Arc::clone(stream))) }
     }
-    if raw_ctx(cu) != ctx.raw() {
-        return Err(Error::NonPrimaryContext {
-            what: "cudarc stream",
-            device: cu.ordinal(),
-        });
-    }
-    let raw = stream.cu_stream() as CUstream;
-    // SAFETY: `raw` belongs to `ctx`, the device's primary context (checked above); the
-    // `Arc` kept by the stream keeps it valid.
-    unsafe { Stream::from_raw_keeping(ctx, raw, Box::new(Arc::clone(stream))) }
 }
 
 #[cfg(test)]

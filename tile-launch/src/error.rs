@@ -359,20 +359,21 @@ pub enum Error {
         /// Why the export was refused.
         source: Box<Error>,
         /// The slice handed back.
-        slice: crate::cudarc_interop::HeldSlice,
+        slice: HeldSlice,
     },
 }
 
-impl Error {
-    /// The `CudaSlice<T>` an [`Error::ExportRefused`] holds, taken out of it (`None` for any
-    /// other error, for another element type, or once taken).
-    #[cfg(feature = "cudarc")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
-    pub fn take_slice<T: 'static>(&mut self) -> Option<cudarc::driver::CudaSlice<T>> {
-        match self {
-            Error::ExportRefused { slice, .. } => slice.take(),
-            _ => None,
-        }
+/// The value an [`Error::ExportRefused`] hands back (the caller's slice, of any element type):
+/// opaque here, taken out by `Error::take_slice` (feature `cudarc`), and released as its owner
+/// defines when dropped unclaimed.
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+pub struct HeldSlice(pub(crate) Box<dyn std::any::Any + Send + Sync>);
+
+#[cfg(feature = "cudarc")]
+impl std::fmt::Debug for HeldSlice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldSlice { .. }")
     }
 }
 

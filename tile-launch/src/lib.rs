@@ -87,39 +87,41 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod args;
-mod array;
-mod bound;
 pub mod capture;
 mod capture_state;
-mod check;
 mod config;
 mod context;
 mod error;
 mod guard;
-mod handle;
 mod launch;
-mod module;
+mod library;
 pub mod release;
+mod signature;
 mod stream;
 mod sync;
+mod timeline;
 
 #[cfg(feature = "cudarc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 pub mod cudarc_interop;
 
-pub use args::{Arg, Scalar, TensorArg, TensorSource, check_args, pack_args};
-pub use array::{ArrayAssumptions, ArrayField, IndexType, MAX_ASSUMED_DIMS};
-pub use bound::BoundLaunch;
+pub use args::{Arg, Scalar, TensorArg, TensorSource};
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use args::{check_args, pack_args};
 pub use capture::{Capture, CaptureMode, CaptureStats, Graph, GraphExec, capture_stats};
-pub use check::Checked;
 pub use config::{Dim3, LaunchConfig};
 pub use context::{Context, ContextGuard, DeviceLimits, MemoryKind, PointerMemory};
 pub use error::{Error, LayoutError, Result};
 pub use guard::{Guard, HandOff};
-pub use handle::LaunchHandle;
-pub use module::{Intent, Kernel, Library, Param, ScalarType, Signature};
+pub use launch::{BoundLaunch, Checked, LaunchHandle};
+pub use library::{Kernel, Library};
 pub use release::{PendingBytes, ReleaseConfig, Retired, Stats};
-pub use stream::{CudaTimeline, Event, Stream, WeakStream};
+pub use signature::{
+    ArrayAssumptions, ArrayField, IndexType, Intent, MAX_ASSUMED_DIMS, Param, ScalarType, Signature,
+};
+pub use stream::{Stream, WeakStream};
+pub use timeline::{CudaTimeline, Event};
 
 pub use cuda_sys;
 pub use tile_dlpack;

@@ -5,7 +5,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::release::{Pending, Queued, Retired};
-use crate::stream::CudaTimeline;
+use crate::timeline::CudaTimeline;
 
 /// The work of one launch and everything it keeps alive.
 ///

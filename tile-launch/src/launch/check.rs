@@ -1,28 +1,25 @@
-//! The check of a launch: [`Stream::check`] validates everything a launch needs before anything
-//! is consumed and returns a [`Checked`] launch, the proof that it did. Everything after it
-//! (consuming, ordering, enqueueing: [`Checked::launch`] and [`Checked::launch_queued`], in
-//! `launch.rs`) trusts that proof and checks nothing again.
+//! The check of a launch: everything a launch needs, validated before anything is consumed,
+//! and the proof that it was ([`Checked`]).
 
 use std::ffi::c_void;
 
 use cuda_sys::{CUgraph, CUstream, Driver};
-use smallvec::SmallVec;
 
-use crate::args::{Arg, INLINE_ARGS, ParamValues, TensorSource, check_all};
-use crate::config::LaunchConfig;
+use crate::args::{Arg, ArgList, ParamValues, TensorSource, check_all};
+use crate::config::{LaunchConfig, ValidConfig};
 use crate::context::ContextGuard;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
-use crate::module::Kernel;
-use crate::stream::Stream;
+use crate::library::Kernel;
+use crate::stream::{LaunchSite, Stream};
 
 /// A launch that passed every check of [`Stream::check`] (or [`BoundLaunch::check`](crate::BoundLaunch::check)):
-/// the configuration against the device's limits, each argument against the kernel's
-/// signature (count, kind, dtype, device, writability, layout, scalar range), the tensors'
-/// memory, and, when the stream captures a graph, that every producer stream takes part in that
-/// capture. It holds what the checks found: the kernel's parameter values, the bytes that only
-/// the release queue would keep alive, the capture state, and the stream's context bound on this
-/// thread.
+/// the configuration against the device's and the kernel's limits, each argument against the
+/// kernel's signature (count, kind, dtype, device, writability, layout, scalar range), the
+/// tensors' memory, and, when the stream captures a graph, that every producer stream takes part
+/// in that capture. It holds what the checks found: the kernel's parameter values, the bytes
+/// that only the release queue would keep alive, the capture state, and the stream's context
+/// bound on this thread.
 ///
 /// Nothing is consumed yet. The two ways to launch it, [`Checked::launch`] (into a handle) and
 /// [`Checked::launch_queued`] (into the stream's release queue), consume the tensors, order the
@@ -36,26 +33,26 @@ use crate::stream::Stream;
 /// Tied to the thread that made it (it holds the context bound there).
 #[must_use = "a checked launch does nothing until it is launched"]
 pub struct Checked<'s, 'a> {
-    pub(crate) stream: &'s Stream,
-    pub(crate) kernel: &'s Kernel,
-    pub(crate) config: &'s LaunchConfig,
-    pub(crate) args: SmallVec<[Arg<'a>; INLINE_ARGS]>,
-    pub(crate) values: ParamValues,
+    pub(super) site: LaunchSite<'s>,
+    pub(super) kernel: &'s Kernel,
+    pub(super) config: ValidConfig,
+    pub(super) args: ArgList<'a>,
+    pub(super) values: ParamValues,
     /// The graph being captured and the capture's id, when the stream captures.
-    pub(crate) capture: Option<(CUgraph, u64)>,
+    pub(super) capture: Option<(CUgraph, u64)>,
     /// Tensor arguments the launch holds (each becomes a guard; borrowed ones do not count).
-    pub(crate) tensors: usize,
+    pub(super) tensors: usize,
     /// Bytes only the release queue would keep alive ([`crate::args::queue_bytes`]).
-    pub(crate) bytes: u64,
-    pub(crate) d: &'static Driver,
+    pub(super) bytes: u64,
+    pub(super) d: &'static Driver,
     /// [`Checked::hold`]'s owners (no allocation while there are none).
-    pub(crate) owners: Vec<Guard>,
+    pub(super) owners: Vec<Guard>,
     /// [`Checked::release_with`]'s function.
-    pub(crate) release: Option<fn(tile_dlpack::Used)>,
+    pub(super) release: Option<fn(tile_dlpack::Used)>,
     /// [`Checked::queue_guards`].
-    pub(crate) queue_guards: bool,
+    pub(super) queue_guards: bool,
     // Declared last: dropped after `args`, so that tensors released on drop see the context.
-    pub(crate) _bound: ContextGuard<'s>,
+    pub(super) _bound: ContextGuard<'s>,
 }
 
 impl std::fmt::Debug for Checked<'_, '_> {
@@ -77,7 +74,7 @@ impl Drop for Checked<'_, '_> {
         release_refused(self.d, &mut self.args);
         if !self.owners.is_empty() {
             let owners = std::mem::take(&mut self.owners);
-            self.stream.context().releasing(|| drop(owners));
+            self.site.ctx.releasing(|| drop(owners));
         }
     }
 }
@@ -101,48 +98,51 @@ impl<'a> Checked<'_, 'a> {
     }
 
     /// Whether enqueueing this launch, with its tensors and [held](Checked::hold) owners, may
-    /// wait for queued work first: the release queue near its bounds, or over one with this
-    /// launch ([`Stream::launch_may_wait`]). Never true for a capturing stream, whose guards go
-    /// to the graph. Takes no lock; racy by nature (it decides, e.g., whether to release an
-    /// interpreter lock around the launch).
+    /// wait for queued work first: the calling thread's release queue of the stream near its
+    /// bounds, or over one with this launch ([`Stream::launch_may_wait`]). Never true for a
+    /// capturing stream, whose guards go to the graph. Takes no lock; racy by nature (it
+    /// decides, e.g., whether to release an interpreter lock around the launch).
     pub fn may_wait(&self) -> bool {
+        let queue = &self.site.tracker;
         self.capture.is_none()
-            && self
-                .stream
-                .launch_may_wait(self.tensors + self.owners.len(), self.bytes)
+            && (queue.near_bound()
+                || queue.would_wait(self.tensors + self.owners.len(), self.bytes))
     }
 }
 
-/// [`Stream::check`]; with `bound`, the configuration was checked and the kernel prepared for it
-/// by [`Stream::bind`], and neither is done again.
+/// The configuration of a launch to check.
+pub(super) enum Config<'c> {
+    /// To check against the device and the kernel ([`Stream::check`]).
+    ToCheck(&'c LaunchConfig),
+    /// Checked already ([`Stream::bind`]).
+    Valid(ValidConfig),
+}
+
+/// [`Stream::check`] and [`BoundLaunch::check`](crate::BoundLaunch::check).
 #[inline(always)]
-pub(crate) fn check<'s, 'a>(
+pub(super) fn check<'s, 'a>(
     s: &'s Stream,
     kernel: &'s Kernel,
-    config: &'s LaunchConfig,
+    config: Config<'_>,
     args: impl IntoIterator<Item = Arg<'a>>,
-    bound: bool,
 ) -> Result<Checked<'s, 'a>> {
-    let mut v: SmallVec<[Arg<'a>; INLINE_ARGS]> = SmallVec::new();
-    for a in args {
-        v.push(a);
-    }
+    let mut args: ArgList<'a> = args.into_iter().collect();
     // No driver: nothing was ever handed to CUDA, and nothing can be captured.
     let d = cuda_sys::driver()?;
-    let ctx = s.context();
-    let bound_ctx = match ctx.bind_with(d) {
+    let site = s.launch_site();
+    let bound = match site.ctx.bind_with(d) {
         Ok(b) => b,
         Err(e) => {
-            release_refused(d, &mut v);
+            release_refused(d, &mut args);
             return Err(e.into());
         }
     };
-    match check_bound(s, d, kernel, config, &v, bound) {
-        Ok((found, capture)) => Ok(Checked {
-            stream: s,
+    match check_bound(&site, d, kernel, config, &args) {
+        Ok((config, found, capture)) => Ok(Checked {
+            site,
             kernel,
             config,
-            args: v,
+            args,
             values: found.values,
             capture,
             tensors: found.tensors,
@@ -151,11 +151,11 @@ pub(crate) fn check<'s, 'a>(
             owners: Vec::new(),
             release: None,
             queue_guards: false,
-            _bound: bound_ctx,
+            _bound: bound,
         }),
         Err(e) => {
-            release_refused(d, &mut v);
-            drop(bound_ctx);
+            release_refused(d, &mut args);
+            drop(bound);
             Err(e)
         }
     }
@@ -164,7 +164,7 @@ pub(crate) fn check<'s, 'a>(
 /// Releases the tensors of a refused (or dropped) launch that were handed over already
 /// consumed, with the capture mode relaxed (their deleters must not invalidate another thread's
 /// global capture). `Unused` tensors and scalars release nothing and make no driver call.
-fn release_refused(d: &Driver, args: &mut SmallVec<[Arg<'_>; INLINE_ARGS]>) {
+fn release_refused(d: &Driver, args: &mut ArgList<'_>) {
     let consumed =
         |a: &Arg<'_>| matches!(a, Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_)));
     if !args.iter().any(consumed) {
@@ -176,35 +176,38 @@ fn release_refused(d: &Driver, args: &mut SmallVec<[Arg<'_>; INLINE_ARGS]>) {
     });
 }
 
-/// The checks of [`Stream::check`], with the stream's context bound.
+/// The checks of [`Stream::check`], in its documented order, with the stream's context bound.
 fn check_bound(
-    s: &Stream,
+    site: &LaunchSite<'_>,
     d: &'static Driver,
     kernel: &Kernel,
-    config: &LaunchConfig,
+    config: Config<'_>,
     args: &[Arg<'_>],
-    bound: bool,
-) -> Result<(crate::args::Found, Option<(CUgraph, u64)>)> {
-    let ctx = s.context();
-    if !bound {
-        config.validate(ctx.limits())?;
-    }
-    let found = check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?;
-    if !bound && (config.shared_mem_bytes > 0 || config.cooperative) {
-        kernel.prepare_launch(d, ctx, config)?;
-    }
-    let capture = crate::capture_state::capturing_graph(d, s.raw())?;
+) -> Result<(ValidConfig, crate::args::Found, Option<(CUgraph, u64)>)> {
+    let ctx = site.ctx;
+    let (config, found) = match config {
+        Config::ToCheck(config) => {
+            let device = config.validate_for(ctx.limits())?;
+            let found = check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?;
+            (device.prepare(kernel, d, ctx)?, found)
+        }
+        Config::Valid(config) => (
+            config,
+            check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?,
+        ),
+    };
+    let capture = crate::capture_state::capturing_graph(d, site.raw)?;
     check_pointer_memory(
         d,
         args,
         ctx.ordinal(),
-        s.checks_pointer_devices(),
+        site.check_pointer_devices,
         capture.map(|(graph, _)| graph),
     )?;
     if let Some((_, ours)) = capture {
-        check_capture_joins(d, s.raw(), ours, args)?;
+        check_capture_joins(d, site.raw, ours, args)?;
     }
-    Ok((found, capture))
+    Ok((config, found, capture))
 }
 
 /// While `stream` captures a graph, a tensor whose data is ready on another stream can be

@@ -3,11 +3,12 @@
 
 use std::fmt;
 
+use super::check::{Checked, Config, check};
+use super::handle::LaunchHandle;
 use crate::args::Arg;
-use crate::config::LaunchConfig;
+use crate::config::{LaunchConfig, ValidConfig};
 use crate::error::Result;
-use crate::handle::LaunchHandle;
-use crate::module::Kernel;
+use crate::library::Kernel;
 use crate::stream::Stream;
 
 /// A kernel, a launch configuration (grid, block, dynamic shared memory, launch attributes) and
@@ -26,33 +27,48 @@ use crate::stream::Stream;
 pub struct BoundLaunch {
     stream: Stream,
     kernel: Kernel,
-    config: LaunchConfig,
+    config: ValidConfig,
 }
 
 impl fmt::Debug for BoundLaunch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BoundLaunch")
             .field("kernel", &self.kernel.name())
-            .field("config", &self.config)
+            .field("config", &*self.config)
             .field("stream", &self.stream.raw())
             .finish()
     }
 }
 
-/// [`Stream::bind`].
-pub(crate) fn bind(s: &Stream, kernel: &Kernel, config: &LaunchConfig) -> Result<BoundLaunch> {
-    let ctx = s.context();
-    config.validate(ctx.limits())?;
-    if config.shared_mem_bytes > 0 || config.cooperative {
+impl Stream {
+    /// Binds `kernel` and `config` to this stream for repeated launches: checks the
+    /// configuration against the device's limits and prepares the kernel for it once (the
+    /// shared-memory opt-in, `cuKernelSetAttribute`; the cooperative grid bound,
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`), so that [`BoundLaunch::launch`] makes
+    /// none of those checks again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the limit and the value;
+    /// [`Error::Cuda`](crate::Error::Cuda) when a driver call fails;
+    /// [`Error::Driver`](crate::Error::Driver) when no driver is installed. Nothing is bound
+    /// then.
+    #[doc(alias = "cuKernelSetAttribute")]
+    pub fn bind(&self, kernel: &Kernel, config: &LaunchConfig) -> Result<BoundLaunch> {
+        let ctx = self.context();
+        let device = config.validate_for(ctx.limits())?;
         let d = cuda_sys::driver()?;
-        let _bound = ctx.bind_with(d)?;
-        kernel.prepare_launch(d, ctx, config)?;
+        let _bound = if device.needs_kernel() {
+            Some(ctx.bind_with(d)?)
+        } else {
+            None
+        };
+        Ok(BoundLaunch {
+            stream: self.clone(),
+            kernel: kernel.clone(),
+            config: device.prepare(kernel, d, ctx)?,
+        })
     }
-    Ok(BoundLaunch {
-        stream: s.clone(),
-        kernel: kernel.clone(),
-        config: *config,
-    })
 }
 
 impl BoundLaunch {
@@ -82,8 +98,8 @@ impl BoundLaunch {
     pub fn check<'s, 'a>(
         &'s self,
         args: impl IntoIterator<Item = Arg<'a>>,
-    ) -> Result<crate::Checked<'s, 'a>> {
-        crate::check::check(&self.stream, &self.kernel, &self.config, args, true)
+    ) -> Result<Checked<'s, 'a>> {
+        check(&self.stream, &self.kernel, Config::Valid(self.config), args)
     }
 
     /// Launches the bound kernel with `args` into a handle, as [`Stream::launch`] does, without

@@ -7,12 +7,12 @@ use cuda_sys::{CUfunction, CUlaunchConfig, CUstream, CuResultExt};
 use smallvec::SmallVec;
 use tile_dlpack::Used;
 
+use super::check::Checked;
+use super::handle::{HandleInner, LaunchHandle};
 use crate::args::{Arg, INLINE_ARGS, TensorSource};
-use crate::check::Checked;
 use crate::config::launch_attributes;
 use crate::error::{Error, Result};
-use crate::guard::{Guard, HandOff};
-use crate::handle::{HandleInner, LaunchHandle};
+use crate::guard::{Guard, HandOff, spare_guards};
 
 impl<'a> Checked<'_, 'a> {
     /// Option: `owners` are held with the launch's tensors until its work is done (e.g. the
@@ -90,8 +90,8 @@ impl<'a> Checked<'_, 'a> {
     /// Consumes, orders and enqueues; checks nothing (the [`Checked`] proves it was checked).
     #[inline(always)]
     fn enqueue(mut self, keep: Keep) -> Result<Option<LaunchHandle>> {
-        let (s, kernel, config, d) = (self.stream, self.kernel, self.config, self.d);
-        let ctx = s.context();
+        let (kernel, config, d) = (self.kernel, self.config, self.d);
+        let (ctx, raw) = (self.site.ctx, self.site.raw);
         let capture = self.capture;
         // 1. Consume every tensor. A failure (only possible for a descriptor changed since it
         //    was checked) is reported once all of them are consumed, and releases them all:
@@ -123,7 +123,7 @@ impl<'a> Checked<'_, 'a> {
                     None => Guard::Tensor(used),
                 });
             }
-            if let Some(p) = t.ready_on.filter(|p| *p != s.raw())
+            if let Some(p) = t.ready_on.filter(|p| *p != raw)
                 && !waits.contains(&p)
             {
                 waits.push(p);
@@ -142,10 +142,10 @@ impl<'a> Checked<'_, 'a> {
             .iter_mut()
             .map(|v| (v as *mut u64).cast::<c_void>())
             .collect();
-        // 3. Order after the producers, then launch, on the calling thread's release queue
-        //    (looked up once). The context is bound and `waits` holds only other streams: wait
-        //    directly rather than through `wait_for_raw`, which would check and bind both again.
-        let tracker = s.tracker_here();
+        // 3. Order after the producers, then launch, on the calling thread's release queue.
+        //    The context is bound and `waits` holds only other streams: wait directly rather
+        //    than through `wait_for_raw`, which would check and bind both again.
+        let tracker = &self.site.tracker;
         for p in waits {
             // SAFETY: `TensorArg::ready_on`'s contract: `p` is a valid stream of this context,
             // which is bound.
@@ -154,7 +154,7 @@ impl<'a> Checked<'_, 'a> {
                 return Err(e.into());
             }
         }
-        let mut attrs = launch_attributes(config);
+        let mut attrs = launch_attributes(&config);
         let cfg = CUlaunchConfig {
             gridDimX: config.grid.x,
             gridDimY: config.grid.y,
@@ -163,7 +163,7 @@ impl<'a> Checked<'_, 'a> {
             blockDimY: config.block.y,
             blockDimZ: config.block.z,
             sharedMemBytes: config.shared_mem_bytes,
-            hStream: s.raw(),
+            hStream: raw,
             attrs: attrs.as_mut_ptr(),
             numAttrs: attrs.len() as u32,
         };
@@ -183,7 +183,7 @@ impl<'a> Checked<'_, 'a> {
                         config.block.y,
                         config.block.z,
                         config.shared_mem_bytes,
-                        s.raw(),
+                        raw,
                         ptrs.as_mut_ptr(),
                         std::ptr::null_mut(),
                     )
@@ -246,54 +246,6 @@ impl<'a> Checked<'_, 'a> {
             }
         }
     }
-}
-
-/// Guard vectors kept for reuse on this thread: a released launch's emptied vector
-/// ([`recycle_guards`]), taken by a later launch ([`spare_guards`]) instead of an allocation
-/// per launch and a free per release. At most [`SPARES`] vectors of at most [`SPARE_CAPACITY`]
-/// guards each are kept per thread; the rest are freed.
-const SPARES: usize = 64;
-const SPARE_CAPACITY: usize = 8;
-
-thread_local! {
-    static SPARE_GUARDS: std::cell::RefCell<Vec<Vec<Guard>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// An empty guard vector with room for `n` guards: a spare of this thread's when one is
-/// large enough, else a new one (no allocation for `n == 0`).
-#[inline]
-fn spare_guards(n: usize) -> Vec<Guard> {
-    if n == 0 {
-        return Vec::new();
-    }
-    // A spare too small for this launch is freed, and a vector of the size asked for is made.
-    if n <= SPARE_CAPACITY
-        && let Ok(Some(spare)) = SPARE_GUARDS.try_with(|s| s.try_borrow_mut().ok()?.pop())
-        && spare.capacity() >= n
-    {
-        return spare;
-    }
-    Vec::with_capacity(n)
-}
-
-/// Keeps an emptied guard vector for a later launch on this thread ([`spare_guards`]), or
-/// frees it. The release queue's recycle hook ([`Tracker::recycle_with`]); never panics.
-///
-/// [`Tracker::recycle_with`]: crate::release::Tracker::recycle_with
-pub(crate) fn recycle_guards(mut guards: Vec<Guard>) {
-    debug_assert!(guards.is_empty());
-    if guards.capacity() > SPARE_CAPACITY || !guards.is_empty() {
-        return;
-    }
-    // `try_with`: at thread exit the spares may be gone already; then it is freed.
-    let _ = SPARE_GUARDS.try_with(|s| {
-        if let Ok(mut s) = s.try_borrow_mut()
-            && s.len() < SPARES
-        {
-            s.push(std::mem::take(&mut guards));
-        }
-    });
 }
 
 /// Releases what a launch refused after consuming took (its guards: consumed tensors, owners),
