@@ -235,18 +235,10 @@ const NAMES: [(DType, &str, Option<&str>); 26] = [
     (DType::F4_E2M1FN_X2, "float4_e2m1fn_x2", None),
 ];
 
-/// Codes printed by name, with the bit width the name implies.
-const NAMED: [(DLDataTypeCode, &str, u8); 13] = [
-    (DLDataTypeCode::BOOL, "bool", 8),
+/// Named codes that no single-lane entry of [`NAMES`] names, with the bit width the name
+/// implies.
+const OTHER_NAMES: [(DLDataTypeCode, &str, u8); 4] = [
     (DLDataTypeCode::OPAQUEHANDLE, "opaque_handle", 64),
-    (DLDataTypeCode::FLOAT8_E3M4, "float8_e3m4", 8),
-    (DLDataTypeCode::FLOAT8_E4M3, "float8_e4m3", 8),
-    (DLDataTypeCode::FLOAT8_E4M3B11FNUZ, "float8_e4m3b11fnuz", 8),
-    (DLDataTypeCode::FLOAT8_E4M3FN, "float8_e4m3fn", 8),
-    (DLDataTypeCode::FLOAT8_E4M3FNUZ, "float8_e4m3fnuz", 8),
-    (DLDataTypeCode::FLOAT8_E5M2, "float8_e5m2", 8),
-    (DLDataTypeCode::FLOAT8_E5M2FNUZ, "float8_e5m2fnuz", 8),
-    (DLDataTypeCode::FLOAT8_E8M0FNU, "float8_e8m0fnu", 8),
     (DLDataTypeCode::FLOAT6_E2M3FN, "float6_e2m3fn", 6),
     (DLDataTypeCode::FLOAT6_E3M2FN, "float6_e3m2fn", 6),
     (DLDataTypeCode::FLOAT4_E2M1FN, "float4_e2m1fn", 4),
@@ -268,10 +260,16 @@ impl fmt::Display for DType {
             COMPLEX => Some("complex"),
             _ => None,
         };
-        let named = NAMED
+        let named = NAMES
             .iter()
-            .find(|(code, _, _)| code.0 == self.code)
-            .map(|&(_, name, bits)| (name, bits));
+            .find(|(d, _, _)| d.code == self.code && d.lanes == 1)
+            .map(|&(d, name, _)| (name, d.bits))
+            .or_else(|| {
+                OTHER_NAMES
+                    .iter()
+                    .find(|(code, _, _)| code.0 == self.code)
+                    .map(|&(_, name, bits)| (name, bits))
+            });
         match (family, named) {
             (Some(family), _) => write!(f, "{family}{}", self.bits)?,
             (None, Some((name, bits))) if bits == self.bits => f.write_str(name)?,

@@ -26,7 +26,6 @@
 //! producer's would be; use [`counted_raw`] and [`RawTensor::delete`] to play the producer's
 //! part instead.
 
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -350,20 +349,4 @@ unsafe extern "C" fn counting_deleter<M: ManagedTensorBase>(managed: *mut M) {
         // SAFETY: the reference `counted_raw` leaked into `manager_ctx`, given up once.
         drop(unsafe { Arc::from_raw(export) });
     }
-}
-
-thread_local! {
-    static VALIDATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Counts one descriptor validation on this thread (called by the validation itself).
-pub(crate) fn count_validation() {
-    VALIDATIONS.with(|c| c.set(c.get() + 1));
-}
-
-/// How many descriptors have been validated on the calling thread so far (every validation
-/// that `Unused::peek`, `Unused::consume` and `Used::from_managed_*` made), for tests that a
-/// path validates each descriptor exactly once.
-pub fn validations_on_this_thread() -> u64 {
-    VALIDATIONS.with(Cell::get)
 }

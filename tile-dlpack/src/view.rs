@@ -65,8 +65,6 @@ impl Meta {
         tensor: &DLTensor,
         flags: Option<DlpackFlags>,
     ) -> Result<Self, DescriptorError> {
-        #[cfg(any(test, feature = "testing"))]
-        crate::testing::count_validation();
         let ndim = usize::try_from(tensor.ndim)
             .ok()
             .filter(|&n| n <= MAX_NDIM as usize)

@@ -1,9 +1,6 @@
 //! Launch configuration: grid, block, dynamic shared memory and launch attributes, checked
 //! against a device's limits.
 
-use cuda_sys::{CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue};
-use smallvec::SmallVec;
-
 use crate::context::{Context, DeviceLimits};
 use crate::error::{Error, Result};
 use crate::library::Kernel;
@@ -227,39 +224,4 @@ impl std::ops::Deref for ValidConfig {
     fn deref(&self) -> &LaunchConfig {
         &self.0
     }
-}
-
-/// The launch attributes `config` sets (`cuLaunchKernelEx`); none for a plain launch.
-pub(crate) fn launch_attributes(config: &LaunchConfig) -> SmallVec<[CUlaunchAttribute; 3]> {
-    let mut attrs = SmallVec::new();
-    let mut push = |id: CUlaunchAttributeID, set: &dyn Fn(&mut CUlaunchAttributeValue)| {
-        // SAFETY: `CUlaunchAttribute` is a plain C struct for which all-zero bytes are valid.
-        let mut a: CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        a.id = id;
-        set(&mut a.value);
-        attrs.push(a);
-    };
-    if let Some(c) = config.cluster {
-        push(
-            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-            &|v| {
-                // Assigning to a union field is safe; this selects the member the id names.
-                v.clusterDim.x = c.x;
-                v.clusterDim.y = c.y;
-                v.clusterDim.z = c.z;
-            },
-        );
-    }
-    if config.cooperative {
-        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &|v| {
-            v.cooperative = 1
-        });
-    }
-    if config.programmatic_dependent_launch {
-        push(
-            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            &|v| v.programmaticStreamSerializationAllowed = 1,
-        );
-    }
-    attrs
 }

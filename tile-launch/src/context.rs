@@ -138,23 +138,24 @@ impl Context {
                 .check("cuDeviceGetAttribute")?;
             Ok(u32::try_from(v).unwrap_or(0))
         };
+        let xyz = |x, y, z| -> Result<[u32; 3]> { Ok([get(x)?, get(y)?, get(z)?]) };
         let mut total_memory: usize = 0;
         // SAFETY: out-pointer to a local; `self.device` is a valid device handle.
         unsafe { (d.cuDeviceTotalMem)(&mut total_memory, self.device) }
             .check("cuDeviceTotalMem")?;
         Ok(DeviceLimits {
             total_memory: total_memory as u64,
-            max_block: [
-                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
-                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
-                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
-            ],
+            max_block: xyz(
+                A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X,
+                A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y,
+                A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z,
+            )?,
             max_threads_per_block: get(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-            max_grid: [
-                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
-                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
-                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
-            ],
+            max_grid: xyz(
+                A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
+                A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y,
+                A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z,
+            )?,
             max_shared_mem_per_block: get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?,
             max_shared_mem_per_block_optin: get(
                 A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,

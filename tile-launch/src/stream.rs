@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use cuda_sys::{CUstream, CUstream_flags, CuResultExt, Driver, driver};
+use cuda_sys::{CUstream, CUstream_flags, CuResultExt, driver};
 
 use crate::context::{Context, HandleKind};
 use crate::error::Result;
@@ -130,7 +130,10 @@ impl Stream {
             unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
                 .check("cuStreamCreate")
         })?;
-        Ok(Self::wrap(d, ctx, raw, true, false, None, config))
+        Ok(Self::wrap(
+            CudaTimeline::new(d, ctx, raw, true, false, None),
+            config,
+        ))
     }
 
     /// Wraps a stream created by another library (PyTorch, CuPy, `cudarc`, ...). The stream is
@@ -156,15 +159,7 @@ impl Stream {
     ///
     /// [`Error::Driver`](crate::Error::Driver) without a driver.
     pub unsafe fn from_raw(ctx: &Arc<Context>, raw: CUstream) -> Result<Stream> {
-        Ok(Self::wrap(
-            driver()?,
-            ctx,
-            raw,
-            false,
-            false,
-            None,
-            ReleaseConfig::default(),
-        ))
+        Self::borrowed(ctx, raw, false, None)
     }
 
     /// As [`Stream::from_raw`], for a handle that its owner may destroy once the work launched
@@ -187,18 +182,9 @@ impl Stream {
     ///
     /// [`Error::Driver`](crate::Error::Driver) without a driver.
     pub unsafe fn from_raw_launch_only(ctx: &Arc<Context>, raw: CUstream) -> Result<Stream> {
-        let d = driver()?;
         // The default streams are always valid: those are wrapped as by `from_raw`.
         let launch_only = HandleKind::of(raw) == HandleKind::Explicit;
-        Ok(Self::wrap(
-            d,
-            ctx,
-            raw,
-            false,
-            launch_only,
-            None,
-            ReleaseConfig::default(),
-        ))
+        Self::borrowed(ctx, raw, launch_only, None)
     }
 
     /// As [`Stream::from_raw`], holding `owner` (the other library's stream object) until the
@@ -216,27 +202,21 @@ impl Stream {
         raw: CUstream,
         owner: Box<dyn std::any::Any + Send + Sync>,
     ) -> Result<Stream> {
-        Ok(Self::wrap(
-            driver()?,
-            ctx,
-            raw,
-            false,
-            false,
-            Some(owner),
-            ReleaseConfig::default(),
-        ))
+        Self::borrowed(ctx, raw, false, Some(owner))
     }
 
-    fn wrap(
-        d: &'static Driver,
+    /// Another library's stream, never destroyed by us.
+    fn borrowed(
         ctx: &Arc<Context>,
         raw: CUstream,
-        owned: bool,
         launch_only: bool,
         keep: Option<Box<dyn std::any::Any + Send + Sync>>,
-        config: ReleaseConfig,
-    ) -> Stream {
-        let timeline = CudaTimeline::new(d, ctx, raw, owned, launch_only, keep);
+    ) -> Result<Stream> {
+        let timeline = CudaTimeline::new(driver()?, ctx, raw, false, launch_only, keep);
+        Ok(Self::wrap(timeline, ReleaseConfig::default()))
+    }
+
+    fn wrap(timeline: CudaTimeline, config: ReleaseConfig) -> Stream {
         let per_thread = timeline.is_per_thread();
         let tracker = Tracker::recycle_with(timeline, config, recycle_guards);
         let per_thread = per_thread

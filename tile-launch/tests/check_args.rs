@@ -2,7 +2,8 @@
 //! consumed, so a refused launch leaves every producer's tensor unconsumed (deleter count 0)
 //! and releases an already-owned tensor exactly once.
 
-use tile_dlpack::testing::{TensorSpec, counted_tensor, validations_on_this_thread};
+use tile_dlpack::dlpark::ffi::DLDataTypeCode;
+use tile_dlpack::testing::{RawTensor, TensorSpec, counted_raw, counted_tensor};
 use tile_dlpack::{DType, Device};
 use tile_launch::{Arg, Error, Param, ScalarType, Signature, check_args};
 
@@ -28,22 +29,29 @@ fn valid_arguments_pass_and_consume_nothing() {
     assert_eq!((ca.get(), cb.get(), cc.get()), (0, 0, 0));
 }
 
+/// Sets the dtype code of a versioned export to one no table knows, as a producer that changed
+/// its descriptor after handing it over would: a later validation would refuse it.
+fn corrupt_dtype(raw: RawTensor) {
+    let RawTensor::Versioned(ptr) = raw else {
+        panic!("a versioned export")
+    };
+    // SAFETY: a live, unconsumed export; no reference into it is held across the write.
+    unsafe { (*ptr).dl_tensor.dtype.code = DLDataTypeCode(200) };
+}
+
 #[test]
 fn each_descriptor_is_validated_once_however_often_it_is_checked_and_read() {
     let spec = TensorSpec::new(&[1024], DType::F32);
-    let (a, ca) = counted_tensor(&spec);
-    let (b, cb) = counted_tensor(&spec);
-    let (c, cc) = counted_tensor(&spec);
+    let raws = [(); 3].map(|()| counted_raw(&spec));
+    // SAFETY: fresh exports, consumed below and deleted by nobody else.
+    let [a, b, c] = raws.each_ref().map(|(raw, _)| unsafe { raw.unused() });
     let args: Vec<Arg<'_>> = vec![a.into(), b.into(), c.into(), 1024u32.into()];
-    let before = validations_on_this_thread();
     check_args("add", &add_signature(), &args, 0).unwrap();
-    assert_eq!(
-        validations_on_this_thread() - before,
-        3,
-        "one validation per tensor"
-    );
+    for (raw, _) in &raws {
+        corrupt_dtype(*raw);
+    }
     // A second check, the byte count the launch path reads, and consuming reuse the first
-    // validation's finding.
+    // validation's finding: none reads the changed descriptor again.
     check_args("add", &add_signature(), &args, 0).unwrap();
     let mut used = Vec::new();
     for a in args {
@@ -55,13 +63,23 @@ fn each_descriptor_is_validated_once_however_often_it_is_checked_and_read() {
             }
         }
     }
-    assert_eq!(
-        validations_on_this_thread() - before,
-        3,
-        "still one validation per tensor"
-    );
+    assert!(used.iter().all(|u| u.view().dtype() == DType::F32));
     drop(used);
-    assert_eq!((ca.get(), cb.get(), cc.get()), (1, 1, 1));
+    assert!(raws.iter().all(|(_, deleted)| deleted.get() == 1));
+
+    // Negative control: a descriptor changed before its first validation is refused.
+    let (raw, deleted) = counted_raw(&spec);
+    corrupt_dtype(raw);
+    // SAFETY: as above.
+    let args: Vec<Arg<'_>> = vec![unsafe { raw.unused() }.into()];
+    let sig = Signature::new([Param::input(DType::F32)]);
+    let e = check_args("k", &sig, &args, 0).unwrap_err();
+    assert!(matches!(e, Error::Descriptor { index: 0, .. }), "{e:?}");
+    drop(args);
+    assert_eq!(deleted.get(), 0);
+    // SAFETY: never consumed; this is its only deletion.
+    unsafe { raw.delete() };
+    assert_eq!(deleted.get(), 1);
 }
 
 #[test]

@@ -264,67 +264,33 @@ fn row8_empty_tensor_is_not_checked() {
 
 // Row 9: unsupported dtype.
 
-fn unsupported(code: u8, bits: u8, lanes: u16) -> (TensorSpec, DescriptorError) {
+fn assert_unsupported(code: u8, bits: u8, lanes: u16) {
     let dtype = DType { code, bits, lanes };
-    (
-        TensorSpec::new(&[4], dtype),
+    assert_rejected(
+        &TensorSpec::new(&[4], dtype),
         UnsupportedDtype { code, bits, lanes },
-    )
+    );
 }
 
 #[test]
-fn row9_lanes_4() {
-    let (spec, error) = unsupported(2, 32, 4);
-    assert_rejected(&spec, error);
-}
-
-#[test]
-fn row9_float_bits_24() {
-    let (spec, error) = unsupported(2, 24, 1);
-    assert_rejected(&spec, error);
-}
-
-#[test]
-fn row9_bool_bits_1() {
-    let (spec, error) = unsupported(6, 1, 1);
-    assert_rejected(&spec, error);
-}
-
-#[test]
-fn row9_unknown_code_200() {
-    let (spec, error) = unsupported(200, 8, 1);
-    assert_rejected(&spec, error);
-}
-
-#[test]
-fn row9_fp4_with_bits_8() {
-    let (spec, error) = unsupported(17, 8, 1);
-    assert_rejected(&spec, error);
-    let (spec, error) = unsupported(17, 8, 2);
-    assert_rejected(&spec, error);
-}
-
-#[test]
-fn row9_fp4_unpaired() {
-    // One 4-bit value per element has no whole-byte stride.
-    let (spec, error) = unsupported(17, 4, 1);
-    assert_rejected(&spec, error);
-}
-
-#[test]
-fn row9_fp6_wrong_bits_or_lanes() {
-    for (bits, lanes) in [(8, 1), (6, 1), (6, 2), (6, 8)] {
-        let (spec, error) = unsupported(15, bits, lanes);
-        assert_rejected(&spec, error);
+fn row9_unsupported_dtypes() {
+    for (code, bits, lanes) in [
+        (2, 32, 4),  // four lanes
+        (2, 24, 1),  // a float of 24 bits
+        (6, 1, 1),   // a bool of 1 bit
+        (200, 8, 1), // an unknown code
+        (17, 8, 1),  // fp4 with 8 bits
+        (17, 8, 2),  // fp4 with 8 bits, paired
+        (17, 4, 1),  // fp4 unpaired: one 4-bit value per element has no whole-byte stride
+        (15, 8, 1),  // fp6 with wrong bits or lanes
+        (15, 6, 1),
+        (15, 6, 2),
+        (15, 6, 8),
+        (2, 32, 0), // zero lanes
+        (3, 64, 1), // an opaque handle
+    ] {
+        assert_unsupported(code, bits, lanes);
     }
-}
-
-#[test]
-fn row9_zero_lanes_and_opaque_handle() {
-    let (spec, error) = unsupported(2, 32, 0);
-    assert_rejected(&spec, error);
-    let (spec, error) = unsupported(3, 64, 1);
-    assert_rejected(&spec, error);
 }
 
 #[test]
@@ -426,51 +392,42 @@ fn row18_copied_output_is_refused_before_consuming() {
 
 // Row 12: internal overlap.
 
-#[test]
-fn row12_stride_0_output() {
-    with_used(&f32s(&[4, 3]).strides(&[0, 1]), |used| {
-        assert_eq!(
-            used.view().check_writable(),
-            Err(InternalOverlap { axis: 0 })
-        );
+/// `check_writable` of a consumed `float32` tensor of `shape` and `strides`.
+#[track_caller]
+fn writability(shape: &[i64], strides: &[i64]) -> Result<(), DescriptorError> {
+    let mut result = Ok(());
+    with_used(&f32s(shape).strides(strides), |used| {
+        result = used.view().check_writable();
     });
+    result
 }
 
 #[test]
-fn row12_stride_0_on_a_size_1_dimension_is_fine() {
-    with_used(&f32s(&[1, 3]).strides(&[0, 1]), |used| {
-        assert_eq!(used.view().check_writable(), Ok(()));
-    });
-}
-
-#[test]
-fn row12_overlapping_strides() {
-    // Offsets i * 2 + j for i < 3, j < 3: 2 is reached as (1, 0) and (0, 2).
-    with_used(&f32s(&[3, 3]).strides(&[2, 1]), |used| {
-        assert_eq!(
-            used.view().check_writable(),
-            Err(InternalOverlap { axis: 0 })
-        );
-    });
-}
-
-#[test]
-fn row12_conservative_rejection_is_documented_behaviour() {
-    // Offsets 3i + 4j (i, j < 3) are all distinct, but not provably by sorted strides.
-    with_used(&f32s(&[3, 3]).strides(&[3, 4]), |used| {
-        assert_eq!(
-            used.view().check_writable(),
-            Err(InternalOverlap { axis: 1 })
-        );
-    });
+fn row12_overlapping_outputs_are_refused() {
+    for (shape, strides, axis) in [
+        // Stride 0 on a dimension of more than one element.
+        ([4, 3], [0, 1], 0),
+        // Offsets i * 2 + j for i < 3, j < 3: 2 is reached as (1, 0) and (0, 2).
+        ([3, 3], [2, 1], 0),
+        // Offsets 3i + 4j (i, j < 3) are all distinct, but not provably by sorted strides: a
+        // conservative rejection, documented behaviour.
+        ([3, 3], [3, 4], 1),
+    ] {
+        let got = writability(&shape, &strides);
+        assert_eq!(got, Err(InternalOverlap { axis }), "strides {strides:?}");
+    }
 }
 
 #[test]
 fn row12_disjoint_layouts_are_writable() {
+    // Stride 0 on a size-1 dimension is fine.
+    assert_eq!(writability(&[1, 3], &[0, 1]), Ok(()));
     for strides in [[1, 3], [-2, 1], [2, -1], [-2, -1], [4, 1], [1, 4]] {
-        with_used(&f32s(&[3, 2]).strides(&strides), |used| {
-            assert_eq!(used.view().check_writable(), Ok(()), "strides {strides:?}");
-        });
+        assert_eq!(
+            writability(&[3, 2], &strides),
+            Ok(()),
+            "strides {strides:?}"
+        );
     }
 }
 

@@ -3,7 +3,7 @@
 use super::with_used;
 use crate::ffi::DLDeviceType;
 use crate::testing::TensorSpec;
-use crate::{ByteExtent, DType, Device};
+use crate::{ByteExtent, DType, Device, TensorView};
 
 const DATA: u64 = 0x7f00_0000_0000;
 
@@ -11,12 +11,17 @@ fn extent(start: i64, end: i64) -> ByteExtent {
     ByteExtent { start, end }
 }
 
+/// [`with_used`], handing `check` the consumed tensor's view.
+#[track_caller]
+fn with_view(spec: &TensorSpec, check: impl FnOnce(&TensorView<'_>)) {
+    with_used(spec, |used| check(&used.view()));
+}
+
 #[test]
 fn compact() {
-    with_used(
+    with_view(
         &TensorSpec::new(&[2, 3], DType::F32).strides(&[3, 1]),
-        |used| {
-            let view = used.view();
+        |view| {
             assert_eq!(view.device(), Device::cuda(0));
             assert_eq!(view.dtype(), DType::F32);
             assert_eq!(view.ndim(), 2);
@@ -38,10 +43,9 @@ fn compact() {
 #[test]
 fn strided() {
     // Column-major 2 x 3 inside a padded buffer: offsets i + 4j.
-    with_used(
+    with_view(
         &TensorSpec::new(&[2, 3], DType::I64).strides(&[1, 4]),
-        |used| {
-            let view = used.view();
+        |view| {
             assert_eq!(view.strides(), &[1, 4]);
             assert!(!view.is_contiguous());
             // Highest offset 1 + 8 = 9, so 10 elements of 8 bytes.
@@ -53,10 +57,9 @@ fn strided() {
 
 #[test]
 fn negative_strides() {
-    with_used(
+    with_view(
         &TensorSpec::new(&[3, 2], DType::F32).strides(&[-2, 1]),
-        |used| {
-            let view = used.view();
+        |view| {
             assert_eq!(view.byte_extent(), extent(-16, 8));
             assert!(view.byte_extent().start < 0);
             assert_eq!(view.nbytes_spanned(), 24);
@@ -75,8 +78,7 @@ fn byte_offset_is_applied_to_data_ptr() {
 
 #[test]
 fn null_strides_become_compact_strides() {
-    with_used(&TensorSpec::new(&[2, 3, 4], DType::F16), |used| {
-        let view = used.view();
+    with_view(&TensorSpec::new(&[2, 3, 4], DType::F16), |view| {
         assert_eq!(view.strides(), &[12, 4, 1]);
         assert!(view.is_contiguous());
         assert_eq!(view.byte_extent(), extent(0, 48));
@@ -98,8 +100,7 @@ fn null_strides_accepted_for_every_version() {
 
 #[test]
 fn zero_dimensional() {
-    with_used(&TensorSpec::new(&[], DType::F64), |used| {
-        let view = used.view();
+    with_view(&TensorSpec::new(&[], DType::F64), |view| {
         assert_eq!(view.ndim(), 0);
         assert_eq!(view.shape(), &[] as &[i64]);
         assert_eq!(view.strides(), &[] as &[i64]);
@@ -112,12 +113,11 @@ fn zero_dimensional() {
 
 #[test]
 fn empty_with_null_data() {
-    with_used(
+    with_view(
         &TensorSpec::new(&[0, 3], DType::F32)
             .data(0)
             .strides(&[3, 1]),
-        |used| {
-            let view = used.view();
+        |view| {
             assert_eq!(view.numel(), 0);
             assert_eq!(view.data_ptr(), 0);
             assert_eq!(view.byte_extent(), extent(0, 0));
@@ -138,8 +138,7 @@ fn empty_ignores_huge_strides() {
 
 #[test]
 fn fp4_x2() {
-    with_used(&TensorSpec::new(&[4, 8], DType::F4_E2M1FN_X2), |used| {
-        let view = used.view();
+    with_view(&TensorSpec::new(&[4, 8], DType::F4_E2M1FN_X2), |view| {
         assert_eq!(view.dtype().itemsize(), 1);
         assert_eq!(view.dtype().to_string(), "float4_e2m1fn x2");
         assert_eq!(view.byte_extent(), extent(0, 32));
@@ -156,10 +155,9 @@ fn fp4_x2_needs_only_byte_alignment() {
 
 #[test]
 fn fp6_x4() {
-    with_used(
+    with_view(
         &TensorSpec::new(&[5], DType::F6_E3M2FN_X4).byte_offset(1),
-        |used| {
-            let view = used.view();
+        |view| {
             assert_eq!(view.dtype().itemsize(), 3);
             assert_eq!(view.byte_extent(), extent(0, 15));
         },
@@ -168,8 +166,7 @@ fn fp6_x4() {
 
 #[test]
 fn bf16() {
-    with_used(&TensorSpec::new(&[3], DType::BF16).byte_offset(2), |used| {
-        let view = used.view();
+    with_view(&TensorSpec::new(&[3], DType::BF16).byte_offset(2), |view| {
         assert_eq!(view.dtype().to_string(), "bfloat16");
         assert_eq!(view.dtype().itemsize(), 2);
         assert_eq!(view.byte_extent(), extent(0, 6));

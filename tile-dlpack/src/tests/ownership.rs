@@ -79,6 +79,42 @@ fn peek_then_consume_gives_the_same_view() {
     assert_eq!(deleted.get(), 1);
 }
 
+/// Sets the dtype code of a versioned export to one no table knows, as a producer that
+/// changed its descriptor after handing it over would.
+fn corrupt_dtype(raw: RawTensor) {
+    let RawTensor::Versioned(ptr) = raw else {
+        panic!("a versioned export")
+    };
+    // SAFETY: a live export of `counted_raw`; no reference into it is held across the write.
+    unsafe { (*ptr).dl_tensor.dtype.code = dlpark::ffi::DLDataTypeCode(200) };
+}
+
+/// A descriptor is validated once: consuming a peeked tensor uses what the peek found, so a
+/// descriptor changed since is not read again (a second validation would refuse it).
+#[test]
+fn consume_after_peek_does_not_validate_again() {
+    let (raw, deleted) = counted_raw(&spec());
+    // SAFETY: fresh, consumed below, deleted by nobody else.
+    let unused = unsafe { raw.unused() };
+    assert_eq!(unused.peek().unwrap().dtype(), DType::F32);
+    corrupt_dtype(raw);
+    let used = unused.consume().unwrap();
+    assert_eq!(used.view().dtype(), DType::F32);
+    drop(used);
+    assert_eq!(deleted.get(), 1);
+
+    // Negative control: without the peek, consuming validates, and refuses the change.
+    let (raw, deleted) = counted_raw(&spec());
+    corrupt_dtype(raw);
+    // SAFETY: as above.
+    let refused = unsafe { raw.unused() }.consume().unwrap_err();
+    assert!(
+        matches!(refused, DescriptorError::UnsupportedDtype { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(deleted.get(), 1);
+}
+
 #[test]
 fn computed_strides_survive_the_move_into_used() {
     let (unused, deleted) = counted_tensor(&TensorSpec::new(&[4, 5, 6], DType::U8));
@@ -220,24 +256,30 @@ fn a_deleter_that_ran_twice_would_be_counted() {
     assert_eq!(deleted.get(), 2);
 }
 
-#[test]
-fn unused_is_borrowed_for_its_lifetime() {
-    // An `Unused` made from a descriptor on the stack cannot outlive it (the lifetime is the
-    // caller's promise); here it is only peeked at and never consumed.
-    let shape = [3i64];
-    let mut managed = crate::ffi::DLManagedTensor {
+/// A legacy descriptor of a 1-d tensor on the caller's stack, with no deleter (its producer
+/// keeps ownership), over `shape`.
+fn on_stack(shape: &[i64; 1], device: crate::Device, dtype: DType) -> crate::ffi::DLManagedTensor {
+    crate::ffi::DLManagedTensor {
         dl_tensor: crate::ffi::DLTensor {
             data: std::ptr::without_provenance_mut(0x1000),
-            device: crate::Device::cuda(1).into(),
+            device: device.into(),
             ndim: 1,
-            dtype: DType::I32.into(),
+            dtype: dtype.into(),
             shape: shape.as_ptr().cast_mut(),
             strides: std::ptr::null_mut(),
             byte_offset: 0,
         },
         manager_ctx: std::ptr::null_mut(),
         deleter: None,
-    };
+    }
+}
+
+#[test]
+fn unused_is_borrowed_for_its_lifetime() {
+    // An `Unused` made from a descriptor on the stack cannot outlive it (the lifetime is the
+    // caller's promise); here it is only peeked at and never consumed.
+    let shape = [3i64];
+    let mut managed = on_stack(&shape, crate::Device::cuda(1), DType::I32);
     // SAFETY: `managed` and `shape` outlive the `Unused`, which is never consumed.
     let unused: Unused<'_> = unsafe { Unused::from_legacy(&mut managed) };
     let view = unused.peek().unwrap();
@@ -250,19 +292,7 @@ fn null_deleter_means_nothing_to_run() {
     // A producer that keeps ownership exports a null deleter; consuming and releasing it
     // runs nothing and frees nothing.
     let shape = [2i64];
-    let mut managed = crate::ffi::DLManagedTensor {
-        dl_tensor: crate::ffi::DLTensor {
-            data: std::ptr::without_provenance_mut(0x1000),
-            device: crate::Device::cuda(0).into(),
-            ndim: 1,
-            dtype: DType::F32.into(),
-            shape: shape.as_ptr().cast_mut(),
-            strides: std::ptr::null_mut(),
-            byte_offset: 0,
-        },
-        manager_ctx: std::ptr::null_mut(),
-        deleter: None,
-    };
+    let mut managed = on_stack(&shape, crate::Device::cuda(0), DType::F32);
     // SAFETY: `managed` and `shape` outlive the `Used`, released below; the deleter is null.
     let used = unsafe { Unused::from_legacy(&mut managed) }
         .consume()

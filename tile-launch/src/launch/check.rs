@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use cuda_sys::{CUgraph, CUstream, Driver};
 
-use crate::args::{Arg, ArgList, ParamValues, TensorSource, check_all};
+use crate::args::{Arg, ArgList, Found, ParamValues, TensorSource, check_all};
 use crate::config::{LaunchConfig, ValidConfig};
 use crate::context::ContextGuard;
 use crate::error::{Error, Result};
@@ -38,8 +38,7 @@ pub struct Checked<'s, 'a> {
     pub(super) config: ValidConfig,
     pub(super) args: ArgList<'a>,
     pub(super) values: ParamValues,
-    /// The graph being captured and the capture's id, when the stream captures.
-    pub(super) capture: Option<(CUgraph, u64)>,
+    pub(super) capture: Option<InCapture>,
     /// Tensor arguments the launch holds (each becomes a guard; borrowed ones do not count).
     pub(super) tensors: usize,
     /// Bytes only the release queue would keep alive ([`crate::args::queue_bytes`]).
@@ -110,6 +109,9 @@ impl<'a> Checked<'_, 'a> {
     }
 }
 
+/// The graph the stream is capturing into, and the capture's id.
+pub(super) type InCapture = (CUgraph, u64);
+
 /// The configuration of a launch to check.
 pub(super) enum Config<'c> {
     /// To check against the device and the kernel ([`Stream::check`]).
@@ -124,9 +126,13 @@ pub(super) fn check<'s, 'a>(
     s: &'s Stream,
     kernel: &'s Kernel,
     config: Config<'_>,
-    args: impl IntoIterator<Item = Arg<'a>>,
+    args_in: impl IntoIterator<Item = Arg<'a>>,
 ) -> Result<Checked<'s, 'a>> {
-    let mut args: ArgList<'a> = args.into_iter().collect();
+    // Pushed one at a time: `collect` (SmallVec's `extend`) moves each argument once more.
+    let mut args = ArgList::new();
+    for a in args_in {
+        args.push(a);
+    }
     // No driver: nothing was ever handed to CUDA, and nothing can be captured.
     let d = cuda_sys::driver()?;
     let site = s.launch_site();
@@ -183,7 +189,7 @@ fn check_bound(
     kernel: &Kernel,
     config: Config<'_>,
     args: &[Arg<'_>],
-) -> Result<(ValidConfig, crate::args::Found, Option<(CUgraph, u64)>)> {
+) -> Result<(ValidConfig, Found, Option<InCapture>)> {
     let ctx = site.ctx;
     let (config, found) = match config {
         Config::ToCheck(config) => {

@@ -3,14 +3,17 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::{CUfunction, CUlaunchConfig, CUstream, CuResultExt};
+use cuda_sys::{
+    CUfunction, CUlaunchAttribute, CUlaunchAttributeID, CUlaunchAttributeValue, CUlaunchConfig,
+    CUstream, CuResultExt,
+};
 use smallvec::SmallVec;
 use tile_dlpack::Used;
 
 use super::check::Checked;
 use super::handle::{HandleInner, LaunchHandle};
 use crate::args::{Arg, INLINE_ARGS, TensorSource};
-use crate::config::launch_attributes;
+use crate::config::LaunchConfig;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, HandOff, spare_guards};
 
@@ -246,6 +249,41 @@ impl<'a> Checked<'_, 'a> {
             }
         }
     }
+}
+
+/// The launch attributes `config` sets (`cuLaunchKernelEx`); none for a plain launch.
+fn launch_attributes(config: &LaunchConfig) -> SmallVec<[CUlaunchAttribute; 3]> {
+    let mut attrs = SmallVec::new();
+    let mut push = |id: CUlaunchAttributeID, set: &dyn Fn(&mut CUlaunchAttributeValue)| {
+        // SAFETY: `CUlaunchAttribute` is a plain C struct for which all-zero bytes are valid.
+        let mut a: CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = id;
+        set(&mut a.value);
+        attrs.push(a);
+    };
+    if let Some(c) = config.cluster {
+        push(
+            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            &|v| {
+                // Assigning to a union field is safe; this selects the member the id names.
+                v.clusterDim.x = c.x;
+                v.clusterDim.y = c.y;
+                v.clusterDim.z = c.z;
+            },
+        );
+    }
+    if config.cooperative {
+        push(CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &|v| {
+            v.cooperative = 1
+        });
+    }
+    if config.programmatic_dependent_launch {
+        push(
+            CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            &|v| v.programmaticStreamSerializationAllowed = 1,
+        );
+    }
+    attrs
 }
 
 /// Releases what a launch refused after consuming took (its guards: consumed tensors, owners),
