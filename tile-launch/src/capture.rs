@@ -415,8 +415,6 @@ pub(crate) fn attach(
     if let Err(e) = created {
         // SAFETY: no user object owns `p`; it is reclaimed once.
         let parcel = unsafe { GraphReleaser::<Guard>::reclaim(p) };
-        // Released as a finished launch's guards are: context current, capture mode relaxed
-        // (the capture in progress is this thread's).
         ctx.releasing(|| drop(parcel));
         return Err(e.into());
     }

@@ -121,8 +121,11 @@ pub(crate) fn is_capturing(d: &Driver, stream: CUstream) -> Result<bool, CudaErr
 }
 
 /// Runs `f` with the calling thread's stream-capture mode set to relaxed, then restores it
-/// (`cuThreadExchangeStreamCaptureMode`, twice). Potentially unsafe calls (event queries and
-/// waits) made by `f` then neither fail nor invalidate another thread's global-mode capture.
+/// (`cuThreadExchangeStreamCaptureMode`, twice). Every "potentially unsafe" call tile makes
+/// outside a launch (creating and destroying streams and events, querying and waiting on
+/// events, retaining and releasing contexts, loading libraries and kernels, setting kernel
+/// attributes, running deleters) goes through it: in global mode such a call, from any
+/// thread, fails and invalidates the capture another thread has in progress.
 pub(crate) fn relaxed<R>(
     d: &Driver,
     f: impl FnOnce() -> Result<R, CudaError>,

@@ -144,8 +144,8 @@ impl LaunchConfig {
                 if gd % cd != 0 {
                     return Err(Error::InvalidConfig {
                         what,
-                        value: (gd % cd).into(),
-                        limit: 0,
+                        value: gd.into(),
+                        limit: cd.into(),
                     });
                 }
             }

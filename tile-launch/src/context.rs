@@ -111,8 +111,6 @@ impl Context {
         // SAFETY: out-pointer to a local; the driver is initialised by `driver()`.
         unsafe { (d.cuDeviceGet)(&mut device, ordinal) }.check("cuDeviceGet")?;
         let mut raw: CUcontext = std::ptr::null_mut();
-        // Relaxed capture mode: retaining (and so perhaps creating) the primary context must not
-        // invalidate a global-mode capture another thread has in progress.
         crate::capture_state::relaxed(d, || {
             // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
             unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
@@ -358,8 +356,6 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         if let Ok(d) = driver() {
-            // Relaxed capture mode: the last release may tear the context down, which must not
-            // invalidate another thread's global-mode capture.
             let r = crate::capture_state::relaxed(d, || {
                 // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
                 unsafe { (d.cuDevicePrimaryCtxRelease)(self.device) }

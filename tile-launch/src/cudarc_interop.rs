@@ -528,6 +528,19 @@ fn release<T>(slice: CudaSlice<T>) {
     drop(restore);
 }
 
+/// The primary context of device `ordinal`, through `cudarc` (`CudaContext::new`), once tile
+/// has found the driver (honouring `TILE_LIBCUDA`) and checked that `cudarc` finds it too:
+/// where `CudaContext::new` would panic without a driver, this returns an error.
+///
+/// # Errors
+///
+/// [`Error::Driver`] without a driver; [`Error::CudarcDriverUnavailable`] when `cudarc` would
+/// not load it; [`Error::Cuda`] when `cudarc` fails to retain the context.
+pub fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    crate::probe::require_cudarc_driver()?;
+    CudaContext::new(ordinal).map_err(|e| cudarc_error(e, "CudaContext::new"))
+}
+
 /// `cudarc`'s handle of its context, as a `cuda-sys` handle (the same driver object).
 fn raw_ctx(cu: &CudaContext) -> CUcontext {
     cu.cu_ctx() as CUcontext

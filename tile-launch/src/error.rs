@@ -198,13 +198,15 @@ pub enum Error {
     },
 
     /// A launch configuration value is outside what the device or CUDA allows.
-    #[error("invalid launch configuration: {what} is {value}, limit {limit}")]
+    #[error("invalid launch configuration: {}", ConfigRule { what, value: *value, limit: *limit })]
     InvalidConfig {
-        /// Which value, e.g. `block.x` or `block size (x*y*z)`.
+        /// Which value, e.g. `block.x` or `block size (x*y*z)`; for a divisibility rule, both
+        /// values, `grid.x % cluster.x`.
         what: &'static str,
-        /// The value given.
+        /// The value given (for `a % b`: `a`).
         value: u64,
-        /// The limit it violates (an upper bound, or 1 for "must be at least 1").
+        /// The bound it breaks: an upper bound, a lower bound when above the value (1: "must be
+        /// at least 1"), or for `a % b` the divisor `b`.
         limit: u64,
     },
 
@@ -243,6 +245,22 @@ pub enum Error {
         searched: Vec<String>,
     },
 
+    /// [`cudarc_interop::context`](crate::cudarc_interop::context) (feature `cudarc`): tile
+    /// found the CUDA driver, but `cudarc`, which looks for it under its own names only (not
+    /// `TILE_LIBCUDA`), would not; it would panic.
+    #[cfg(feature = "cudarc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+    #[error(
+        "cudarc cannot load the CUDA driver (searched {}): it does not honour TILE_LIBCUDA; put \
+         the directory of the driver's libcuda.so on LD_LIBRARY_PATH",
+        FirstNames(searched)
+    )]
+    #[non_exhaustive]
+    CudarcDriverUnavailable {
+        /// The file names the dynamic loader was asked for, in order.
+        searched: Vec<String>,
+    },
+
     /// `Library::from_cuda_source` (feature `nvrtc`): NVRTC
     /// refused the source or its options.
     #[error("NVRTC compilation failed (options {options:?}):\n{log}")]
@@ -262,6 +280,20 @@ pub enum Error {
     KernelName {
         /// The name as given.
         name: String,
+    },
+
+    /// The library has no kernel of the name asked for (`cuLibraryGetKernel` returned
+    /// `CUDA_ERROR_NOT_FOUND`, which [`Error::cuda`] gives).
+    #[error(
+        "no kernel named `{name}` in the library ({source}); a kernel is found by its symbol \
+         name: declare it `extern \"C\"` in CUDA C++, or ask for its C++-mangled name"
+    )]
+    #[non_exhaustive]
+    KernelNotFound {
+        /// The name asked for.
+        name: String,
+        /// The driver's answer.
+        source: CudaError,
     },
 
     /// The thread that releases the tensors of launches captured into CUDA graphs could not be
@@ -445,7 +477,7 @@ impl Error {
     /// The CUDA error inside, if this error came from a driver call.
     pub fn cuda(&self) -> Option<&CudaError> {
         match self {
-            Error::Cuda(e) => Some(e),
+            Error::Cuda(e) | Error::KernelNotFound { source: e, .. } => Some(e),
             Error::Driver(LoadError::Init(e)) => Some(e),
             _ => None,
         }
@@ -454,6 +486,26 @@ impl Error {
 
 /// Shorthand for `Result<T, tile_launch::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The rule an [`Error::InvalidConfig`] breaks, in words.
+struct ConfigRule<'a> {
+    what: &'a str,
+    value: u64,
+    limit: u64,
+}
+
+impl std::fmt::Display for ConfigRule<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self { what, value, limit } = *self;
+        if let Some((a, b)) = what.split_once(" % ") {
+            write!(f, "{a} = {value} is not a multiple of {b} = {limit}")
+        } else if value < limit {
+            write!(f, "{what} is {value}; it must be at least {limit}")
+        } else {
+            write!(f, "{what} is {value}, limit {limit}")
+        }
+    }
+}
 
 /// The first two of a list of file names and how many more: `a.so, b.so and 15 other names`.
 struct FirstNames<'a>(&'a [String]);
@@ -533,6 +585,45 @@ mod tests {
                     name: "add\0".into(),
                 },
                 &["kernel name \"add\\0\" contains a NUL byte"],
+            ),
+            (
+                Error::KernelNotFound {
+                    name: "vector_add".into(),
+                    source: cuda_sys::CudaError::new(
+                        cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND,
+                        "cuLibraryGetKernel",
+                    ),
+                },
+                &[
+                    "no kernel named `vector_add` in the library",
+                    "CUDA_ERROR_NOT_FOUND",
+                    "extern \"C\"",
+                    "mangled",
+                ],
+            ),
+            (
+                Error::InvalidConfig {
+                    what: "grid.x",
+                    value: 0,
+                    limit: 1,
+                },
+                &["invalid launch configuration: grid.x is 0; it must be at least 1"],
+            ),
+            (
+                Error::InvalidConfig {
+                    what: "grid.x % cluster.x",
+                    value: 15,
+                    limit: 2,
+                },
+                &["invalid launch configuration: grid.x = 15 is not a multiple of cluster.x = 2"],
+            ),
+            (
+                Error::InvalidConfig {
+                    what: "block.x",
+                    value: 1025,
+                    limit: 1024,
+                },
+                &["invalid launch configuration: block.x is 1025, limit 1024"],
             ),
             (
                 Error::ReleaseThread(io::Error::from(io::ErrorKind::OutOfMemory)),
@@ -634,6 +725,12 @@ mod tests {
         use std::error::Error as _;
         let e = Error::ReleaseThread(io::Error::from(io::ErrorKind::OutOfMemory));
         assert!(e.source().is_some());
+        let not_found = cuda_sys::CUresult::CUDA_ERROR_NOT_FOUND;
+        let e = Error::KernelNotFound {
+            name: "k".into(),
+            source: cuda_sys::CudaError::new(not_found, "cuLibraryGetKernel"),
+        };
+        assert_eq!(e.cuda().map(|c| c.code), Some(not_found));
         let e = Error::ReadFile {
             path: "x".into(),
             source: io::Error::from(io::ErrorKind::PermissionDenied),

@@ -95,6 +95,8 @@ mod error;
 mod guard;
 mod launch;
 mod library;
+#[cfg(any(feature = "cudarc", feature = "nvrtc"))]
+mod probe;
 pub mod release;
 mod signature;
 mod stream;

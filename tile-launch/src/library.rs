@@ -48,7 +48,6 @@ unsafe impl Sync for LibraryInner {}
 impl Drop for LibraryInner {
     fn drop(&mut self) {
         let (d, raw) = (self.d, self.raw);
-        // Relaxed: unloading must not disturb another thread's global-mode capture.
         let r = crate::capture_state::relaxed(d, || {
             // SAFETY: every kernel of this library holds an `Arc` to it, so none is alive.
             unsafe { (d.cuLibraryUnload)(raw) }.check("cuLibraryUnload")
@@ -195,7 +194,7 @@ impl Library {
         // Probe the driver first, then NVRTC: cudarc panics when a CUDA library is absent, and
         // even a caught panic prints through the panic hook.
         driver()?;
-        nvrtc::require()?;
+        crate::probe::require_nvrtc()?;
         let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
         let opts = cudarc::nvrtc::CompileOptions {
             options: options.clone(),
@@ -205,7 +204,7 @@ impl Library {
         // asks for) is still turned into the error rather than unwound into the caller.
         let ptx = std::panic::catch_unwind(|| cudarc::nvrtc::compile_ptx_with_opts(source, opts))
             .map_err(|_| Error::NvrtcUnavailable {
-                searched: nvrtc::candidates(),
+                searched: crate::probe::candidates("nvrtc"),
             })?
             .map_err(|e| {
                 let log = match e {
@@ -240,8 +239,8 @@ impl Library {
     ///
     /// # Errors
     ///
-    /// [`Error::KernelName`] if `name` contains a NUL byte; [`Error::Cuda`] with
-    /// `CUDA_ERROR_NOT_FOUND` if there is no such kernel; [`Error::Signature`] if the declared
+    /// [`Error::KernelName`] if `name` contains a NUL byte; [`Error::KernelNotFound`] if there
+    /// is no such kernel; [`Error::Signature`] if the declared
     /// parameters do not match the compiled ones.
     #[doc(alias = "cuLibraryGetKernel")]
     #[doc(alias = "cuKernelGetParamInfo")]
@@ -252,7 +251,8 @@ impl Library {
             let mut raw: CUkernel = std::ptr::null_mut();
             // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
             unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
-                .check("cuLibraryGetKernel")?;
+                .check("cuLibraryGetKernel")
+                .map_err(|e| not_found(name, e))?;
             let mut current: cuda_sys::CUcontext = std::ptr::null_mut();
             // SAFETY: out-pointer to a local.
             unsafe { (d.cuCtxGetCurrent)(&mut current) }.check("cuCtxGetCurrent")?;
@@ -295,6 +295,19 @@ impl Library {
             per_device: Arc::new(Mutex::new(Vec::new())),
             _library: self.clone(),
         })
+    }
+}
+
+/// The error of a failed `cuLibraryGetKernel` for `name`: [`Error::KernelNotFound`] when the
+/// library has no such kernel.
+fn not_found(name: &str, e: cuda_sys::CudaError) -> Error {
+    if e.code == CUresult::CUDA_ERROR_NOT_FOUND {
+        Error::KernelNotFound {
+            name: name.to_owned(),
+            source: e,
+        }
+    } else {
+        e.into()
     }
 }
 
@@ -347,12 +360,19 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
             slot += 1;
         }
     }
-    let (mut offset, mut size) = (0usize, 0usize);
-    // SAFETY: as above.
-    let r = unsafe { (d.cuKernelGetParamInfo)(raw, n, &mut offset, &mut size) };
-    if r == CUresult::CUDA_SUCCESS {
+    let mut takes = n;
+    loop {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: as above.
+        let r = unsafe { (d.cuKernelGetParamInfo)(raw, takes, &mut offset, &mut size) };
+        if r != CUresult::CUDA_SUCCESS {
+            break;
+        }
+        takes += 1;
+    }
+    if takes > n {
         return Err(mismatch(format!(
-            "the signature declares {n} parameters but the kernel takes more"
+            "the signature declares {n} parameters but the kernel takes {takes}"
         )));
     }
     Ok(())
@@ -428,10 +448,8 @@ impl Kernel {
 
 impl Kernel {
     /// The kernel-specific checks and set-up of a launch on `ctx`'s device, made before anything
-    /// is consumed. `ctx` must be current. Every driver call here runs with the calling
-    /// thread's stream-capture mode relaxed (`cuThreadExchangeStreamCaptureMode`): setting an
-    /// attribute or asking for occupancy must not invalidate another thread's global-mode
-    /// capture, nor this thread's own capture when the launch is being captured.
+    /// is consumed. `ctx` must be current. Its driver calls run in relaxed capture mode, which
+    /// also keeps them from invalidating this thread's own capture when the launch is captured.
     ///
     /// - Dynamic shared memory: at most the device's opt-in limit minus the kernel's static
     ///   shared memory (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, read once per device). Above the
@@ -502,10 +520,8 @@ impl Kernel {
         Ok(func)
     }
 
-    /// The dynamic shared memory part of [`prepare_launch`](Kernel::prepare_launch). Driver
-    /// calls that could disturb another thread's capture (attribute reads and sets) run in
-    /// relaxed capture mode; a launch whose opt-in is already known (one `cuCtxGetId` and the
-    /// cache) makes none.
+    /// The dynamic shared memory part of [`prepare_launch`](Kernel::prepare_launch); a launch
+    /// whose opt-in is already known makes one `cuCtxGetId` and no other call.
     fn prepare_shared_memory(&self, d: &Driver, ctx: &Context, dynamic: u32) -> Result<()> {
         let limits = ctx.limits();
         let static_shared = self.static_shared(d, ctx)?;
@@ -613,73 +629,23 @@ impl Kernel {
     }
 }
 
-/// Finding NVRTC before `cudarc` looks for it, so that a missing library is an error value and
-/// nothing is printed (`cudarc` panics when it cannot load a CUDA library).
-#[cfg(feature = "nvrtc")]
-mod nvrtc {
-    use std::sync::OnceLock;
+#[cfg(test)]
+mod tests {
+    use cuda_sys::{CUresult, CudaError};
 
-    use crate::error::{Error, Result};
+    use super::{Error, not_found};
 
-    /// The file names `cudarc` tries for NVRTC, in its order.
-    pub(super) fn candidates() -> Vec<String> {
-        cudarc::get_lib_name_candidates("nvrtc")
-    }
-
-    /// `Ok` when one of `cudarc`'s candidate names for NVRTC loads; the answer is kept for the
-    /// life of the process (the loader's search path does not change under it).
-    pub(super) fn require() -> Result<()> {
-        static FOUND: OnceLock<bool> = OnceLock::new();
-        let names = candidates();
-        if *FOUND.get_or_init(|| first_loadable(&names).is_some()) {
-            Ok(())
-        } else {
-            Err(Error::NvrtcUnavailable { searched: names })
-        }
-    }
-
-    /// The first of `names` that the dynamic loader opens (closed again at once: `cudarc` opens
-    /// it for itself), or `None`.
-    pub(super) fn first_loadable(names: &[String]) -> Option<&str> {
-        names.iter().map(String::as_str).find(|name| {
-            // SAFETY: opening a shared library runs its initialisers. The names are NVRTC's
-            // (`cudarc`'s list), whose initialisers have no preconditions; a file of another
-            // library under such a name is the installation's fault, as for `cudarc` itself.
-            unsafe { libloading::Library::new(*name) }.is_ok()
-        })
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn a_missing_nvrtc_is_an_error_that_names_the_files_and_the_fix() {
-            let names = vec!["libtile-test-no-such-nvrtc.so".to_owned()];
-            assert_eq!(first_loadable(&names), None);
-            let msg = Error::NvrtcUnavailable { searched: names }.to_string();
-            for part in [
-                "NVRTC (libnvrtc.so) could not be loaded",
-                "libtile-test-no-such-nvrtc.so",
-                "LD_LIBRARY_PATH",
-                "nvidia-cuda-nvrtc",
-                "PTX or a cubin",
-            ] {
-                assert!(msg.contains(part), "{part:?} missing from {msg:?}");
-            }
-            assert!(!msg.contains('\n'), "one line: {msg:?}");
-        }
-
-        #[test]
-        fn the_search_uses_cudarcs_names_for_nvrtc() {
-            let names = candidates();
-            assert!(names.iter().any(|n| n == "libnvrtc.so"), "{names:?}");
-            // Whatever this machine has, the probe answers without panicking and agrees with the
-            // names it was given.
-            match first_loadable(&names) {
-                Some(found) => assert!(names.iter().any(|n| n == found)),
-                None => assert!(require().is_err()),
-            }
-        }
+    #[test]
+    fn a_missing_kernel_is_named_and_other_lookup_errors_stay_driver_errors() {
+        let missing = CudaError::new(CUresult::CUDA_ERROR_NOT_FOUND, "cuLibraryGetKernel");
+        let e = not_found("_Z10vector_addPfS_", missing);
+        assert!(
+            matches!(&e, Error::KernelNotFound { name, .. } if name == "_Z10vector_addPfS_"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("extern \"C\""), "{e}");
+        let dead = CudaError::new(CUresult::CUDA_ERROR_INVALID_CONTEXT, "cuLibraryGetKernel");
+        let e = not_found("k", dead);
+        assert!(matches!(e, Error::Cuda(c) if c == dead), "{e:?}");
     }
 }

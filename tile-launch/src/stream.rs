@@ -123,8 +123,6 @@ impl Stream {
         let d = driver()?;
         let _bound = ctx.bind()?;
         let mut raw: CUstream = std::ptr::null_mut();
-        // Relaxed capture mode: creating a stream is a "potentially unsafe" call that would
-        // invalidate another thread's global-mode capture.
         crate::capture_state::relaxed(d, || {
             // SAFETY: out-pointer to a local; the context is current.
             unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }

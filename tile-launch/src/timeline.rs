@@ -98,8 +98,6 @@ impl CudaTimeline {
         let d = self.d;
         let _bound = self.ctx.bind_with(d)?;
         let mut ev: CUevent = std::ptr::null_mut();
-        // Creating an event is harmless to a capture, but relaxed mode keeps it from failing, or
-        // invalidating another thread's global-mode capture, on drivers that think otherwise.
         crate::capture_state::relaxed(d, || {
             // SAFETY: out-pointer to a local; the stream's context is current.
             unsafe { (d.cuEventCreate)(&mut ev, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
@@ -259,8 +257,6 @@ impl Timeline for CudaTimeline {
     fn query(&self, marker: &Event) -> Result<bool, Self::Error> {
         let d = self.d;
         let _bound = self.ctx.bind_with(d)?;
-        // Our events are recorded outside capture only; relaxed mode keeps the query from
-        // failing, or invalidating another thread's global-mode capture.
         crate::capture_state::relaxed(d, || {
             // SAFETY: `marker` is a live event.
             let r = unsafe { (d.cuEventQuery)(marker.0) };
@@ -346,8 +342,6 @@ impl Drop for CudaTimeline {
             }
         }
         if self.owned {
-            // Relaxed capture mode: destroying a stream must not invalidate another thread's
-            // global-mode capture.
             let destroyed = crate::capture_state::relaxed(d, || {
                 // SAFETY: we created this stream and nothing refers to it any more (every
                 // tracker handle that could record on it is gone).

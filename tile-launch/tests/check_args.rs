@@ -346,7 +346,10 @@ fn launch_config_limits_name_the_value_and_the_limit() {
         .validate(&l)
         .unwrap();
     let cases: [(LaunchConfig, &str); 5] = [
-        (LaunchConfig::new(0, 1), "grid.x is 0, limit 1"),
+        (
+            LaunchConfig::new(0, 1),
+            "grid.x is 0; it must be at least 1",
+        ),
         (
             LaunchConfig::new((1, 65536), 1),
             "grid.y is 65536, limit 65535",
@@ -371,10 +374,15 @@ fn launch_config_limits_name_the_value_and_the_limit() {
     }
     let cluster = LaunchConfig {
         cluster: Some(Dim3::new(2, 1, 1)),
-        ..LaunchConfig::new(3, 128)
+        ..LaunchConfig::new(15, 128)
     };
     let e = cluster.validate(&l).unwrap_err();
-    assert!(e.to_string().contains("grid.x % cluster.x"), "{e}");
+    assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("grid.x = 15 is not a multiple of cluster.x = 2"),
+        "{e}"
+    );
     let too_big = LaunchConfig {
         cluster: Some(Dim3::new(16, 1, 1)),
         ..LaunchConfig::new(32, 128)

@@ -178,7 +178,7 @@ fn an_index_type_the_kernel_does_not_take_is_refused_at_lookup() -> Result<()> {
     let e = lib.kernel("copy2d", short).unwrap_err();
     ensure!(
         e.to_string()
-            .contains("the signature declares 8 parameters but the kernel takes more"),
+            .contains("the signature declares 8 parameters but the kernel takes 10"),
         "{e}"
     );
     Ok(())

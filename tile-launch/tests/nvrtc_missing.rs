@@ -7,12 +7,11 @@
 //! is on the loader's path (a GPU machine), the test checks the other side: the look-up finds
 //! it, and the call still prints nothing.
 
+mod stub;
+
 use std::path::PathBuf;
-use std::process::Command;
 
 use tile_launch::{Error, Library};
-
-const CHILD: &str = "TILE_TEST_NVRTC_CHILD";
 
 /// In the child: the call, its outcome on stdout.
 fn child() {
@@ -26,31 +25,12 @@ fn child() {
 }
 
 /// The `TILE_LIBCUDA` for the child: none where a CUDA driver loads (a GPU machine), else the
-/// stub driver of `bench/profile/cuda_stub.c`, built with `cc` into a fresh directory.
+/// stub driver.
 fn driver_for_child() -> Option<PathBuf> {
     if tile_launch::cuda_sys::driver().is_ok() {
         return None;
     }
-    let dir = std::env::temp_dir().join(format!("tile-nvrtc-missing-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // Read from the workspace (not compiled in: the packaged crate does not ship it).
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/profile/cuda_stub.c");
-    assert!(
-        source.exists(),
-        "without a CUDA driver this test needs the workspace's {}",
-        source.display()
-    );
-    let stub = dir.join("libcuda.so.1");
-    let status = Command::new("cc")
-        .args(["-O2", "-shared", "-fPIC", "-o"])
-        .arg(&stub)
-        .arg(&source)
-        .status()
-        .expect(
-            "without a CUDA driver this test builds a stub one with `cc`: install a C compiler",
-        );
-    assert!(status.success(), "cc failed on bench/profile/cuda_stub.c");
-    Some(stub)
+    Some(stub::build())
 }
 
 /// Whether the dynamic loader opens one of the names NVRTC is looked for under.
@@ -67,26 +47,14 @@ fn cudarc_names() -> Vec<String> {
 
 #[test]
 fn a_missing_nvrtc_is_one_error_and_prints_nothing() {
-    if std::env::var_os(CHILD).is_some() {
+    if stub::in_child() {
         return child();
     }
     let stub = driver_for_child();
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
+    let out = stub::run_child(
         "a_missing_nvrtc_is_one_error_and_prints_nothing",
-        "--nocapture",
-    ])
-    .args(["--test-threads", "1", "-q"])
-    .env(CHILD, "1")
-    .env("RUST_BACKTRACE", "1");
-    if let Some(stub) = &stub {
-        cmd.env("TILE_LIBCUDA", stub);
-    }
-    let out = cmd.output().unwrap();
-    if let Some(stub) = &stub {
-        std::fs::remove_dir_all(stub.parent().unwrap()).unwrap();
-    }
+        stub.as_ref(),
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "{stdout}{stderr}");

@@ -1,0 +1,53 @@
+//! The stub driver of `bench/profile/cuda_stub.c`, for tests that need a driver's answers without
+//! a GPU, run in a child process (this test binary, re-run) so that `TILE_LIBCUDA` names it
+//! before the driver is first loaded. The stub's kernels take 7 parameters of 8 bytes.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The environment variable that marks the child process.
+pub const CHILD: &str = "TILE_TEST_STUB_CHILD";
+
+/// Whether this process is the child of [`run_child`].
+pub fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// Builds the stub with `cc` into a fresh directory and returns its path.
+pub fn build() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tile-stub-driver-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Read from the workspace (not compiled in: the packaged crate does not ship it).
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/profile/cuda_stub.c");
+    assert!(
+        source.exists(),
+        "this test needs the workspace's {}",
+        source.display()
+    );
+    let stub = dir.join("libcuda.so.1");
+    let status = Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&stub)
+        .arg(&source)
+        .status()
+        .expect("this test builds a stub driver with `cc`: install a C compiler");
+    assert!(status.success(), "cc failed on bench/profile/cuda_stub.c");
+    stub
+}
+
+/// Runs test `name` of this binary in a child process, with the driver at `driver` (`None`: the
+/// one the loader finds), and returns what it printed.
+pub fn run_child(name: &str, driver: Option<&PathBuf>) -> Output {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads", "1", "-q"])
+        .env(CHILD, "1")
+        .env("RUST_BACKTRACE", "1");
+    if let Some(driver) = driver {
+        cmd.env("TILE_LIBCUDA", driver);
+    }
+    let out = cmd.output().unwrap();
+    if let Some(driver) = driver {
+        std::fs::remove_dir_all(driver.parent().unwrap()).unwrap();
+    }
+    out
+}
