@@ -466,7 +466,7 @@ fn programmatic_dependent_launch_needs_compute_capability_9() {
             .contains("programmatic_dependent_launch (needs compute capability 9.0"),
         "{e}"
     );
-    assert!(e.to_string().contains("is 8, limit 9"), "{e}");
+    assert!(e.to_string().contains("is 8; it must be at least 9"), "{e}");
 }
 
 #[test]
