@@ -235,9 +235,10 @@ impl From<Scalar> for Arg<'_> {
     }
 }
 
-/// Arguments held inline (no allocation) by a launch; more spill to the heap. Each argument is
-/// about 100 bytes, so the inline buffer is kept small enough to stay cheap to build.
-pub(crate) const INLINE_ARGS: usize = 8;
+/// The arguments a launch holds without allocating (more spill to the heap), for callers that
+/// gather a launch's arguments in inline buffers of the same size. Each argument is about 100
+/// bytes, so the inline buffer is kept small enough to stay cheap to build.
+pub const INLINE_ARGS: usize = 8;
 
 /// The arguments of one launch, inline up to [`INLINE_ARGS`].
 pub(crate) type ArgList<'a> = SmallVec<[Arg<'a>; INLINE_ARGS]>;

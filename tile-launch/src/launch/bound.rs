@@ -11,14 +11,9 @@ use crate::error::Result;
 use crate::library::Kernel;
 use crate::stream::Stream;
 
-/// A kernel, a launch configuration (grid, block, dynamic shared memory, launch attributes) and
-/// a stream, checked against the device once, by [`Stream::bind`]; each call then checks only
-/// what can change with its arguments (count, kinds, dtypes, devices, writability, overlap,
-/// scalar ranges, pointer devices, a capture in progress) and launches through the same path as
-/// [`Stream::launch`]: tensors are consumed only once every check passed, the launch is ordered
-/// after their producers, and they are kept alive until the work is done.
-///
-/// Cloning is cheap (it shares the stream and the kernel).
+/// A kernel, a launch configuration and a stream, the configuration checked once by
+/// [`Stream::bind`]; each launch makes the other checks of [`Stream::check`] and launches as
+/// [`Stream::launch`] does. Cloning is cheap (it shares the stream and the kernel).
 ///
 /// What binding checked is not checked again: a primary context reset after binding (which
 /// drops a kernel's shared-memory opt-in) makes a later launch that needs the opt-in fail with

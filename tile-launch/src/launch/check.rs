@@ -13,24 +13,17 @@ use crate::guard::Guard;
 use crate::library::Kernel;
 use crate::stream::{LaunchSite, Stream};
 
-/// A launch that passed every check of [`Stream::check`] (or [`BoundLaunch::check`](crate::BoundLaunch::check)):
-/// the configuration against the device's and the kernel's limits, each argument against the
-/// kernel's signature (count, kind, dtype, device, writability, layout, scalar range), the
-/// tensors' memory, and, when the stream captures a graph, that every producer stream takes part
-/// in that capture. It holds what the checks found: the kernel's parameter values, the bytes
-/// that only the release queue would keep alive, the capture state, and the stream's context
-/// bound on this thread.
+/// A launch that passed every check of [`Stream::check`] (or
+/// [`BoundLaunch::check`](crate::BoundLaunch::check)), and the proof that it did: it holds what
+/// the checks found (the kernel's parameter values, the bytes only the release queue would keep
+/// alive, the capture state) and the stream's context bound on this thread, to which it is tied.
 ///
-/// Nothing is consumed yet. The two ways to launch it, [`Checked::launch`] (into a handle) and
-/// [`Checked::launch_queued`] (into the stream's release queue), consume the tensors, order the
-/// launch after their producers and enqueue it, without checking anything again. Options are
-/// set on the value before: [`Checked::hold`] (more owners to keep alive),
-/// [`Checked::release_with`] (how consumed tensors are released), [`Checked::queue_guards`]
-/// (a handle that owns nothing). Dropping a `Checked` launches nothing: `Unused` tensors go
-/// back to their producers untouched, and tensors the caller handed over already consumed and
-/// held owners are released, with the capture mode relaxed.
-///
-/// Tied to the thread that made it (it holds the context bound there).
+/// Nothing is consumed yet. [`Checked::launch`] (into a handle) and [`Checked::launch_queued`]
+/// (into the stream's release queue) consume the tensors and enqueue the launch without checking
+/// anything again; options are set before ([`Checked::hold`], [`Checked::release_with`],
+/// [`Checked::queue_guards`]). Dropping a `Checked` launches nothing: `Unused` tensors go back to
+/// their producers untouched; tensors handed over already consumed, and held owners, are
+/// released.
 #[must_use = "a checked launch does nothing until it is launched"]
 pub struct Checked<'s, 'a> {
     pub(super) site: LaunchSite<'s>,

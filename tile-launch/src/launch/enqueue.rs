@@ -1,5 +1,5 @@
-//! The enqueue: [`Stream::launch`](crate::Stream::launch) and its variants, and what a [`Checked`] launch does once
-//! checked (`check.rs`): consuming, ordering after producers, and enqueueing.
+//! The enqueue: what a [`Checked`] launch does once checked, consuming the tensors, ordering the
+//! launch after their producers and handing it to the driver.
 
 use std::ffi::c_void;
 
@@ -56,12 +56,10 @@ impl<'a> Checked<'_, 'a> {
     ///
     /// # Errors
     ///
-    /// [`Error::Descriptor`] if a tensor's export cannot be taken over (it was validated by the
-    /// check, so only a producer that changed its descriptor since can cause this), and
-    /// [`Error::Cuda`] if a wait or the launch fails. Either way every tensor was consumed and
-    /// is released before the error returns (nothing that uses them was enqueued), with the
-    /// stream's context current and the capture mode relaxed; for a capturing stream, with the
-    /// graph.
+    /// [`Error::Descriptor`] if a tensor's export cannot be taken over (only a producer that
+    /// changed its version field since the check can cause this), and [`Error::Cuda`] if a wait
+    /// or the launch fails. Either way every tensor was consumed and is released before the error
+    /// returns (for a capturing stream, with the graph).
     #[doc(alias = "cuLaunchKernel")]
     #[doc(alias = "cuLaunchKernelEx")]
     #[inline]
@@ -76,10 +74,10 @@ impl<'a> Checked<'_, 'a> {
     }
 
     /// As [`Checked::launch`], with no handle: the launch's guards go straight to the stream's
-    /// release queue (one lock of it per launch), and are released once a later launch,
-    /// [`Stream::poll`](crate::Stream::poll), [`Stream::synchronize`](crate::Stream::synchronize) or the stream's drop sees the work complete. A
-    /// launch that holds nothing (scalars and [borrowed](crate::TensorArg::borrowed) tensors
-    /// only) does not touch the queue, and records no completion marker.
+    /// release queue, and are released once a later launch,
+    /// [`Stream::poll`](crate::Stream::poll), [`Stream::synchronize`](crate::Stream::synchronize)
+    /// or the stream's drop sees the work complete. A launch that holds nothing (scalars and
+    /// [borrowed](crate::TensorArg::borrowed) tensors only) does not touch the queue.
     ///
     /// # Errors
     ///

@@ -23,7 +23,9 @@ use check::Config;
 
 impl Stream {
     /// Checks a launch of `kernel` with `config` and `args` on this stream, consuming nothing,
-    /// and returns it [`Checked`], ready to be launched.
+    /// and returns it [`Checked`], ready to be launched. A failed check consumes nothing:
+    /// tensors handed over already consumed are released, `Unused` ones are left to their
+    /// producers.
     ///
     /// Checks, in this order: the configuration against the device's limits, every argument
     /// against the kernel's [`Signature`](crate::Signature) (count, kind, dtype, device,
@@ -41,9 +43,7 @@ impl Stream {
     /// [`Error::NotDeviceMemory`](crate::Error::NotDeviceMemory), [`Error::NotContiguous`](crate::Error::NotContiguous), [`Error::Descriptor`](crate::Error::Descriptor),
     /// [`Error::NdimMismatch`](crate::Error::NdimMismatch), [`Error::IndexOverflow`](crate::Error::IndexOverflow), [`Error::ProducerOutsideCapture`](crate::Error::ProducerOutsideCapture),
     /// and [`Error::Cuda`](crate::Error::Cuda) from a driver call the checks make (e.g.
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`). Nothing is consumed: tensors handed over
-    /// already consumed are released (with the capture mode relaxed), `Unused` ones are left to
-    /// their producers.
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
     #[doc(alias = "cuStreamGetCaptureInfo")]
     #[doc(alias = "cuPointerGetAttributes")]
     #[inline]
@@ -56,10 +56,8 @@ impl Stream {
         check::check(self, kernel, Config::ToCheck(config), args)
     }
 
-    /// Launches `kernel` on this stream (`cuLaunchKernel`, or `cuLaunchKernelEx` when the
-    /// configuration needs launch attributes): [`Stream::check`], then [`Checked::launch`]. The
-    /// returned handle owns the consumed tensors until the work is done. Nothing is consumed or
-    /// launched when a check fails.
+    /// Launches `kernel` on this stream: [`Stream::check`], then [`Checked::launch`]. The
+    /// returned handle owns the consumed tensors until the work is done.
     ///
     /// # Errors
     ///
@@ -68,9 +66,8 @@ impl Stream {
     ///
     /// # Capture
     ///
-    /// If the stream is capturing a graph (one `cuStreamGetCaptureInfo` per launch tells), the
-    /// tensors are handed to the graph (see [`capture`](crate::capture)) and the handle owns
-    /// nothing ([`LaunchHandle::is_captured`]).
+    /// On a stream capturing a graph, the tensors are handed to the graph (see
+    /// [`capture`](crate::capture)) and the handle owns nothing.
     #[doc(alias = "cuLaunchKernel")]
     #[doc(alias = "cuLaunchKernelEx")]
     #[inline]
@@ -84,9 +81,7 @@ impl Stream {
     }
 
     /// As [`Stream::launch`], with no handle: the tensors go straight to the stream's release
-    /// queue ([`Checked::launch_queued`]), for a caller that never waits for this launch in
-    /// particular; they are released once a later launch, [`Stream::poll`],
-    /// [`Stream::synchronize`] or the stream's drop sees the work complete.
+    /// queue ([`Checked::launch_queued`]).
     ///
     /// # Errors
     ///
