@@ -44,37 +44,15 @@
 //!
 //! # Contract
 //!
-//! - [`Stream::launch`] checks a launch completely (configuration against the device's limits,
-//!   argument count and kinds, dtypes, devices, writability of outputs, scalar ranges) before it
-//!   consumes any tensor. When a check fails, nothing is consumed and nothing is launched.
-//! - Consumed tensors ([`tile_dlpack::Used`]) are owned by the returned [`LaunchHandle`]. Their
-//!   deleters run exactly once, and never before the launched work has completed: after
-//!   [`LaunchHandle::retire`] has waited, when [`LaunchHandle::try_retire`] or the stream's release
-//!   queue has seen the work complete, or when a dropped handle has waited. A failed wait leaks
-//!   the tensors (counted in [`Stream::stats`]) rather than risk freeing memory in use.
-//!   Soundness never depends on `Drop`: a forgotten handle leaks.
-//! - Completion is tracked with CUDA events, amortised: one event covers every launch enqueued
-//!   on the stream before it, so deferred launches record an event only every
-//!   [`ReleaseConfig::marker_every`] launches. The queue is bounded in guards and bytes; past
-//!   the bound, a launch first waits for the oldest work.
-//! - A tensor whose data is written on another stream is ordered with
-//!   [`TensorArg::ready_on`]: the launch stream waits on the device, the host never blocks.
-//! - The stream's context is made current for the launch and restored afterwards. Every tensor's
-//!   DLPack device must be the stream's device, and the driver must know its data pointer as
-//!   device, managed or page-locked host memory (one `cuPointerGetAttributes` per tensor,
-//!   [`Context::memory_of_pointer`]; skipped for tensors the caller vouches for with
-//!   [`TensorArg::trust_memory`], whose device ordinal is checked only with several devices
-//!   visible, [`Stream::checks_pointer_devices`]).
-//! - A plain pointer parameter takes a dense row-major tensor; a parameter declared
-//!   [`Param::strided`] takes any layout.
-//! - A launch on a stream that is capturing a CUDA graph becomes part of the graph, which owns
-//!   its tensors through a CUDA user object until the last graph, clone or executable graph
-//!   holding it is destroyed; the tensors are then released by a dedicated thread, never on a
-//!   CUDA callback thread ([`capture`]). [`Stream::begin_capture`] is a minimal capture API.
-//! - Launch configuration (grid, block, cluster, cooperative, programmatic dependent launch,
-//!   dynamic shared memory up to the opt-in limit) is checked against the device's and the
-//!   kernel's limits before anything is consumed ([`LaunchConfig::validate`]); a
-//!   [`BoundLaunch`] ([`Stream::bind`]) checks it once for many launches.
+//! - A launch is checked completely before any tensor is consumed ([`Stream::check`], whose
+//!   proof is a [`Checked`] launch); a refused launch consumes nothing and launches nothing.
+//! - A consumed tensor's deleter runs exactly once, never before the launched work has
+//!   completed ([`LaunchHandle`], the stream's release queue: [`release`]); a failed wait leaks
+//!   rather than frees, and soundness never depends on `Drop`.
+//! - Completion is tracked with amortised CUDA events, and the release queue is bounded
+//!   ([`ReleaseConfig`]).
+//! - A tensor written on another stream is ordered on the device ([`TensorArg::ready_on`]).
+//! - A launch on a stream capturing a CUDA graph hands its tensors to the graph ([`capture`]).
 //!
 //! # Layering
 //!

@@ -233,9 +233,6 @@ impl Library {
     /// launch there: look kernels up with that context current
     /// ([`Context::bind`](crate::Context::bind)) to avoid it, and to keep device 0 out of it.
     /// The signature check uses the same context (without one, the driver is asked first).
-    /// Every driver call runs with the
-    /// calling thread's stream-capture mode relaxed (`cuThreadExchangeStreamCaptureMode`), so it
-    /// cannot invalidate another thread's global-mode capture.
     ///
     /// # Errors
     ///
@@ -452,17 +449,10 @@ impl Kernel {
     /// also keeps them from invalidating this thread's own capture when the launch is captured.
     ///
     /// - Dynamic shared memory: at most the device's opt-in limit minus the kernel's static
-    ///   shared memory (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`, read once per device). Above the
-    ///   default limit (48 KiB on current GPUs, minus the static part), the kernel's function in
-    ///   the current context (`cuKernelGetFunction`) is asked for its
-    ///   `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (`cuFuncGetAttribute`), and if that is
-    ///   below the request, the kernel opts in to the full opt-in limit (`cuKernelSetAttribute`).
-    ///   That is done once per context, remembered by the context's unique id (`cuCtxGetId`, one
-    ///   call per such launch): a primary context reset since (the opt-in gone with it) has a
-    ///   new id and is asked again. Launches with no dynamic shared memory skip all of this.
-    /// - Cooperative launches: the grid must fit co-resident on the device, i.e. at most
-    ///   `cuOccupancyMaxActiveBlocksPerMultiprocessor` (for this block size and shared memory)
-    ///   times the number of SMs.
+    ///   shared memory; above the default limit, the kernel opts in once per context (a context
+    ///   reset since, which drops the opt-in, has a new `cuCtxGetId` and is asked again).
+    /// - Cooperative launches: the grid must fit co-resident on the device (the kernel's
+    ///   occupancy times the number of SMs).
     ///
     /// # Errors
     ///
