@@ -674,4 +674,13 @@ mod tests {
             Err(LayoutError::Overflow { .. })
         ));
     }
+
+    #[test]
+    fn without_a_driver_context_is_an_error_not_a_panic() {
+        match (cuda_sys::driver(), super::context(0)) {
+            (Err(_), Err(e)) => assert!(matches!(e, super::Error::Driver(_)), "{e:?}"),
+            (Ok(_), r) => drop(r), // a driver: whatever cudarc says, it said it without panicking
+            (Err(_), Ok(_)) => panic!("a context without a driver"),
+        }
+    }
 }
