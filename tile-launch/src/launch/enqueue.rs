@@ -250,6 +250,7 @@ impl<'a> Checked<'_, 'a> {
 }
 
 /// The launch attributes `config` sets (`cuLaunchKernelEx`); none for a plain launch.
+#[inline]
 fn launch_attributes(config: &LaunchConfig) -> SmallVec<[CUlaunchAttribute; 3]> {
     let mut attrs = SmallVec::new();
     let mut push = |id: CUlaunchAttributeID, set: &dyn Fn(&mut CUlaunchAttributeValue)| {
