@@ -33,22 +33,16 @@
 //! # The release queue during capture
 //!
 //! A stream's release queue never records an event on its stream while the stream captures
-//! (recording fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` without calling the driver, and
-//! the queue then keeps its entries, or leaks a handle's tensors if a caller insisted on waiting).
-//! Every event query and wait the queue makes runs with the calling thread's capture mode
-//! switched to relaxed (`cuThreadExchangeStreamCaptureMode`), so that it can neither fail nor
-//! invalidate a capture that another thread began in global mode. Its events are only ever
-//! recorded outside capture, so querying them is legal.
+//! (recording fails with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` without calling the driver; the
+//! queue keeps its entries, or leaks a handle's tensors if a caller insisted on waiting). Its
+//! events are recorded outside capture only, so querying them is legal.
 //!
-//! # The release thread: context and capture mode
+//! # The release thread
 //!
-//! Each parcel carries the context of the stream whose capture it was attached to (an
-//! `Arc<Context>`, which keeps that context retained). The release thread makes it current
-//! (`cuCtxPushCurrent`, then `cuCtxPopCurrent`) while it drops that parcel's guards, so deleters
-//! that free memory (`cudarc`'s `cuMemFreeAsync`, a plain `cuMemFree`) run with the right context
-//! instead of failing with `CUDA_ERROR_INVALID_CONTEXT`. The thread's own stream-capture mode is
-//! relaxed for its whole life: its deleters may run while another thread captures in global
-//! mode, and must neither fail nor invalidate that capture.
+//! Each parcel carries (and retains) the context of the stream whose capture it was attached
+//! to; the release thread makes it current while it drops that parcel's guards, so that
+//! deleters that free memory run in the right context. The thread's capture mode is relaxed for
+//! its whole life.
 //!
 //! # Graphs with allocation nodes
 //!
@@ -162,10 +156,9 @@ impl<G: Send + 'static> GraphReleaser<G> {
     /// Starts a release thread named `name`. The thread ends once this releaser and every parcel
     /// it made are gone.
     ///
-    /// The thread's stream-capture mode is relaxed for its whole life
-    /// (`cuThreadExchangeStreamCaptureMode`, once, at its start; skipped without a driver): the
-    /// deleters it runs may free memory (`cuMemFree`) or synchronise while another thread
-    /// captures a graph in global mode, which would otherwise fail and invalidate that capture.
+    /// The thread's stream-capture mode is relaxed for its whole life (once, at its start;
+    /// skipped without a driver), since the deleters it runs may free memory while another
+    /// thread captures in global mode.
     ///
     /// # Errors
     ///
