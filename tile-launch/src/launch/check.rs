@@ -161,8 +161,7 @@ pub(super) fn check<'s, 'a>(
 }
 
 /// Releases the tensors of a refused (or dropped) launch that were handed over already
-/// consumed, with the capture mode relaxed (their deleters must not invalidate another thread's
-/// global capture). `Unused` tensors and scalars release nothing and make no driver call.
+/// consumed, in relaxed capture mode; without such a tensor, makes no driver call.
 fn release_refused(d: &Driver, args: &mut ArgList<'_>) {
     let consumed =
         |a: &Arg<'_>| matches!(a, Arg::Tensor(t) if matches!(t.source, TensorSource::Used(_)));

@@ -285,10 +285,8 @@ fn launch_attributes(config: &LaunchConfig) -> SmallVec<[CUlaunchAttribute; 3]> 
     attrs
 }
 
-/// Releases what a launch refused after consuming took (its guards: consumed tensors, owners),
-/// as a finished launch's are released: with the stream's context current and the capture mode
-/// relaxed ([`Context::releasing`]), so that a deleter that frees memory cannot invalidate
-/// another thread's global-mode capture.
+/// Releases what a launch refused after consuming took (its guards), as a finished launch's are
+/// released ([`Context::releasing`](crate::Context::releasing)).
 fn release_taken(ctx: &crate::Context, guards: Vec<Guard>) {
     if !guards.is_empty() {
         ctx.releasing(|| drop(guards));
