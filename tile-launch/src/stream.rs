@@ -356,16 +356,11 @@ impl Stream {
         self.inner.trackers().iter().map(|t| t.poll()).sum()
     }
 
-    /// Whether launches on this stream check the data pointer of each device tensor whose
-    /// memory is [trusted](crate::TensorArg::trust_memory) against the stream's device
-    /// (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`, one driver call per
-    /// non-empty `kDLCUDA` tensor per launch, before anything is consumed). Tensors that are not
-    /// trusted are always asked about (their memory kind and device, in one call).
-    ///
-    /// On by default when the process sees more than one CUDA device, off with a single device
-    /// (where a device pointer cannot be on another device). Pinned host and managed memory are
-    /// never checked (usable from every device); a pointer the driver does not know is let
-    /// through. A mismatch is [`Error::PointerDeviceMismatch`](crate::Error::PointerDeviceMismatch).
+    /// Whether launches on this stream check the device of each
+    /// [trusted](crate::TensorArg::trust_memory) `kDLCUDA` tensor's data pointer against the
+    /// stream's (one `cuPointerGetAttribute` per non-empty tensor per launch; a mismatch is
+    /// [`Error::PointerDeviceMismatch`](crate::Error::PointerDeviceMismatch)). On by default when
+    /// the process sees more than one CUDA device, where a device pointer can be on another.
     pub fn checks_pointer_devices(&self) -> bool {
         self.inner.check_pointer_devices.load(Ordering::Relaxed)
     }
