@@ -187,6 +187,7 @@ pub(crate) struct DeviceConfig<'c>(&'c LaunchConfig);
 /// [`DeviceConfig::prepare`] makes one: holding it proves both checks, so that a launch with it
 /// ([`BoundLaunch`](crate::BoundLaunch)) makes neither again.
 #[derive(Clone, Copy, Debug)]
+#[repr(transparent)]
 pub(crate) struct ValidConfig(LaunchConfig);
 
 impl LaunchConfig {
@@ -197,7 +198,7 @@ impl LaunchConfig {
     }
 }
 
-impl DeviceConfig<'_> {
+impl<'c> DeviceConfig<'c> {
     /// Whether [`prepare`](DeviceConfig::prepare) asks the driver (the context must then be
     /// current): for dynamic shared memory or a cooperative launch.
     pub(crate) fn needs_kernel(&self) -> bool {
@@ -211,11 +212,15 @@ impl DeviceConfig<'_> {
         kernel: &Kernel,
         d: &cuda_sys::Driver,
         ctx: &Context,
-    ) -> Result<ValidConfig> {
+    ) -> Result<&'c ValidConfig> {
         if self.needs_kernel() {
             kernel.prepare_launch(d, ctx, self.0)?;
         }
-        Ok(ValidConfig(*self.0))
+        let config: *const LaunchConfig = self.0;
+        // SAFETY: `ValidConfig` is a `repr(transparent)` wrapper of `LaunchConfig`, so a
+        // reference to one is a valid reference to the other, for the same lifetime. (A
+        // reference, not a copy: a checked launch keeps it, and stays small to move.)
+        Ok(unsafe { &*config.cast::<ValidConfig>() })
     }
 }
 

@@ -61,7 +61,7 @@ impl Stream {
         Ok(BoundLaunch {
             stream: self.clone(),
             kernel: kernel.clone(),
-            config: device.prepare(kernel, d, ctx)?,
+            config: *device.prepare(kernel, d, ctx)?,
         })
     }
 }
@@ -94,7 +94,12 @@ impl BoundLaunch {
         &'s self,
         args: impl IntoIterator<Item = Arg<'a>>,
     ) -> Result<Checked<'s, 'a>> {
-        check(&self.stream, &self.kernel, Config::Valid(self.config), args)
+        check(
+            &self.stream,
+            &self.kernel,
+            Config::Valid(&self.config),
+            args,
+        )
     }
 
     /// Launches the bound kernel with `args` into a handle, as [`Stream::launch`] does, without

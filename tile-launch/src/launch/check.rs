@@ -28,7 +28,7 @@ use crate::stream::{LaunchSite, Stream};
 pub struct Checked<'s, 'a> {
     pub(super) site: LaunchSite<'s>,
     pub(super) kernel: &'s Kernel,
-    pub(super) config: ValidConfig,
+    pub(super) config: &'s ValidConfig,
     pub(super) args: ArgList<'a>,
     pub(super) values: ParamValues,
     pub(super) capture: Option<InCapture>,
@@ -110,7 +110,7 @@ pub(super) enum Config<'c> {
     /// To check against the device and the kernel ([`Stream::check`]).
     ToCheck(&'c LaunchConfig),
     /// Checked already ([`Stream::bind`]).
-    Valid(ValidConfig),
+    Valid(&'c ValidConfig),
 }
 
 /// [`Stream::check`] and [`BoundLaunch::check`](crate::BoundLaunch::check).
@@ -118,7 +118,7 @@ pub(super) enum Config<'c> {
 pub(super) fn check<'s, 'a>(
     s: &'s Stream,
     kernel: &'s Kernel,
-    config: Config<'_>,
+    config: Config<'s>,
     args_in: impl IntoIterator<Item = Arg<'a>>,
 ) -> Result<Checked<'s, 'a>> {
     // Pushed one at a time: `collect` (SmallVec's `extend`) moves each argument once more.
@@ -175,13 +175,13 @@ fn release_refused(d: &Driver, args: &mut ArgList<'_>) {
 }
 
 /// The checks of [`Stream::check`], in its documented order, with the stream's context bound.
-fn check_bound(
+fn check_bound<'c>(
     site: &LaunchSite<'_>,
     d: &'static Driver,
     kernel: &Kernel,
-    config: Config<'_>,
+    config: Config<'c>,
     args: &[Arg<'_>],
-) -> Result<(ValidConfig, Found, Option<InCapture>)> {
+) -> Result<(&'c ValidConfig, Found, Option<InCapture>)> {
     let ctx = site.ctx;
     let (config, found) = match config {
         Config::ToCheck(config) => {

@@ -155,7 +155,7 @@ impl<'a> Checked<'_, 'a> {
                 return Err(e.into());
             }
         }
-        let mut attrs = launch_attributes(&config);
+        let mut attrs = launch_attributes(config);
         let cfg = CUlaunchConfig {
             gridDimX: config.grid.x,
             gridDimY: config.grid.y,
