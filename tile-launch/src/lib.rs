@@ -125,8 +125,8 @@ pub use cuda_sys;
 pub use tile_dlpack;
 
 /// The examples of this crate's `README.md`, compiled (and run, unless marked `no_run`) as
-/// doctests so that they stay correct.
-#[cfg(doctest)]
+/// doctests so that they stay correct. Its program uses features `cudarc` and `nvrtc`.
+#[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
@@ -135,3 +135,9 @@ pub struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
 #[doc = include_str!("../../README.md")]
 pub struct WorkspaceReadmeDoctests;
+
+/// The Rust snippets of the workspace's Rust guide, `docs/rust.md`, compiled as doctests (features
+/// `cudarc` and `nvrtc`; like the workspace README, only a workspace build has them).
+#[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
+#[doc = include_str!("../../docs/rust.md")]
+pub struct RustGuideDoctests;
