@@ -10,8 +10,13 @@ converts, checks, consumes and launches for real; the stub runs no kernel. So a 
 to its end, except that an `assert torch.equal(...)` on a kernel's output fails (the output
 keeps its poison): that is the one failure allowed, and it is checked to be that one. After a
 block, every tensor export must have been released exactly once and `tile_py.stats()` must show
-no leak. Blocks marked ```python gpu need what the stub cannot give (PyTorch itself, JAX,
-cuTile's compiler); they are listed, not run, and the GPU bundle runs the programs they show.
+no leak. The blocks run in a folder holding `vector_add.ptx`, compiled by NVRTC from
+tile-launch/kernels/vector_add.cu, for the programs that load PTX from a file.
+
+A block marked ```python continued runs after the runnable block before it in the same file, as
+one program. A block marked ```python gpu needs what the stub cannot stand in for (PyTorch's
+compiler, CuPy, JAX, cuTile's compiler): it must follow a line saying "*Not run by CI" and why,
+and is listed, not run.
 """
 
 import os
@@ -63,6 +68,23 @@ def check_one_program(root):
     return failures
 
 
+def make_ptx(source, out):
+    """Compiles CUDA C++ `source` to PTX at `out` with NVRTC (on LD_LIBRARY_PATH)."""
+    import ctypes
+
+    nvrtc = ctypes.CDLL("libnvrtc.so.13")
+    prog = ctypes.c_void_p()
+    check = lambda r, what: r == 0 or sys.exit(f"snippets: NVRTC {what} failed ({r})")
+    check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"vector_add.cu", 0, None, None), "create")
+    check(nvrtc.nvrtcCompileProgram(prog, 0, None), "compile")
+    size = ctypes.c_size_t()
+    check(nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size)), "PTX size")
+    ptx = ctypes.create_string_buffer(size.value)
+    check(nvrtc.nvrtcGetPTX(prog, ptx), "PTX")
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+    out.write_bytes(ptx.value)
+
+
 def run_block(label, code):
     """In this process (a child of `main`): runs one block, then checks the releases."""
     import tile_py
@@ -96,27 +118,44 @@ def main():
     docs = [root / "README.md", root / "tile-py/README.md", *sorted((root / "docs").glob("*.md"))]
     scratch = root / "target/snippets"
     scratch.mkdir(parents=True, exist_ok=True)
+    make_ptx((root / "tile-launch/kernels/vector_add.cu").read_text(), scratch / "vector_add.ptx")
     ran = listed = 0
     for doc in docs:
+        lines = doc.read_text().splitlines()
+        previous = None  # the last runnable block of this file: (label, code)
         for info, code, line in blocks(doc):
             words = info.replace(",", " ").split()
             if words[:1] != ["python"]:
                 continue
             label = f"{doc.relative_to(root)}:{line}"
-            if "gpu" in words[1:]:
-                listed += 1
-                print(f"snippets: {label}: needs a GPU, not run here")
+            marks = words[1:]
+            if marks not in ([], ["gpu"], ["continued"]):
+                failures.append(f"{label}: unknown marks {marks} (gpu or continued)")
                 continue
+            if marks == ["gpu"]:
+                before = lines[max(0, line - 5) : line - 1]
+                if not any(l.startswith("*Not run by CI") for l in before):
+                    failures.append(f"{label}: a gpu block must follow a line '*Not run by CI: why'")
+                listed += 1
+                print(f"snippets: {label}: not run here (marked: needs a GPU)")
+                continue
+            if marks == ["continued"]:
+                if previous is None:
+                    failures.append(f"{label}: continued, but no runnable block before it")
+                    continue
+                label = f"{label} (after {previous[0]})"
+                code = previous[1] + code
+            previous = (label, code)
             path = scratch / f"{doc.stem}-{line}.py"
             path.write_text(code)
             env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
-            r = subprocess.run([sys.executable, __file__, "--block", label, str(path)], env=env)
+            r = subprocess.run([sys.executable, __file__, "--block", label, str(path)], env=env, cwd=scratch)
             if r.returncode != 0:
                 failures.append(f"{label}: failed (exit status {r.returncode})")
             ran += 1
     for f in failures:
         print(f"snippets: {f}", file=sys.stderr)
-    print(f"snippets: {ran} Python blocks run against the stub driver, {listed} need a GPU")
+    print(f"snippets: {ran} Python blocks run against the stub driver, {listed} marked as needing a GPU")
     return 1 if failures else 0
 
 
