@@ -65,9 +65,9 @@ pub(crate) fn run(python: &Path) -> Result<usize> {
     }
     // The runner's last line: "snippets: N Python blocks run against the stub driver, ...".
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("snippets: "))
-        .filter_map(|l| l.split(" Python blocks run").next()?.parse().ok())
-        .last()
+        .find_map(|l| l.split(" Python blocks run").next()?.parse().ok())
         .context("run_snippets.py printed no count")
 }
 
