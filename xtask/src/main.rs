@@ -3,7 +3,8 @@
 //! - `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings and the XLA
 //!   FFI bindings.
 //! - `cargo xtask test` runs everything that needs no GPU: formatting, clippy, the codegen
-//!   freshness check, and every test (GPU tests are listed as ignored).
+//!   freshness check, every test (GPU tests are listed as ignored), and the documentation's
+//!   Python programs against the stub driver; it ends with its totals.
 //! - `cargo xtask wheel` builds the `tile-py` abi3 wheel into `target/wheels/`; `cargo xtask test`
 //!   also builds it and runs its pytest suite in `target/py-venv`.
 //! - `cargo xtask gpu-bundle` builds `target/gpu-bundle/`: release test binaries, the examples,
@@ -108,7 +109,8 @@ tasks:
                       ones from the pinned jaxlib's c_api.h (--check: fail on any difference)
   test                run everything that needs no GPU: fmt, clippy, codegen --check, all Rust tests,
                       then build the tile_py wheel (manylinux2014, via zig) and run its pytest suite
-                      and mypy stubtest in target/py-venv
+                      and mypy stubtest in target/py-venv, then the docs' Python programs against
+                      the stub driver; ends with the totals (tests passed, ignored, skipped)
   wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
   gpu-bundle          build target/gpu-bundle/ for a GPU machine: release test binaries, the examples,
                       the kernels, the tile_py wheel with its tests, and run.sh
