@@ -17,6 +17,9 @@ A block marked ```python continued runs after the runnable block before it in th
 one program. A block marked ```python gpu needs what the stub cannot stand in for (PyTorch's
 compiler, CuPy, JAX, cuTile's compiler): it must follow a line saying "*Not run by CI" and why,
 and is listed, not run.
+
+Rust blocks are compiled as doctests by tile-launch (its README, the workspace README and
+docs/rust.md); a Rust block in any other of these files is refused, since nothing would compile it.
 """
 
 import os
@@ -85,6 +88,21 @@ def make_ptx(source, out):
     out.write_bytes(ptx.value)
 
 
+# The files whose Rust blocks tile-launch compiles as doctests (`#[doc = include_str!(...)]`).
+DOCTESTED = {"README.md", "tile-launch/README.md", "docs/rust.md"}
+
+
+def check_rust_blocks(root, docs):
+    """A Rust block anywhere else would be shown but never compiled."""
+    failures = []
+    for doc in docs:
+        name = str(doc.relative_to(root))
+        for info, _, line in blocks(doc):
+            if info.replace(",", " ").split()[:1] == ["rust"] and name not in DOCTESTED:
+                failures.append(f"{name}:{line}: a Rust block outside the doctested files {sorted(DOCTESTED)}")
+    return failures
+
+
 def run_block(label, code):
     """In this process (a child of `main`): runs one block, then checks the releases."""
     import tile_py
@@ -115,7 +133,9 @@ def main():
         return run_block(sys.argv[2], Path(sys.argv[3]).read_text())
     root = Path(sys.argv[1]).resolve()
     failures = check_one_program(root)
-    docs = [root / "README.md", root / "tile-py/README.md", *sorted((root / "docs").glob("*.md"))]
+    docs = [root / "README.md", root / "tile-py/README.md", root / "tile-launch/README.md"]
+    docs += sorted((root / "docs").glob("*.md"))
+    failures += check_rust_blocks(root, docs)
     scratch = root / "target/snippets"
     scratch.mkdir(parents=True, exist_ok=True)
     make_ptx((root / "tile-launch/kernels/vector_add.cu").read_text(), scratch / "vector_add.ptx")
