@@ -1,67 +1,34 @@
-"""Vector addition on PyTorch tensors with tile_py.
+import torch
+import tile_py
 
-    python examples/torch_vector_add.py
-
-Needs a CUDA GPU, PyTorch and NVRTC (the CUDA toolkit's lib64, or the pip package
-nvidia-cuda-nvrtc) on the library path. Without PyTorch, tile_py or an NVIDIA driver it prints
-one line saying what is missing and exits with status 1.
-"""
-
-import sys
-
-try:
-    import torch
-
-    import tile_py
-except ImportError as e:
-    print(
-        f"torch_vector_add: {e}; the example needs PyTorch and tile_py "
-        "(cargo xtask wheel, then pip install target/wheels/tile_py-*manylinux*.whl)",
-        file=sys.stderr,
-    )
-    sys.exit(1)
-
+# The kernel of tile-launch/kernels/vector_add.cu. `extern "C"` keeps its name unmangled, so
+# that the library finds it as "vector_add".
 SOURCE = r"""
-extern "C" __global__ void vector_add(const float* a, const float* b, float* c,
+extern "C" __global__ void vector_add(const float* a, long long stride_a,
+                                      const float* b, long long stride_b,
+                                      float* c, long long stride_c,
                                       unsigned long long n) {
-    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    if (i < n) c[i] = a[i] + b[i];
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        c[(long long)i * stride_c] = a[(long long)i * stride_a] + b[(long long)i * stride_b];
+    }
 }
 """
 
+lib = tile_py.Library.from_cuda_source(SOURCE)  # NVRTC; or from_ptx / from_file / from_bytes
+add = lib.kernel("vector_add", [  # checked against the compiled kernel's parameters
+    tile_py.In("float32", strided=True), tile_py.Scalar("i64"),
+    tile_py.In("float32", strided=True), tile_py.Scalar("i64"),
+    tile_py.Out("float32", strided=True), tile_py.Scalar("i64"),
+    tile_py.Scalar("u64"),
+])
 
-def main():
-    try:
-        lib = tile_py.Library.from_cuda_source(SOURCE)
-    except tile_py.CudaError as e:
-        if e.name is not None:
-            raise
-        # No driver call was made: no NVIDIA driver could be loaded.
-        print(f"torch_vector_add: {e}", file=sys.stderr)
-        sys.exit(1)
-    add = lib.kernel(
-        "vector_add",
-        [tile_py.In("float32"), tile_py.In("float32"), tile_py.Out("float32"), tile_py.Scalar("u64")],
-    )
-    n = 1 << 24
-    a = torch.randn(n, device="cuda")
-    b = torch.randn(n, device="cuda")
-    c = torch.empty(n, device="cuda")
-    stream = torch.cuda.current_stream()
-
-    # a, b and c (their DLPack exports) are on the stream's release queue until the kernel has
-    # finished; the handle only waits for it.
-    handle = tile_py.launch(stream, (n + 255) // 256, add, (a, b, c, n), block=256)
-    handle.wait()  # blocks with the GIL released, then runs the three deleters
-    assert torch.equal(c, a + b)
-
-    # Fire and forget: the tensors are on the stream's release queue already; temporaries such as
-    # a * 2 stay alive until the kernel is done, even though Python drops them at once.
-    tile_py.launch(stream, (n + 255) // 256, add, (a * 2, b, c, n), block=256)
-    tile_py.synchronize()
-    assert torch.equal(c, a * 2 + b)
-    print("torch_vector_add: ok", tile_py.stats())
-
-
-if __name__ == "__main__":
-    main()
+n = 1 << 24
+a = torch.randn(n, device="cuda")
+b = torch.randn(2 * n, device="cuda")[::2]  # a strided view: the kernel is given its stride
+c = torch.empty(n, device="cuda")
+handle = tile_py.launch(torch.cuda.current_stream(), (n + 255) // 256, add,
+                        (a, a.stride(0), b, b.stride(0), c, c.stride(0), n), block=256)
+handle.wait()  # or drop the handle: the tensors are released once the kernel is done, never before
+assert torch.equal(c, a + b)
+print("vector_add: ok;", tile_py.stats()["released"], "tensors released after the kernel")

@@ -8,11 +8,15 @@
 //! # Example
 //!
 //! Load a kernel, declare its parameters, launch it on three consumed tensors and retire the
-//! launch (compiled, not run here: it needs a GPU and a PTX file). The tensors are
+//! launch (compiled, not run here: it needs a GPU and a PTX file). The kernel is `vector_add` of
+//! `tile-launch/kernels/vector_add.cu`, compiled ahead with `nvcc -ptx vector_add.cu -o
+//! vector_add.ptx`; it is declared `extern "C"`, so the library knows it by that name (feature
+//! `nvrtc` adds `Library::from_cuda_source`, which compiles at run time). The tensors are
 //! [`tile_dlpack::Used`]: a producer's DLPack tensor once consumed,
 //! `unsafe { tile_dlpack::Unused::from_versioned(ptr) }.consume()?` on the
 //! `DLManagedTensorVersioned` another library exported (or a [`TensorArg`] made by
-//! `cudarc_interop::tensor`, feature `cudarc`, from a `cudarc` slice).
+//! `cudarc_interop::tensor`, feature `cudarc`, from a `cudarc` slice). The workspace README has a
+//! complete program.
 //!
 //! ```no_run
 //! use tile_launch::tile_dlpack::{DType, Used};
@@ -25,9 +29,13 @@
 //!     let kernel = lib.kernel(
 //!         "vector_add",
 //!         Signature::new([
+//!             // Plain pointers take dense tensors only, so each stride passed is 1.
 //!             Param::input(DType::F32),
+//!             Param::scalar(ScalarType::I64),
 //!             Param::input(DType::F32),
+//!             Param::scalar(ScalarType::I64),
 //!             Param::output(DType::F32),
+//!             Param::scalar(ScalarType::I64),
 //!             Param::scalar(ScalarType::U64),
 //!         ]),
 //!     )?;
@@ -35,7 +43,7 @@
 //!     let handle = stream.launch(
 //!         &kernel,
 //!         &LaunchConfig::for_elements(n, 256),
-//!         [a.into(), b.into(), c.into(), n.into()],
+//!         [a.into(), 1i64.into(), b.into(), 1i64.into(), c.into(), 1i64.into(), n.into()],
 //!     )?;
 //!     handle.retire()?; // waits, then runs the three deleters
 //!     Ok(())
@@ -107,8 +115,8 @@ pub use cuda_sys;
 pub use tile_dlpack;
 
 /// The examples of this crate's `README.md`, compiled (and run, unless marked `no_run`) as
-/// doctests so that they stay correct.
-#[cfg(doctest)]
+/// doctests so that they stay correct. Its program uses features `cudarc` and `nvrtc`.
+#[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
@@ -117,3 +125,9 @@ pub struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
 #[doc = include_str!("../../README.md")]
 pub struct WorkspaceReadmeDoctests;
+
+/// The Rust snippets of the workspace's Rust guide, `docs/rust.md`, compiled as doctests (features
+/// `cudarc` and `nvrtc`; like the workspace README, only a workspace build has them).
+#[cfg(all(doctest, feature = "cudarc", feature = "nvrtc"))]
+#[doc = include_str!("../../docs/rust.md")]
+pub struct RustGuideDoctests;

@@ -3,7 +3,8 @@
 //! - `cargo xtask codegen [--check]` regenerates (or checks) the CUDA driver bindings and the XLA
 //!   FFI bindings.
 //! - `cargo xtask test` runs everything that needs no GPU: formatting, clippy, the codegen
-//!   freshness check, and every test (GPU tests are listed as ignored).
+//!   freshness check, every test (GPU tests are listed as ignored), and the documentation's
+//!   Python programs against the stub driver; it ends with its totals.
 //! - `cargo xtask wheel` builds the `tile-py` abi3 wheel into `target/wheels/`; `cargo xtask test`
 //!   also builds it and runs its pytest suite in `target/py-venv`.
 //! - `cargo xtask gpu-bundle` builds `target/gpu-bundle/`: release test binaries, the examples,
@@ -23,6 +24,7 @@ mod codegen;
 mod doc;
 mod prereq;
 mod profile;
+mod snippets;
 mod wheel;
 
 use std::process::Command;
@@ -107,7 +109,8 @@ tasks:
                       ones from the pinned jaxlib's c_api.h (--check: fail on any difference)
   test                run everything that needs no GPU: fmt, clippy, codegen --check, all Rust tests,
                       then build the tile_py wheel (manylinux2014, via zig) and run its pytest suite
-                      and mypy stubtest in target/py-venv
+                      and mypy stubtest in target/py-venv, then the docs' Python programs against
+                      the stub driver; ends with the totals (tests passed, ignored, skipped)
   wheel               build the tile-py abi3 wheel into target/wheels/ (maturin)
   gpu-bundle          build target/gpu-bundle/ for a GPU machine: release test binaries, the examples,
                       the kernels, the tile_py wheel with its tests, and run.sh
@@ -192,12 +195,162 @@ fn test() -> Result<()> {
         "warnings",
     ]))?;
     codegen::run(true)?;
-    run_cmd(cargo().args(["test", "--workspace", "--all-features", "--no-fail-fast"]))?;
+    let rust = cargo_test_counted(cargo().args([
+        "test",
+        "--workspace",
+        "--all-features",
+        "--no-fail-fast",
+    ]))?;
     // The Python extension: build the wheel, install it into target/py-venv, run pytest.
     let w = wheel::build()?;
-    wheel::pytest(&w)?;
+    let junit = workspace_root().join("target/pytest-results.xml");
+    // A stale file must not stand in for this run's results.
+    let _ = std::fs::remove_file(&junit);
+    wheel::pytest(&w, &junit)?;
+    let py = PytestTotals::read(&junit)?;
+    let blocks = snippets::run(&workspace_root().join("target/py-venv/bin/python"))?;
     println!(
-        "xtask test: all passed (GPU tests are listed above as ignored; run them from the GPU bundle)"
+        "xtask test: all passed. Rust: {} passed, {} ignored (GPU tests: run them from the GPU \
+         bundle). pytest: {} passed, {} skipped. Docs: {blocks} Python programs run against the \
+         stub driver.",
+        rust.passed, rust.ignored, py.passed, py.skipped
     );
     Ok(())
+}
+
+/// The sums of the `test result:` lines of one `cargo test` run.
+#[derive(Debug, Default, PartialEq)]
+struct RustTotals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl RustTotals {
+    /// Adds one line of `cargo test`'s output if it is a `test result:` line (`test result: ok.
+    /// 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s`).
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Runs `cmd` (a `cargo test`), passing its output through as it comes, and sums its `test
+/// result:` lines. Fails, with those sums, when the command fails.
+fn cargo_test_counted(cmd: &mut Command) -> Result<RustTotals> {
+    use std::io::{BufRead, Write};
+
+    let line = format!("{cmd:?}");
+    eprintln!("$ {line}");
+    let mut child = cmd
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {line}"))?;
+    let mut totals = RustTotals::default();
+    let stdout = child.stdout.take().context("cargo test's stdout")?;
+    let mut out = std::io::stdout().lock();
+    for l in std::io::BufReader::new(stdout).lines() {
+        let l = l.context("reading cargo test's output")?;
+        totals.add_line(&l);
+        writeln!(out, "{l}")?;
+    }
+    drop(out);
+    let status = child.wait()?;
+    if !status.success() {
+        bail!(
+            "{line} failed with {status} ({} passed, {} failed, {} ignored)",
+            totals.passed,
+            totals.failed,
+            totals.ignored
+        );
+    }
+    Ok(totals)
+}
+
+/// pytest's totals, from its JUnit XML report.
+#[derive(Debug, PartialEq)]
+struct PytestTotals {
+    passed: u64,
+    skipped: u64,
+}
+
+impl PytestTotals {
+    fn read(path: &std::path::Path) -> Result<PytestTotals> {
+        let xml = std::fs::read_to_string(path)
+            .with_context(|| format!("pytest wrote no report to {}", path.display()))?;
+        PytestTotals::parse(&xml).with_context(|| format!("no <testsuite> in {}", path.display()))
+    }
+
+    /// From the attributes of the `<testsuite>` element: `tests` counts every test, of which
+    /// `skipped`, `failures` and `errors` did not pass.
+    fn parse(xml: &str) -> Option<PytestTotals> {
+        let start = xml.find("<testsuite ")?;
+        let tag = &xml[start..start + xml[start..].find('>')?];
+        let attr = |name: &str| -> Option<u64> {
+            let key = format!(" {name}=\"");
+            let at = tag.find(&key)? + key.len();
+            tag[at..at + tag[at..].find('"')?].parse().ok()
+        };
+        let (tests, skipped) = (attr("tests")?, attr("skipped")?);
+        let not_passed = skipped + attr("failures")? + attr("errors")?;
+        Some(PytestTotals {
+            passed: tests.checked_sub(not_passed)?,
+            skipped,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_totals_sum_the_test_result_lines_only() {
+        let mut t = RustTotals::default();
+        for l in [
+            "test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "running 3 tests",
+            "test a ... ok",
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.20s",
+            "test result: ok. 0 passed; 0 failed; 7 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+        ] {
+            t.add_line(l);
+        }
+        assert_eq!(
+            t,
+            RustTotals {
+                passed: 7,
+                failed: 1,
+                ignored: 8
+            }
+        );
+    }
+
+    #[test]
+    fn pytest_totals_come_from_the_testsuite_attributes() {
+        let xml = r#"<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="1" failures="2" skipped="157" tests="626" time="9.2" timestamp="x" hostname="h"><testcase/></testsuite></testsuites>"#;
+        assert_eq!(
+            PytestTotals::parse(xml),
+            Some(PytestTotals {
+                passed: 466,
+                skipped: 157
+            })
+        );
+        assert_eq!(PytestTotals::parse("<testsuites/>"), None);
+    }
 }

@@ -131,8 +131,9 @@ fn find_wheel(dir: &Path) -> Result<PathBuf> {
 /// Installs `wheel` into `target/py-venv` (created with NumPy, pytest and mypy from PyPI on
 /// first use), runs the pytest suite there, then mypy's `stubtest`: `tile_py/__init__.pyi`
 /// against the installed module. Without a GPU the `gpu` tests are reported as skipped, with
-/// the reason.
-pub fn pytest(wheel: &Path) -> Result<()> {
+/// the reason. pytest also writes its results as JUnit XML to `junit_xml` (for the totals that
+/// `cargo xtask test` prints).
+pub fn pytest(wheel: &Path, junit_xml: &Path) -> Result<()> {
     let vpy = venv_python(TEST_REQUIREMENTS)?;
     pip_install(
         &vpy,
@@ -142,15 +143,19 @@ pub fn pytest(wheel: &Path) -> Result<()> {
             wheel.as_os_str(),
         ],
     )?;
-    run_cmd(Command::new(&vpy).args([
-        "-m",
-        "pytest",
-        "-q",
-        "-rs",
-        "-p",
-        "no:cacheprovider",
-        "tile-py/tests",
-    ]))?;
+    run_cmd(
+        Command::new(&vpy)
+            .args([
+                "-m",
+                "pytest",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                "tile-py/tests",
+            ])
+            .arg(format!("--junit-xml={}", junit_xml.display())),
+    )?;
     stubtest(&vpy)
 }
 
