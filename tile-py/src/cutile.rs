@@ -44,42 +44,40 @@ use crate::streams;
 /// wrong tile block IDs.
 const MAX_GRID_DIM: i64 = (1 << 24) - 1;
 
-/// The words of one launch's key.
+/// The words of one launch's key: the compute capability, then the arguments'.
 type Words = SmallVec<[u64; 24]>;
 
-/// FNV-1a over the key's words: keys are short and not attacker-chosen.
+/// A multiply-and-rotate hash taken a word at a time (a key's words are hashed as their bytes):
+/// keys are short and not attacker-chosen.
 #[derive(Default)]
-struct Fnv(u64);
+struct WordHash(u64);
 
-impl Fnv {
-    fn state(&self) -> u64 {
-        if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        }
+impl WordHash {
+    fn mix(h: u64, v: u64) -> u64 {
+        (h ^ v).wrapping_mul(0x0100_0000_01b3).rotate_left(23)
     }
 }
 
-impl Hasher for Fnv {
+impl Hasher for WordHash {
     fn finish(&self) -> u64 {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = self.state();
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let w: [u8; 8] = w.try_into().expect("chunks of 8 bytes");
+            self.0 = Self::mix(self.0, u64::from_ne_bytes(w));
         }
-        self.0 = h;
+        for b in words.remainder() {
+            self.0 = Self::mix(self.0, u64::from(*b));
+        }
     }
     fn write_u64(&mut self, v: u64) {
-        self.0 = (self.state() ^ v)
-            .wrapping_mul(0x0100_0000_01b3)
-            .rotate_left(23);
+        self.0 = Self::mix(self.0, v);
     }
 }
 
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<WordHash>>;
 
 /// A static annotation's (extent dimensions, stride dimensions).
 type Statics = (Vec<i64>, Vec<i64>);
@@ -162,16 +160,15 @@ struct Params {
 /// flattened) whether it is passed (compile-time constants are not).
 struct Entry {
     kernel: Py<Kernel>,
-    keep: Vec<bool>,
+    keep: Arc<[bool]>,
 }
 
-/// Per cuTile kernel: its parameters and its compiled specialisations by compute capability
-/// and key.
+/// Per cuTile kernel: its parameters and its compiled specialisations by key.
 struct Plan {
     /// Keeps the kernel object alive, so that its address (the map's key) is not reused.
     _kernel: Py<PyAny>,
     params: Arc<Params>,
-    entries: FastMap<(u32, u32, Words), Entry>,
+    entries: FastMap<Words, Entry>,
 }
 
 static PLANS: Mutex<Option<FastMap<usize, Plan>>> = Mutex::new(None);
@@ -253,50 +250,46 @@ impl Layout<'_> {
         i128::from(self.bits) * i128::from(self.lanes)
     }
 
-    /// Appends the array's words (see the module docs): the dtype, the rank, one word of flags
-    /// (16-byte aligned base, disjoint, every extent and stride fits 32 bits), for at most 5
-    /// dimensions one word of per-dimension bits (stride in bytes divisible by 16, stride 1,
-    /// extent divisible by 16, extent 1), then the values at the statically annotated
-    /// dimensions.
+    /// Appends the array's features (the module docs list them): the dtype, the rank, a word of
+    /// flags, a word of 4 bits per dimension, then `(1, value)` per statically annotated
+    /// dimension (`0` for one out of range).
     fn words(&self, statics: Option<&Statics>, out: &mut Words) {
         let bits = self.bits();
         let (shape, strides) = (self.shape, self.strides);
-        out.push(tag::ARRAY);
-        out.push(u64::from(self.code) | u64::from(self.bits) << 8 | u64::from(self.lanes) << 16);
-        out.push(shape.len() as u64);
-        let fits32 = shape
-            .iter()
-            .chain(strides)
-            .all(|&v| i32::try_from(v).is_ok());
-        out.push(
+        // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
+        let unit_strides = statics.is_none_or(|(_, stride_dims)| stride_dims.is_empty());
+        let mut fits32 = true;
+        let mut per_dim = 0u64;
+        for (d, (&n, &s)) in shape.iter().zip(strides).enumerate() {
+            fits32 &= i32::try_from(n).is_ok() && i32::try_from(s).is_ok();
+            if d < 5 {
+                let (n, s) = (i128::from(n), i128::from(s));
+                // Bit masks: a multiple of 16 bytes is a multiple of 128 bits.
+                let f = u64::from((s * bits) & 127 == 0)
+                    | u64::from(unit_strides && s == 1) << 1
+                    | u64::from((n * bits) & 7 == 0 && n & 15 == 0) << 2
+                    | u64::from(n == 1) << 3;
+                per_dim |= f << (4 * d);
+            }
+        }
+        out.extend_from_slice(&[
+            tag::ARRAY,
+            u64::from(self.code) | u64::from(self.bits) << 8 | u64::from(self.lanes) << 16,
+            shape.len() as u64,
             u64::from(self.ptr & 15 == 0)
                 | u64::from(disjoint(shape, strides)) << 1
                 | u64::from(fits32) << 2,
-        );
-        // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
-        let unit_strides = statics.is_none_or(|(_, stride_dims)| stride_dims.is_empty());
+        ]);
         if shape.len() <= 5 {
-            let mut w = 0u64;
-            for (d, (&n, &s)) in shape.iter().zip(strides).enumerate() {
-                let (n, s) = (i128::from(n), i128::from(s));
-                let sb = s * bits;
-                let f = u64::from(sb % 8 == 0 && (sb / 8) % 16 == 0)
-                    | u64::from(unit_strides && s == 1) << 1
-                    | u64::from((n * bits) % 8 == 0 && n % 16 == 0) << 2
-                    | u64::from(n == 1) << 3;
-                w |= f << (4 * d);
-            }
-            out.push(w);
+            out.push(per_dim);
         }
         if let Some((shape_dims, stride_dims)) = statics {
             for (values, dims) in [(shape, shape_dims), (strides, stride_dims)] {
                 let n = values.len() as i64;
                 for &d in dims {
                     if (-n..n).contains(&d) {
-                        out.push(1);
-                        out.push(values[d.rem_euclid(n) as usize] as u64);
+                        out.extend_from_slice(&[1, values[d.rem_euclid(n) as usize] as u64]);
                     } else {
-                        // cuTile refuses it when compiling.
                         out.push(0);
                     }
                 }
@@ -312,7 +305,7 @@ impl Layout<'_> {
             if n == 0 {
                 return None;
             }
-            let off = ((i128::from(n) - 1) * i128::from(s) * bits).div_euclid(8);
+            let off = ((i128::from(n) - 1) * i128::from(s) * bits) >> 3; // floor(bits / 8)
             if off < 0 {
                 lo += off;
             } else {
@@ -323,8 +316,12 @@ impl Layout<'_> {
     }
 }
 
-/// Whether no two elements of the layout share memory.
+/// Whether no two elements of the layout share memory: sorted by stride, each stride is
+/// positive and at least the span of the dimensions below it.
 fn disjoint(shape: &[i64], strides: &[i64]) -> bool {
+    if let [s] = strides {
+        return *s > 0;
+    }
     let mut dims: SmallVec<[(i64, i64); 8]> =
         strides.iter().copied().zip(shape.iter().copied()).collect();
     dims.sort_unstable();
@@ -574,7 +571,7 @@ fn array_kind(obj: &Bound<'_, PyAny>) -> Option<bool> {
         let has = |name| ty.hasattr(name).unwrap_or(false);
         if has(intern!(py, "data_ptr")) && has(intern!(py, "stride")) {
             ArrayKind::Attributes
-        } else if has(intern!(py, "__dlpack__")) {
+        } else if has(intern!(py, "__dlpack__")) || has(intern!(py, "__dlpack_c_exchange_api__")) {
             ArrayKind::Dlpack
         } else {
             ArrayKind::Other
@@ -665,14 +662,14 @@ fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut Words)
 /// each at most [`MAX_GRID_DIM`], with cuTile's errors in its words.
 fn grid_dims(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     let py = grid.py();
-    let one = PyTuple::new(py, [grid])?;
-    let items = if grid.is_instance_of::<PyInt>() && !grid.is_instance_of::<PyBool>() {
-        one
-    } else if let Ok(t) = grid.cast::<PyTuple>() {
-        t.clone()
-    } else {
-        return Err(err(Kind::Type, "Grid must be a tuple"));
-    };
+    let items: SmallVec<[Bound<'_, PyAny>; 3]> =
+        if grid.is_instance_of::<PyInt>() && !grid.is_instance_of::<PyBool>() {
+            smallvec::smallvec![grid.clone()]
+        } else if let Ok(t) = grid.cast::<PyTuple>() {
+            t.iter().collect()
+        } else {
+            return Err(err(Kind::Type, "Grid must be a tuple"));
+        };
     if items.len() > 3 {
         return Err(err(
             Kind::Value,
@@ -683,7 +680,7 @@ fn grid_dims(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
         ));
     }
     let mut dims = [1u32; 3];
-    for (i, (d, v)) in dims.iter_mut().zip(items.iter()).enumerate() {
+    for (i, (d, v)) in dims.iter_mut().zip(items).enumerate() {
         let v = if v.cast_exact::<PyInt>().is_ok() {
             v
         } else {
@@ -832,7 +829,7 @@ pub(crate) fn launch<'py>(
         py,
         launch: Some((&hs, &stream)),
         params: &params,
-        words: Words::new(),
+        words: smallvec::smallvec![u64::from(cc.0) << 32 | u64::from(cc.1)],
         leaves: SmallVec::new(),
         tensors: SmallVec::new(),
         spans: SmallVec::new(),
@@ -847,10 +844,9 @@ pub(crate) fn launch<'py>(
         return Err(e);
     }
     let kid = kernel.as_ptr() as usize;
-    let key = (cc.0, cc.1, std::mem::take(&mut w.words));
     let found = plans()
         .as_ref()
-        .and_then(|m| m.get(&kid)?.entries.get(&key))
+        .and_then(|m| m.get(&kid)?.entries.get(&w.words))
         .map(|e| (e.kernel.clone_ref(py), e.keep.clone()));
     let overlap = w.overlap();
     let (tile_kernel, keep) = match (found, overlap) {
@@ -883,7 +879,7 @@ pub(crate) fn launch<'py>(
                     return Err(err(Kind::Value, overlap.unwrap_or_default()));
                 }
             };
-            match register(kid, key, &compiled) {
+            match register(kid, &w.words, &compiled) {
                 Ok(e) => e,
                 Err(e) => {
                     abandon(py, std::mem::take(&mut w.tensors));
@@ -892,16 +888,14 @@ pub(crate) fn launch<'py>(
             }
         }
     };
-    let tensors = std::mem::take(&mut w.tensors);
     launch_leaves(
         py,
-        &w,
+        &mut w,
         &s,
         stream_value,
         &config,
         tile_kernel.bind(py),
         &keep,
-        tensors,
         &hs,
     )
 }
@@ -942,17 +936,17 @@ pub(crate) fn _cutile_grid(grid: &Bound<'_, PyAny>) -> PyResult<(u32, u32, u32)>
 /// kernel's plan was dropped meanwhile (`clear_cache()`); returns it.
 fn register(
     kid: usize,
-    key: (u32, u32, Words),
+    key: &Words,
     compiled: &Bound<'_, PyAny>,
-) -> PyResult<(Py<Kernel>, Vec<bool>)> {
+) -> PyResult<(Py<Kernel>, Arc<[bool]>)> {
     let (kernel, keep): (Bound<'_, Kernel>, Vec<bool>) = compiled.extract()?;
-    let kernel = kernel.unbind();
+    let (kernel, keep) = (kernel.unbind(), Arc::<[bool]>::from(keep));
     let py = compiled.py();
     if let Some(plan) = plans().as_mut().and_then(|m| m.get_mut(&kid))
-        && !plan.entries.contains_key(&key)
+        && !plan.entries.contains_key(key)
     {
         plan.entries.insert(
-            key,
+            key.clone(),
             Entry {
                 kernel: kernel.clone_ref(py),
                 keep: keep.clone(),
@@ -969,18 +963,17 @@ fn register(
 #[allow(clippy::too_many_arguments)]
 fn launch_leaves(
     py: Python<'_>,
-    w: &Walk<'_, '_>,
+    w: &mut Walk<'_, '_>,
     s: &tile_launch::Stream,
     stream_value: i64,
     config: &LaunchConfig,
     kernel: &Bound<'_, Kernel>,
     keep: &[bool],
-    tensors: SmallVec<[Tensor; INLINE]>,
     hs: &Handshake,
 ) -> PyResult<LaunchHandle> {
     let tk = kernel.get();
     let mut conv = Converted::new();
-    let mut converted = tensors.into_iter();
+    let mut converted = w.tensors.drain(..);
     let mut params = tk.params.iter();
     let mut failed = (keep.len() != w.leaves.len()).then(|| {
         err(

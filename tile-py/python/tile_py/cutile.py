@@ -204,6 +204,25 @@ def _dtype_name(dt: Any) -> str:
     return str(getattr(dt, "name", dt))
 
 
+def _static_values(values: Sequence[Optional[int]], divisible_by: List[int], what: str,
+                   where: str) -> List[int]:
+    """Folds a constraint's static strides or extents into ``divisible_by`` (a value v above 1
+    becomes divisibility by v) and returns the dimensions whose value is 1. A value of 0 (a
+    broadcast stride, an empty extent) has no launch-time check: only arrays with that value
+    have the kernel's key."""
+    units = []
+    for d, v in enumerate(values):
+        if v is None:
+            continue
+        if v == 1:
+            units.append(d)
+        elif v > 1:
+            divisible_by[d] = math.lcm(divisible_by[d], v)
+        elif v < 0:
+            raise NotImplementedError(f"{where}: a static {what} of {v} in dimension {d}")
+    return units
+
+
 def _array_param(c: Any, where: str) -> "tile_py.Param":
     ndim = c.ndim
     index = _dtype_name(c.index_dtype)  # tile_py reads cuTile's (NumPy's) dtype names
@@ -220,29 +239,8 @@ def _array_param(c: Any, where: str) -> "tile_py.Param":
     # static_shape_dims=...)``) is part of the specialisation key by value, so only arrays with
     # that value get this kernel; tile checks divisibility by v at every launch (it has no check
     # of an exact value).
-    unit_stride = []
-    for d, v in enumerate(c.stride_constant):
-        if v is None:
-            continue
-        if v == 1:
-            unit_stride.append(d)
-        elif v > 1:
-            stride_div[d] = math.lcm(stride_div[d], v)
-        elif v < 0:
-            raise NotImplementedError(f"{where}: a static stride of {v} in dimension {d}")
-        # A static stride of 0 (a broadcast dimension) has no launch-time check here: only
-        # arrays with that stride have this kernel's key.
-    unit_shape = []
-    for d, v in enumerate(c.shape_constant):
-        if v is None:
-            continue
-        if v == 1:
-            unit_shape.append(d)
-        elif v > 1:
-            shape_div[d] = math.lcm(shape_div[d], v)
-        elif v < 0:
-            raise NotImplementedError(f"{where}: a static extent of {v} in dimension {d}")
-        # A static extent of 0 (an empty dimension): as a static stride of 0.
+    unit_stride = _static_values(c.stride_constant, stride_div, "stride", where)
+    unit_shape = _static_values(c.shape_constant, shape_div, "extent", where)
     if any(d > 1 for d in stride_div):
         assume["stride_divisible_by"] = stride_div
     if any(d > 1 for d in shape_div):
