@@ -11,14 +11,12 @@ consumed tensor is released only after the kernel has finished, which ``ct.launc
 guarantee. ``install()`` routes every ``ct.launch`` of a program through it, with
 ``ct.launch``'s return value (None).
 
-``launch`` is the cached launch of the extension (``tile-py/src/cutile.rs``): it converts the
-arguments, computes the specialisation key from their descriptors and launches the kernel
-compiled for it. This module is what it calls on a miss: ``_plan_of`` reads a kernel's
-parameter annotations once, and ``_compile_miss`` compiles a specialisation as ``ct.launch``
-compiles it (the kernel's own compile, with cuTile's compiler options and context) for the
-signature cuTile itself derives for these arguments (``KernelSignature.from_kernel_args``,
-calling convention ``cutile_python_v2``), as a cubin for the compute capability of the
-stream's device (cuTile's own on-disk cache, where it is enabled, serves repeated compiles
+``launch`` is the cached launch of the extension (``tile-py/src/cutile.rs``, whose docs say
+what the key holds and when it calls into this module). What it calls here on a miss compiles
+a specialisation as ``ct.launch`` compiles it (the kernel's own compile, with cuTile's compiler
+options and context) for the signature cuTile itself derives for these arguments
+(``KernelSignature.from_kernel_args``, calling convention ``cutile_python_v2``), as a cubin for
+the compute capability of the stream's device (cuTile's own on-disk cache, where it is enabled, serves repeated compiles
 across processes). cuTile reads PyTorch tensors and ``__cuda_array_interface__`` objects
 itself; an argument known only through DLPack is shown to it as the layout of the export that
 the launch consumes. The cubin is loaded with ``tile_py.Library.from_bytes`` and its parameters
