@@ -551,17 +551,29 @@ def test_a_generic_producer_is_exported_once_and_that_export_is_launched(stub_dr
     """)
 
 
-def test_a_hit_runs_no_python(stub_driver, tmp_path):
+def test_a_miss_calls_into_python_once_and_a_hit_never(stub_driver, tmp_path):
+    """The Python functions the cached launch calls itself: a kernel's first launch reads its
+    parameters and compiles (two calls), a new specialisation compiles (one), a hit none."""
     on_stub(stub_driver, tmp_path, """
+        def entered(args):
+            calls = []
+
+            def record(frame, event, arg):
+                if event == "call" and frame.f_back is not None and frame.f_back.f_code.co_name == "entered":
+                    calls.append(frame.f_code.co_name)
+
+            sys.setprofile(record)
+            try:
+                tc.launch(1, (4,), k7, args)
+            finally:
+                sys.setprofile(None)
+            return calls
+
         x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
-        tc.launch(1, (4,), k7, (x, y, out, 2.0, 1, 2, 3))
-        calls = []
-        sys.setprofile(lambda frame, event, arg: calls.append((event, frame.f_code.co_name)))
-        tc.launch(1, (4,), k7, (x, y, out, 5.0, 4, 5, 6))
-        sys.setprofile(None)
-        # Only the launch itself (a C call) and the setprofile call that ends the recording.
-        assert [c for c in calls if c[0] == "call"] == [], calls
-        assert len(compiled) == 1 and tc.cache_info()["hits"] == 1
+        assert entered((x, y, out, 2.0, 1, 2, 3)) == ["_plan_of", "_compile_miss"]
+        assert entered((Dev([64], ptr=BASE + 4), y, out, 2.0, 1, 2, 3)) == ["_compile_miss"]
+        assert entered((x, y, out, 5.0, 4, 5, 6)) == []
+        assert len(compiled) == 2 and tc.cache_info() == {"entries": 2, "hits": 1, "misses": 2}
     """)
 
 
