@@ -8,7 +8,10 @@ callgrind; the difference over the difference in N is the instructions per launc
 
 PATH: torch (3 tensors + 4 u64 scalars, producer's current stream = launch stream), cross (the
 same, producer's current stream another), scalars (7 u64 scalars), bound (Kernel.bind, 3 tensors),
-capsule (3 arrays of a generic producer whose C `__dlpack__` returns a capsule, as CuPy's does).
+capsule (3 arrays of a generic producer whose C `__dlpack__` returns a capsule, as CuPy's does),
+cutile and cutile-capsule (the torch and capsule paths' arguments through tile_py.cutile.launch, a
+cuTile kernel's cached launch: its one compile, at the first launch, registers the stub's kernel
+in place of cuTile's compiler, so every measured launch is a hit; needs cuda-tile).
 """
 
 import gc
@@ -33,6 +36,27 @@ class CudaStream:
 STREAM = CudaStream()
 
 
+def cutile_launcher(lib, k3, args):
+    """``tile_py.cutile.launch`` of a cuTile kernel with seven parameters, compiled (at its first
+    launch) to the stub's kernel ``k3``: cuTile's compiler is replaced, the cached launch is not."""
+    import cuda.tile as ct
+    import tile_py.cutile as tc
+
+    ns = {"ct": ct}
+    # cuTile reads a kernel's source from its file: this one is written out first.
+    import os
+    import tempfile
+
+    src = "import cuda.tile as ct\n\n\n@ct.kernel\ndef k7(x, y, out, a, b, c, d):\n    pass\n"
+    path = os.path.join(tempfile.mkdtemp(), "profile_cutile_kernel.py")
+    with open(path, "w") as f:
+        f.write(src)
+    exec(compile(src, path, "exec"), ns)
+    tc._compile = lambda kernel, shown, cc: tc._Compiled(k3, (True,) * 7, None)
+    kernel = ns["k7"]
+    return lambda: tc.launch(STREAM, 16, kernel, args)
+
+
 def main():
     path, n = sys.argv[1], int(sys.argv[2])
     lib = tile_py.Library.from_bytes(b"\x7fELF stub image\0")
@@ -50,6 +74,10 @@ def main():
         "bound": lambda: bound(a, b, c, 1, 2, 3, 4),
         "capsule": lambda: tile_py.launch(STREAM, 16, k3, (x, y, z, 1, 2, 3, 4), block=256),
     }
+    if path in ("cutile", "cutile-capsule"):
+        paths[path] = cutile_launcher(
+            lib, k3, (a, b, c, 1, 2, 3, 4) if path == "cutile" else (x, y, z, 1, 2, 3, 4)
+        )
     launch = paths[path]
     for _ in range(300):  # warm-up: caches, first-use paths
         launch()

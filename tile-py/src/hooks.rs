@@ -188,36 +188,6 @@ pub(crate) fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// What [`_cutile_features`] returns: the key words and the span.
-type KeyAndSpan = (Vec<u64>, Option<(i128, i128)>);
-
-/// The key words `tile_py.cutile`'s cached launch computes for the tensor in the DLPack capsule
-/// `cap` (read, not consumed), with the static annotation `statics` (`(extent dims, stride
-/// dims)`), and the bytes it spans (None when empty). For the test that holds them against
-/// `tile_py.cutile`'s own features.
-#[pyfunction]
-#[pyo3(signature = (cap, statics = None))]
-pub(crate) fn _cutile_features(
-    py: Python<'_>,
-    cap: &Bound<'_, PyAny>,
-    statics: Option<(Vec<i64>, Vec<i64>)>,
-) -> PyResult<KeyAndSpan> {
-    if cap.cast::<pyo3::types::PyCapsule>().is_err() {
-        return Err(crate::errors::err(
-            crate::errors::Kind::Type,
-            format!(
-                "expected a DLPack capsule, got {}",
-                crate::errors::show(cap)
-            ),
-        ));
-    }
-    crate::export::peek_capsule(py, 0, cap, |view| {
-        let mut words = SmallVec::new();
-        crate::cutile_cache::array_words(view, statics.as_ref(), &mut words);
-        (words.to_vec(), crate::cutile_cache::span(view))
-    })
-}
-
 /// What the producer's own side of a tensor argument costs, for the benchmark's bounds: `n`
 /// exports of `obj` through its type's DLPack C exchange API
 /// (`managed_tensor_from_py_object_no_sync`), each released at once by its deleter, and `n`

@@ -212,7 +212,7 @@ pub(crate) fn launch_on(
 
 /// The rest of [`launch_on`], once every argument is converted (and claimed) into `conv`:
 /// tile-launch checks the launch once, it is enqueued, and on a refusal every claim is rolled
-/// back. Shared with `tile_py.cutile`'s cached launch (`cutile_cache`), which converts its
+/// back. Shared with `tile_py.cutile`'s cached launch (`cutile`), which converts its
 /// arguments before it knows which kernel they select.
 pub(crate) fn launch_converted(
     py: Python<'_>,

@@ -1,12 +1,19 @@
 """CPU tests of tile_py.cutile: importing tile_py leaves cuTile alone; cuTile constraints map to
 tile parameter declarations (arrays with their layout assumptions, scalars, constants omitted,
-tuples flattened; unsupported kinds refused naming the parameter); and the specialisation key
-tells apart every layout cuTile specialises on. ``cuda.tile`` imports without a driver, so the
-signatures are built explicitly; deriving one from arguments (``from_kernel_args``), exporting
-and launching need a GPU (``test_gpu_cutile.py``)."""
+tuples flattened; unsupported kinds refused naming the parameter); cuTile's launch conventions
+and refusals; and, against the repository's stub driver (``bench/profile/cuda_stub.c``, built
+with ``cc``) in a child process, the cached launch end to end: which launches compile (a new
+specialisation) and which find a compiled kernel, what cuTile is shown, what is exported and
+released. ``cuda.tile`` imports without a driver; its compiler is replaced by one that declares
+the stub driver's kernels, so no GPU and no cuTile compiler is needed. Deriving a real signature
+from arguments, exporting and launching real kernels need a GPU (``test_gpu_cutile.py``)."""
 
+import os
+import shutil
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -148,61 +155,6 @@ class Dev:
         }
 
 
-def key(kernel, args):
-    return tc.specialization_key(kernel, args)
-
-
-def test_key_ignores_what_cutile_does_not_specialise_on():
-    a = key(K.axpy, (Dev([1024]), Dev([1024], ptr=BASE + 0x10000), Dev([1024], ptr=BASE + 0x20000), 2.0))
-    b = key(K.axpy, (Dev([4096], ptr=BASE + 0x400), Dev([4096], ptr=BASE + 0x8000),
-                     Dev([4096], ptr=BASE + 0x20000), -3.5))
-    assert a == b  # other aligned addresses, another multiple-of-16 length, another scalar value
-
-
-def test_misaligned_strided_and_ragged_inputs_get_their_own_key():
-    y, out = Dev([1024], ptr=BASE + 0x10000), Dev([1024], ptr=BASE + 0x20000)
-    base = key(K.axpy, (Dev([1024]), y, out, 2.0))
-    variants = {
-        "misaligned": Dev([1024], ptr=BASE + 4),
-        "strided": Dev([512], strides=[2]),
-        "ragged": Dev([1000]),
-        "float16": Dev([1024], typestr="<f2"),
-        "broadcast": Dev([1024], strides=[0]),
-        "reversed": Dev([1024], strides=[-1], ptr=BASE + 4092),
-        "single": Dev([1]),
-    }
-    keys = {name: key(K.axpy, (x, y, out, 2.0)) for name, x in variants.items()}
-    assert all(k != base for k in keys.values()), keys
-    assert len(set(keys.values())) == len(keys)
-    # A transposed view of a 2-D array differs from the dense one.
-    dense = key(K.scale_2d, (Dev([64, 32]), Dev([64, 32], ptr=BASE + 0x10000), 16, 16))
-    transposed = key(K.scale_2d, (Dev([64, 32], strides=[1, 64]), Dev([64, 32], ptr=BASE + 0x10000), 16, 16))
-    assert dense != transposed
-
-
-def test_constants_key_by_value_scalars_by_type():
-    pair = (Dev([64]), Dev([64], ptr=BASE + 0x1000))
-    out = Dev([64], ptr=BASE + 0x2000)
-    k16 = key(K.affine_pair, (pair, out, 2.0, 1.0, 16))
-    assert key(K.affine_pair, (pair, out, 5.0, -1.0, 16)) == k16
-    assert key(K.affine_pair, (pair, out, 2.0, 1.0, 32)) != k16
-    assert key(K.affine_pair, (pair, out, 2, 1.0, 16)) != k16  # an int scalar is another type
-    assert key(K.affine_pair, (pair, out, 2.0, 1.0, 16.0)) != k16  # 16 and 16.0 are not one constant
-
-
-def test_refusals_before_anything_is_consumed():
-    cap, c = make_capsule(shape=(64,), data=BASE)
-    with pytest.raises(TypeError, match=r"^Empty lists are not supported as kernel arguments$"):
-        tc.launch(0x1234, (4,), K.copy_list, ([], cap))
-    with pytest.raises(TypeError, match=r"^Invalid list item #1: unsupported object type 'float'$"):
-        tc.launch(0x1234, (4,), K.copy_list, ([cap, 1.0], Dev([64])))
-    with pytest.raises(ValueError, match=r"array arguments 0 and 2 .* overlap in memory"):
-        key(K.axpy, (Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 128), 1.0))
-    with pytest.raises(TypeError, match=r"^Kernel expects 4 arguments but 2 were given$"):
-        key(K.axpy, (Dev([64]), 1.0))
-    assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
-    assert tc.cache_info()["entries"] == 0
-
 
 def _arr(dtype, ndim, **kw):
     kw.setdefault("stride_lower_bound_incl", 0)
@@ -305,38 +257,6 @@ def test_grid_limit_is_checked_before_anything_is_exported():
     assert producer.calls == [] and c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
 
 
-class _NumbaHandle:
-    def __init__(self, value):
-        self.value = value
-
-
-def _numba_stream(value):
-    """A stream object shaped as numba-cuda's (``handle.value``, no ``__cuda_stream__``)."""
-    cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
-    s = cls()
-    s.handle = _NumbaHandle(value)
-    return s
-
-
-def test_streams_as_cutile_takes_them():
-    assert tc._stream(0) == 1  # ct.launch's 0: the legacy default stream (tile_py's 1)
-    assert tc._stream(1) == 1 and tc._stream(2) == 2 and tc._stream(0x1234) == 0x1234
-    assert tc._stream(_numba_stream(0x5678)) == 0x5678
-    assert tc._stream(_numba_stream(None)) == 1  # numba's default stream
-
-    class CudaStream:  # cuda.core's protocol: passed on, tile_py reads it
-        def __cuda_stream__(self):
-            return (0, 0x9ABC)
-
-    s = CudaStream()
-    assert tc._stream(s) is s
-    assert tile_py._export(make_capsule(shape=(16,), data=BASE)[0], s)[1] is None
-
-
-def _kernel_one(x):
-    pass
-
-
 def test_wrong_argument_count_in_cutiles_words():
     for kernel, args, msg in [
         (K.axpy, (Dev([64]),), "Kernel expects 4 arguments but 1 was given"),
@@ -372,118 +292,6 @@ def test_export_calls_the_producer_once_with_the_launch_stream_and_consumes_noth
     used, _ = make_capsule(name="used_dltensor_versioned", shape=(16,), data=BASE)
     with pytest.raises(ValueError, match=r"^argument 5: DLPack capsule already consumed"):
         tile_py._export(used, 0x1234, 5, device=0)
-
-
-@pytest.fixture
-def fake_device(monkeypatch):
-    """tile_py.cutile.launch up to tile_py.launch, without a GPU: the real exports (with device
-    0 given, so no driver is loaded), a fake compute capability and compiler, and tile_py.launch
-    replaced by a recorder of what it would have been handed."""
-    real_export = tile_py._export
-    calls = {"compile": [], "launch": []}
-    monkeypatch.setattr(tile_py, "_export", lambda o, s, i=0: real_export(o, s, i, device=0))
-    monkeypatch.setattr(tile_py, "compute_capability", lambda s: (9, 0))
-
-    def compile_(kernel, args, cc):
-        calls["compile"].append(args)
-        n = len(tc._leaves(args))
-        return tc._Compiled(kernel=("kernel", n), keep=(True,) * n, signature=None)
-
-    monkeypatch.setattr(tc, "_compile", compile_)
-
-    def launch(stream, grid, kernel, args, **kw):
-        calls["launch"].append((stream, grid, kernel, list(args), kw))
-        return "handle"
-
-    monkeypatch.setattr(tile_py, "launch", launch)
-    tc.clear_cache()
-    yield calls
-    tc.clear_cache()
-
-
-def test_a_generic_producer_is_exported_once_and_that_export_is_launched(fake_device):
-    x = Producer(shape=(64,), data=BASE)
-    y, cy = make_capsule(shape=(64,), data=BASE + 0x1000)
-    out = Dev([64], ptr=BASE + 0x2000)
-    assert tc.launch(0, (), K.axpy, (x, y, out, 2.0)) == "handle"
-    # One export, for the legacy default stream (cuTile's 0), nothing released.
-    assert x.calls == [{"stream": 1, "max_version": (1, 3)}] and x.deleted == 0
-    # cuTile was shown the export's layout, not the producer (which it would export again).
-    (shown,) = fake_device["compile"]
-    assert shown[0].__cuda_array_interface__ == {
-        "shape": (64,), "strides": (4,), "typestr": "<f4", "data": (BASE, False), "version": 3,
-    }
-    assert shown[1].__cuda_array_interface__["data"] == (BASE + 0x1000, False)
-    assert shown[2] is out and shown[3] == 2.0
-    ((stream, grid, kernel, passed, kw),) = fake_device["launch"]
-    assert stream == 1 and grid == (1, 1, 1) and kw["block"] == 1
-    # The capsule is passed as it is; the producer's export through a stand-in that hands
-    # tile_py that very capsule, once, for the stream it was made for.
-    assert passed[1] is y and passed[2] is out and passed[3] == 2.0
-    with pytest.raises(BufferError, match="was made for stream 1, not 4660"):
-        passed[0].__dlpack__(stream=0x1234, max_version=(1, 3))
-    cap = passed[0].__dlpack__(stream=1, max_version=(1, 3))
-    assert capsule_name(cap) == "dltensor_versioned" and x.deleted == 0
-    with pytest.raises(BufferError, match="handed out already"):
-        passed[0].__dlpack__(stream=1, max_version=(1, 3))
-    assert len(x.calls) == 1 and cy.calls == 0
-    # A second launch with the same layouts finds the compiled kernel: no compile, one more
-    # export.
-    tc.launch(0, (), K.axpy, (x, make_capsule(shape=(64,), data=BASE + 0x1000)[0], out, 3.0))
-    assert len(fake_device["compile"]) == 1 and len(x.calls) == 2
-    assert tc.cache_info()["hits"] >= 1
-
-
-def test_exports_inside_tuples_are_launched_in_their_own_places(fake_device):
-    """Leaves are counted as tile_py.cutile flattens them, also past a tuple's annotation (which
-    cuTile refuses when compiling): each export is shown to cuTile and launched where its
-    producer was."""
-    p = Producer(shape=(16,), data=BASE + 0x1000)
-    out = Dev([16])
-    tc.launch(1, (1,), K.tuple_head, (out, (1, 2, p)))
-    ((shown,),) = [fake_device["compile"]]
-    assert shown[0] is out and shown[1][:2] == (1, 2)
-    assert shown[1][2].__cuda_array_interface__["data"] == (BASE + 0x1000, False)
-    ((_, _, _, passed, _),) = fake_device["launch"]
-    assert passed[:3] == [out, 1, 2] and isinstance(passed[3], tc._Exported)
-    assert passed[3].source is p and len(p.calls) == 1
-
-
-def test_a_misaligned_export_gets_its_own_kernel(fake_device):
-    out = Dev([64], ptr=BASE + 0x2000)
-    y = Dev([64], ptr=BASE + 0x1000)
-    tc.launch(1, (4,), K.axpy, (Producer(shape=(64,), data=BASE), y, out, 1.0))
-    tc.launch(1, (4,), K.axpy, (Producer(shape=(64,), data=BASE + 4), y, out, 1.0))
-    tc.launch(1, (4,), K.axpy, (Producer(shape=(32,), strides=(2,), data=BASE), y, out, 1.0))
-    assert len(fake_device["compile"]) == 3
-
-
-def test_cutiles_own_errors_come_before_the_overlap_refusal(fake_device, monkeypatch):
-    class CuTileRefusal(Exception):
-        pass
-
-    def refuse(kernel, args, cc):
-        fake_device["compile"].append(args)
-        raise CuTileRefusal("Expected a scalar")
-
-    x = Dev([64])
-    monkeypatch.setattr(tc, "_compile", refuse)
-    with pytest.raises(CuTileRefusal):
-        tc.launch(1, (1,), K.axpy, (x, x, Dev([64], ptr=BASE + 0x2000), 1.0))
-    # cuTile accepts the arguments: tile's refusal of overlapping arrays follows, and what was
-    # compiled for them is not kept.
-    monkeypatch.setattr(tc, "_compile", lambda k, a, cc: tc._Compiled(("k", 4), (True,) * 4, None))
-    with pytest.raises(ValueError, match=r"array arguments 0 and 1 .* overlap in memory"):
-        tc.launch(1, (1,), K.axpy, (x, x, Dev([64], ptr=BASE + 0x2000), 1.0))
-    assert tc.cache_info()["entries"] == 0 and fake_device["launch"] == []
-
-
-def test_a_constant_is_never_an_array_of_the_overlap_check(fake_device):
-    """An array handed to a ``ct.Constant`` parameter is a constant to key on (cuTile refuses
-    it when compiling), not an array that overlaps another argument."""
-    pair = (Dev([64]), Dev([64], ptr=BASE + 0x1000))
-    tc.launch(1, (4,), K.affine_pair, (pair, Dev([64], ptr=BASE + 0x2000), 1.0, 0.0, pair[0]))
-    assert len(fake_device["compile"]) == 1
 
 
 # ---- install(): every ct.launch through tile ----------------------------------------------------
@@ -522,6 +330,31 @@ def test_install_routes_ct_launch_through_tile_and_returns_what_ct_launch_return
     assert not tc.installed()
 
 
+
+def test_install_twice_undone_in_the_order_made_restores_ct_launch():
+    """Issue: undoing the first install, then the second, left ct.launch routed through tile.
+    Whatever the order, ct.launch is routed while any install is in force and is the original
+    once none is."""
+    import cuda.tile._cext as cext
+
+    original = (ct.launch, cext.launch)
+    for order in ((0, 1), (1, 0)):
+        handles = [tc.install(), tc.install()]
+        for i in order:
+            assert tc.installed()
+            handles[i].uninstall()
+        assert (ct.launch, cext.launch) == original and not tc.installed()
+        handles[order[0]].uninstall()  # again: changes nothing
+        assert (ct.launch, cext.launch) == original
+    # A context manager inside an install ends only its own.
+    outer = tc.install()
+    with tc.install():
+        assert tc.installed()
+    assert tc.installed()
+    outer.uninstall()
+    assert (ct.launch, cext.launch) == original
+
+
 # ---- static extents and strides (ct.ArrayAnnotation) -------------------------------------------
 
 
@@ -547,20 +380,6 @@ def test_static_extents_and_strides_map_to_checked_divisibility():
         assert counter.calls == 0
 
 
-def test_static_extents_and_strides_key_by_value():
-    out = Dev([16, 16], ptr=BASE + 0x100000)
-    k16 = key(K.copy_static, (Dev([16, 16]), out))
-    assert key(K.copy_static, (Dev([16, 16], ptr=BASE + 0x4000), out)) == k16
-    assert key(K.copy_static, (Dev([32, 32]), out)) != k16  # also multiples of 16: another kernel
-    assert key(K.copy_static, (Dev([16, 32]), out)) != k16  # the last dimension is static too
-    # Without the annotation, 16 and 32 share a kernel.
-    assert (key(K.scale_2d, (Dev([16, 16]), out, 16, 16))
-            == key(K.scale_2d, (Dev([32, 32]), out, 16, 16)))
-    s64 = key(K.copy_static_strides, (Dev([16, 16], strides=[64, 1]), out))
-    assert key(K.copy_static_strides, (Dev([16, 16], strides=[32, 1]), out)) != s64
-    assert key(K.copy_static_strides, (Dev([32, 16], strides=[64, 1]), out)) == s64
-
-
 # ---- list-of-array parameters ------------------------------------------------------------------
 
 
@@ -571,151 +390,498 @@ def test_a_list_parameter_is_a_staged_buffer_pointer_and_a_length():
     assert keep == (True, True)
 
 
-def test_list_elements_are_exported_once_staged_and_kept_until_the_staged_buffer_goes(
-    fake_device, monkeypatch
-):
-    staged = []
-    real_staged = tc._Staged
 
-    def stage(arg):
-        s = real_staged(0xD000_0000, len(arg.words), 0x99, (None, arg.keep), arg.length)
-        staged.append((list(arg.words), s))
-        return s
+# ---- the cached launch against the stub driver -------------------------------------------------
 
-    monkeypatch.setattr(tc, "_stage", stage)
-    a = Producer(shape=(64,), data=BASE)
-    b, cb = make_capsule(shape=(32,), strides=(2,), data=BASE + 0x1000)
-    c = Dev([64], ptr=BASE + 0x2000)
-    out = Dev([64], ptr=BASE + 0x3000)
-    tc.launch(0x1234, (4,), K.copy_list, ([a, b, c], out))
-    assert a.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
-    ((words, s),) = staged
-    assert words == [BASE, 64, 1, BASE + 0x1000, 32, 2, BASE + 0x2000, 64, 1]
-    ((_, _, _, passed, _),) = fake_device["launch"]
-    assert passed == [s, 3, out]
-    assert s.__cuda_array_interface__ == {
-        "shape": (9,), "strides": None, "typestr": "<i8", "data": (0xD000_0000, False),
-        "version": 3, "stream": 0x99,
-    }
-    # cuTile is shown the elements' layouts, never the exports.
-    ((shown_list, shown_out),) = fake_device["compile"]
-    assert [x.__cuda_array_interface__["data"][0] for x in shown_list[:2]] == [BASE, BASE + 0x1000]
-    assert shown_list[2] is c and shown_out is out
-    # The staged object (which tile_py keeps until the kernel is done) holds every export.
-    del passed, fake_device["launch"][:], staged[:], shown_list, shown_out
-    fake_device["compile"].clear()
-    assert a.deleted == 0 and cb.calls == 0
-    del s
-    assert a.deleted == 1 and cb.calls == 0  # a caller's capsule stays the caller's
-    assert capsule_name(b) == "dltensor_versioned"
+TESTS = Path(__file__).resolve().parent
+STUB_SOURCE = TESTS.parents[1] / "bench" / "profile" / "cuda_stub.c"
 
 
-def test_list_keys_tell_apart_each_elements_layout_and_static_values(fake_device, monkeypatch):
-    monkeypatch.setattr(tc, "_stage", lambda arg: tc._Staged(0xD000_0000, len(arg.words), 1, arg.keep, arg.length))
-    out = Dev([64], ptr=BASE + 0x9000)
-    k2 = key(K.copy_list, ([Dev([64]), Dev([64], ptr=BASE + 0x1000)], out))
-    assert key(K.copy_list, ([Dev([64], ptr=BASE + 0x2000), Dev([128], ptr=BASE + 0x3000)], out)) == k2
-    assert key(K.copy_list, ([Dev([64]), Dev([64], ptr=BASE + 0x1004)], out)) != k2  # misaligned
-    assert key(K.copy_list, ([Dev([64])], out)) != k2  # another length
-
-
-# ---- the cached launch's key (Rust) against this module's ----------------------------------------
-
-
-def _layouts():
-    """Layouts that differ in each feature cuTile specialises on, and some that do not."""
-    from dlpack_ctypes import BF16, F32, F64, I32
-
-    out = []
-    for dtype in (F32, F64, I32, BF16, (1, 8, 1)):
-        for data in (0x10000, 0x10004, 0x10008, 0x10010, 0x10002, 0x10001):
-            if data % max(dtype[1] // 8, 1):
-                continue  # a misaligned element is refused before any key is computed
-            for shape, strides in [
-                ((64,), None), ((64,), (1,)), ((64,), (2,)), ((63,), (1,)), ((1,), (1,)),
-                ((16, 32), None), ((16, 32), (1, 16)), ((16, 32), (64, 1)), ((16, 32), (0, 1)),
-                ((4, 4), (1, 1)), ((32, 1), (1, 1)), ((3, 5, 7), None), ((2, 2, 2, 2, 2, 2), None),
-                ((0,), (1,)), ((8,), (-1,)), ((2**31,), (1,)), ((2,), (2**31,)),
-                ((16, 16), (16, 1)), ((16, 16), (17, 1)),
-            ]:
-                out.append((dtype, data, shape, strides))
+@pytest.fixture(scope="session")
+def stub_driver(tmp_path_factory):
+    """The stub driver (one device of compute capability 9.0, every kernel with seven 8-byte
+    parameters, every address device memory, launches that return at once), built once."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("needs a C compiler (cc) to build the stub driver bench/profile/cuda_stub.c")
+    out = tmp_path_factory.mktemp("stub") / "libcuda.so.1"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(STUB_SOURCE)], check=True)
     return out
 
 
-def _python_features(dtype, data, shape, strides, static=None):
-    if strides is None:
-        acc, st = 1, []
-        for n in reversed(shape):
-            st.append(acc)
-            acc *= n
-        strides = tuple(reversed(st))
-    bits = dtype[1] * dtype[2]
-    f = tc._keyed_features(
-        ("dlpack",) + tuple(dtype), bits, data, tuple(shape), tuple(strides), static
-    )
-    return f, tc._span(bits, data, tuple(shape), tuple(strides))
+# Run first in every scenario: kernels whose passed arguments are the stub driver's seven 8-byte
+# parameters, and cuTile's compiler replaced by one that records what cuTile is shown and
+# declares one such parameter per passed leaf (constants are not passed).
+PRELUDE = """
+import sys
+sys.path.insert(0, {tests!r})
+from typing import Annotated
+
+import cuda.tile as ct
+import tile_py
+import tile_py.cutile as tc
+from dlpack_ctypes import Producer, make_capsule, capsule_name
+
+BASE = 0x7F00_0000_0000
 
 
-@pytest.mark.parametrize("static", [None, ((0, -1), (1,)), ((5,), (-3, 0)), ((0,), ())])
-def test_rust_features_match_python_features(static):
-    """Two layouts get the same key words from the cached launch exactly when this module's
-    features (which decide the compiled kernel) are the same, and the spans of the overlap
-    check agree: a cached kernel is launched only on layouts it was compiled for."""
-    seen_rust, seen_py = {}, {}
-    for i, (dtype, data, shape, strides) in enumerate(_layouts()):
-        kw = {} if strides is None else {"strides": strides}
-        cap, _ = make_capsule(shape=shape, dtype=dtype, data=data, **kw)
-        words, span = tile_py._tile_py._cutile_features(cap, static)
-        py_key, py_span = _python_features(dtype, data, shape, strides, static)
-        assert (span is None) == (py_span is None) and (span is None or tuple(span) == py_span), (
-            dtype, data, shape, strides,
-        )
-        seen_rust.setdefault(tuple(words), set()).add(i)
-        seen_py.setdefault(py_key, set()).add(i)
-        assert capsule_name(cap) == "dltensor_versioned"  # read, not consumed
-    assert sorted(map(sorted, seen_rust.values())) == sorted(map(sorted, seen_py.values()))
-    assert len(seen_rust) > 100  # the layouts do differ
+class Dev:
+    def __init__(self, shape, strides=None, ptr=BASE, typestr="<f4"):
+        item = int(typestr[2:])
+        self.__cuda_array_interface__ = {{
+            "shape": tuple(shape),
+            "strides": None if strides is None else tuple(s * item for s in strides),
+            "typestr": typestr, "data": (ptr, False), "version": 3,
+        }}
 
 
-def test_the_cached_launch_leaves_what_it_does_not_take_to_python(fake_device):
-    """The cached launch takes nothing before Python has registered the kernel's plan (None),
-    nor on a stream it cannot resolve (False: no driver here); either way it has exported
-    nothing, and Python's path launches once."""
-    tc.clear_cache()
-    x = Producer(shape=(64,), data=BASE)
-    y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
-    assert tile_py._tile_py._cutile_try(1, (4,), K.axpy, (x, y, out, 2.0)) is None
-    assert x.calls == []
-    tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))  # registers the plan, then Python launches
-    assert len(fake_device["launch"]) == 1 and len(x.calls) == 1
-    assert tile_py._tile_py._cutile_try(1, (4,), K.axpy, (x, y, out, 2.0)) is False
-    assert len(x.calls) == 1
-    tc.launch(1, (4,), K.axpy, (x, y, out, 2.0))
-    assert len(fake_device["launch"]) == 2 and len(x.calls) == 2
+@ct.kernel
+def k7(x, y, out, a, b, c, d):
+    pass
 
 
-def test_float_constants_are_keyed_by_their_bits_as_cutile_tells_them_apart(fake_device):
+@ct.kernel
+def kconst(x, y, out, a, b, c, d, t: ct.Constant[int]):
+    pass
+
+
+@ct.kernel
+def ktuple(out, items, a, b, c):
+    pass
+
+
+@ct.kernel
+def k2d(x, out, a, b, c, d, e):
+    pass
+
+
+@ct.kernel
+def kstatic(x: Annotated[ct.Array, ct.ArrayAnnotation(static_shape_dims=(0, -1))], out, a, b, c,
+            d, e):
+    pass
+
+
+@ct.kernel
+def kstrides(x: Annotated[ct.Array, ct.ArrayAnnotation(static_stride_dims=(0, 1))], out, a, b,
+             c, d, e):
+    pass
+
+
+@ct.kernel
+def klist(xs, out, a, b, c, d):
+    pass
+
+
+LIB = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
+TYPES = {{"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32"}}
+compiled = []
+
+
+def params(x):
+    if isinstance(x, list):
+        return [tile_py.In("int64"), tile_py.Scalar("i64")]
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return [tile_py.In(TYPES[cai["typestr"]], strided=True)]
+    return [tile_py.Scalar("f64" if isinstance(x, float) else "i64")]
+
+
+def fake_compile(kernel, args, cc):
+    assert cc == (9, 0)
+    compiled.append(args)
+    declared, keep = [], []
+    for a, const in zip(args, tc._plan(kernel)[2]):
+        for x in a if isinstance(a, tuple) else (a,):
+            keep.append(not const)
+            declared += [] if const else params(x)
+    return tc._Compiled(LIB.kernel("k", declared), tuple(keep), None)
+
+
+tc._compile = fake_compile
+
+
+def compiles(kernel, *launches):
+    \"\"\"How many of ``launches`` (argument tuples, on stream 1, grid 4) compiled.\"\"\"
+    before = len(compiled)
+    for args in launches:
+        tc.launch(1, (4,), kernel, args)
+    return len(compiled) - before
+"""
+
+
+def on_stub(stub_driver, tmp_path, body):
+    """Runs ``body`` after PRELUDE in a child process whose CUDA driver is the stub."""
+    script = tmp_path / "scenario.py"
+    script.write_text(PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body))
+    env = dict(os.environ, TILE_LIBCUDA=str(stub_driver))
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def test_a_generic_producer_is_exported_once_and_that_export_is_launched(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        x = Producer(shape=(64,), data=BASE)
+        y, cy = make_capsule(shape=(64,), data=BASE + 0x1000)
+        out = Dev([64], ptr=BASE + 0x2000)
+        h = tc.launch(0, (), k7, (x, y, out, 2.0, 1, 2, 3))
+        assert type(h) is tile_py.LaunchHandle
+        # One export, for the legacy default stream (cuTile's 0), nothing released yet.
+        assert x.calls == [{"stream": 1, "max_version": (1, 3)}] and x.deleted == 0
+        # cuTile was shown the export's layout, not the producer (which it would export again).
+        (shown,) = compiled
+        assert shown[0].__cuda_array_interface__ == {
+            "shape": (64,), "strides": (4,), "typestr": "<f4", "data": (BASE, False),
+            "version": 3,
+        }
+        assert shown[1].__cuda_array_interface__["data"] == (BASE + 0x1000, False)
+        assert shown[2] is out and shown[3:] == (2.0, 1, 2, 3)
+        # The caller's capsule is the one launched (consumed), and both exports are released
+        # once the kernel is done.
+        assert capsule_name(y) == "used_dltensor_versioned"
+        h.wait()
+        assert x.deleted == 1 and cy.calls == 1
+        # A second launch with the same layouts finds the compiled kernel: no compile, one more
+        # export.
+        y2, _ = make_capsule(shape=(64,), data=BASE + 0x1000)
+        tc.launch(0, (), k7, (x, y2, out, 3.0, 1, 2, 3))
+        assert len(compiled) == 1 and len(x.calls) == 2
+        assert tc.cache_info() == {"entries": 1, "hits": 1, "misses": 1}
+    """)
+
+
+def test_a_miss_calls_into_python_once_and_a_hit_never(stub_driver, tmp_path):
+    """The Python functions the cached launch calls itself: a kernel's first launch reads its
+    parameters and compiles (two calls), a new specialisation compiles (one), a hit none."""
+    on_stub(stub_driver, tmp_path, """
+        def entered(args):
+            calls = []
+
+            def record(frame, event, arg):
+                if event == "call" and frame.f_back is not None and frame.f_back.f_code.co_name == "entered":
+                    calls.append(frame.f_code.co_name)
+
+            sys.setprofile(record)
+            try:
+                tc.launch(1, (4,), k7, args)
+            finally:
+                sys.setprofile(None)
+            return calls
+
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        assert entered((x, y, out, 2.0, 1, 2, 3)) == ["_plan_of", "_compile_miss"]
+        assert entered((Dev([64], ptr=BASE + 4), y, out, 2.0, 1, 2, 3)) == ["_compile_miss"]
+        assert entered((x, y, out, 5.0, 4, 5, 6)) == []
+        assert len(compiled) == 2 and tc.cache_info() == {"entries": 2, "hits": 1, "misses": 2}
+    """)
+
+
+def test_exports_inside_tuples_are_launched_in_their_own_places(stub_driver, tmp_path):
+    """Leaves are counted as tuples flatten: each export is shown to cuTile where its producer
+    was, and launched from there."""
+    on_stub(stub_driver, tmp_path, """
+        p = Producer(shape=(16,), data=BASE + 0x1000)
+        out = Dev([16])
+        h = tc.launch(1, (1,), ktuple, (out, (1, 2, p), 3, 4, 5))
+        ((shown,),) = [compiled]
+        assert shown[0] is out and shown[1][:2] == (1, 2) and shown[2:] == (3, 4, 5)
+        assert shown[1][2].__cuda_array_interface__["data"] == (BASE + 0x1000, False)
+        assert len(p.calls) == 1
+        h.wait()
+        assert p.deleted == 1
+        # An item of another type is another specialisation; another layout's address is not.
+        assert compiles(ktuple, (out, (1, 2.0, Dev([16], ptr=BASE + 0x1000)), 3, 4, 5)) == 1
+        assert compiles(ktuple, (out, (7, 8, Dev([16], ptr=BASE + 0x2000)), 3, 4, 5)) == 0
+    """)
+
+
+def test_a_misaligned_export_gets_its_own_kernel(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        assert compiles(k7, *[(Producer(data=BASE + 0x3000, **d), y, out, 1.0, 1, 2, 3) for d in [
+            dict(shape=(64,)), dict(shape=(64,)),
+            dict(shape=(64,), byte_offset=4), dict(shape=(32,), strides=(2,)),
+        ]]) == 3
+    """)
+
+
+def test_key_ignores_what_cutile_does_not_specialise_on(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        # Other aligned addresses, another multiple-of-16 length, other scalar values.
+        assert compiles(k7,
+            (Dev([1024]), Dev([1024], ptr=BASE + 0x10000), Dev([1024], ptr=BASE + 0x20000), 2.0, 1, 2, 3),
+            (Dev([4096], ptr=BASE + 0x400), Dev([4096], ptr=BASE + 0x8000),
+             Dev([4096], ptr=BASE + 0x20000), -3.5, 7, 8, 9),
+        ) == 1
+        assert tc.cache_info()["hits"] == 1
+    """)
+
+
+def test_misaligned_strided_and_ragged_inputs_get_their_own_kernel(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        y, out = Dev([1024], ptr=BASE + 0x10000), Dev([1024], ptr=BASE + 0x20000)
+        variants = [
+            Dev([1024]),                                  # the base case
+            Dev([1024], ptr=BASE + 4),                    # misaligned
+            Dev([512], strides=[2]),                      # strided
+            Dev([1000]),                                  # ragged
+            Dev([1024], typestr="<f2"),                   # float16
+            Dev([1024], strides=[0]),                     # broadcast
+            Dev([1024], strides=[-1], ptr=BASE + 4092),   # reversed
+            Dev([1]),                                     # single
+        ]
+        assert compiles(k7, *[(x, y, out, 2.0, 1, 2, 3) for x in variants]) == len(variants)
+        assert compiles(k7, *[(x, y, out, 2.0, 1, 2, 3) for x in variants]) == 0
+        # A transposed view of a 2-D array differs from the dense one.
+        o2 = Dev([64, 32], ptr=BASE + 0x10000)
+        assert compiles(k2d, (Dev([64, 32]), o2, 1, 2, 3, 4, 5),
+                        (Dev([64, 32], strides=[1, 64]), o2, 1, 2, 3, 4, 5)) == 2
+    """)
+
+
+def test_constants_key_by_value_scalars_by_type(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        assert compiles(kconst, (x, y, out, 2.0, 1.0, 0, 0, 16)) == 1
+        assert compiles(kconst, (x, y, out, 5.0, -1.0, 7, 9, 16)) == 0
+        assert compiles(kconst, (x, y, out, 2.0, 1.0, 0, 0, 32)) == 1
+        assert compiles(kconst, (x, y, out, 2, 1.0, 0, 0, 16)) == 1  # an int scalar: another type
+        assert compiles(kconst, (x, y, out, 2.0, 1.0, 0, 0, 16.0)) == 1  # 16.0 is another constant
+        assert compiles(kconst, (x, y, out, 2.0, 1.0, 0, 2**40, 16)) == 1  # past 32 bits
+        assert compiles(kconst, (x, y, out, 2.0, 1.0, 0, 2**41, 16)) == 0
+    """)
+
+
+def test_float_constants_are_keyed_by_their_bits_as_cutile_tells_them_apart(stub_driver, tmp_path):
     """``0.0`` and ``-0.0`` are two constants to cuTile (two kernels), and NaNs with the same
-    bits one: the key follows the bits, in tuples too."""
-    x, o = Dev([64, 64]), Dev([64, 64], ptr=BASE + 0x100000)
-    key = lambda c: tc.specialization_key(K.scale_2d, (x, o, c, 16))  # noqa: E731
-    assert key(0.0) != key(-0.0)
-    assert key(float("nan")) == key(float("nan"))
-    tc.launch(1, (4,), K.scale_2d, (x, o, 0.0, 16))
-    tc.launch(1, (4,), K.scale_2d, (x, o, -0.0, 16))
-    tc.launch(1, (4,), K.scale_2d, (x, o, -0.0, 16))
-    assert len(fake_device["compile"]) == 2
-    assert tc._const_value((1.0, (-0.0,))) != tc._const_value((1.0, (0.0,)))
+    bits one."""
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        launch = lambda c: (x, y, out, 1.0, 2, 3, 4, c)  # noqa: E731
+        assert compiles(kconst, launch(0.0), launch(-0.0), launch(-0.0)) == 2
+        assert compiles(kconst, launch(float("nan")), launch(float("nan"))) == 1
+        # Constants of other types key by equal value and type (an array by identity).
+        assert compiles(kconst, launch("a"), launch("a"), launch("b")) == 2
+        assert compiles(kconst, launch(x), launch(x)) == 1
+    """)
 
 
-def test_a_list_for_a_constant_is_refused_as_a_constant(fake_device):
-    x, o = Dev([64, 64]), Dev([64, 64], ptr=BASE + 0x100000)
-    with pytest.raises(TypeError, match=r"cannot key a kernel on the unhashable value \[16\]"):
-        tc.launch(1, (4,), K.scale_2d, (x, o, [16], 16))
-    assert fake_device["launch"] == []
+def test_a_constant_is_never_an_array_of_the_overlap_check(stub_driver, tmp_path):
+    """An array handed to a ``ct.Constant`` parameter is a constant to key on, not an array that
+    overlaps another argument."""
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        assert compiles(kconst, (x, y, out, 1.0, 2, 3, 4, x)) == 1
+    """)
 
 
-@pytest.mark.parametrize("obj", [object(), 5, None, "capsule"])
-def test_the_key_hook_takes_capsules_only(obj):
-    with pytest.raises(TypeError, match="expected a DLPack capsule"):
-        tile_py._tile_py._cutile_features(obj)
+def test_cutiles_own_errors_come_before_the_overlap_refusal(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        class CuTileRefusal(Exception):
+            pass
+
+        def refuse(kernel, args, cc):
+            compiled.append(args)
+            raise CuTileRefusal("Expected a scalar")
+
+        x, out = Dev([64]), Dev([64], ptr=BASE + 0x2000)
+        tc._compile = refuse
+        try:
+            tc.launch(1, (1,), k7, (x, x, out, 1.0, 2, 3, 4))
+            raise AssertionError("launched")
+        except CuTileRefusal:
+            pass
+        # cuTile accepts the arguments: tile's refusal of overlapping arrays follows, and what
+        # was compiled for them is not kept.
+        tc._compile = fake_compile
+        try:
+            tc.launch(1, (1,), k7, (x, Dev([64], ptr=BASE + 128), out, 1.0, 2, 3, 4))
+            raise AssertionError("launched")
+        except ValueError as e:
+            assert "array arguments 0 and 1 (in order of appearance) overlap in memory" in str(e)
+        assert len(compiled) == 2
+        assert tc.cache_info() == {"entries": 0, "hits": 0, "misses": 0}
+    """)
+
+
+def test_refusals_before_anything_is_consumed(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        cap, c = make_capsule(shape=(64,), data=BASE)
+        for args, error in [
+            (([], cap, 1, 2, 3, 4), "TypeError: Empty lists are not supported as kernel arguments"),
+            (([cap, 1.0], Dev([64]), 1, 2, 3, 4),
+             "TypeError: Invalid list item #1: unsupported object type 'float'"),
+        ]:
+            try:
+                tc.launch(0x1234, (4,), klist, args)
+                raise AssertionError("launched")
+            except Exception as e:
+                assert f"{type(e).__name__}: {e}" == error, e
+        try:
+            tc.launch(0x1234, (4,), k7, (cap, Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 128), 1, 2, 3, 4))
+            raise AssertionError("launched")
+        except ValueError as e:
+            assert "array arguments 0 and 2 (in order of appearance) overlap in memory" in str(e)
+        assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
+        assert tc.cache_info()["entries"] == 0
+    """)
+
+
+def test_a_list_for_a_constant_is_refused_as_a_constant(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        try:
+            tc.launch(1, (4,), kconst, (x, y, out, 1.0, 2, 3, 4, [16]))
+            raise AssertionError("launched")
+        except TypeError as e:
+            assert str(e) == "tile_py.cutile cannot key a kernel on the unhashable value [16]"
+        assert compiled == [] and tile_py.stats()["launches"] == 0
+    """)
+
+
+def test_streams_as_cutile_takes_them(stub_driver, tmp_path):
+    """cuTile's stream 0 is the legacy default stream (tile_py's 1); a numba-cuda stream (no
+    ``__cuda_stream__``) is its handle; a ``__cuda_stream__`` object is read by tile_py."""
+    on_stub(stub_driver, tmp_path, """
+        def numba_stream(value):
+            cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
+            s = cls()
+            s.handle = type("Handle", (), {})()
+            s.handle.value = value
+            return s
+
+        class CudaStream:
+            def __cuda_stream__(self):
+                return (0, 0x9ABC)
+
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        offered = []
+        for stream in [0, 1, 0x1234, numba_stream(0x5678), numba_stream(None), CudaStream()]:
+            x = Producer(shape=(64,), data=BASE)
+            tc.launch(stream, (4,), k7, (x, y, out, 1.0, 2, 3, 4))
+            offered.append(x.calls[0]["stream"])
+        assert offered == [1, 1, 0x1234, 0x5678, 1, 0x9ABC]
+        # A capsule is read as it is, whatever the stream: no stream is offered.
+        assert tile_py._export(make_capsule(shape=(16,), data=BASE)[0], CudaStream())[1] is None
+    """)
+
+
+def test_list_elements_are_exported_once_staged_and_kept_until_the_kernel_is_done(
+    stub_driver, tmp_path
+):
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+
+        def stage(arg):
+            s = tc._Staged(BASE + 0xD0000, len(arg.words), 0x99, (None, arg.keep), arg.length)
+            staged.append(list(arg.words))
+            return s
+
+        tc._stage = stage
+        a = Producer(shape=(64,), data=BASE)
+        b, cb = make_capsule(shape=(32,), strides=(2,), data=BASE + 0x1000)
+        c = Dev([64], ptr=BASE + 0x2000)
+        out = Dev([64], ptr=BASE + 0x3000)
+        h = tc.launch(0x1234, (4,), klist, ([a, b, c], out, 1, 2, 3, 4))
+        assert a.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
+        assert staged == [[BASE, 64, 1, BASE + 0x1000, 32, 2, BASE + 0x2000, 64, 1]]
+        # cuTile is shown the elements' layouts, never the exports.
+        ((shown_list, shown_out, *_),) = compiled
+        assert [x.__cuda_array_interface__["data"][0] for x in shown_list[:2]] == [BASE, BASE + 0x1000]
+        assert shown_list[2] is c and shown_out is out
+        # The staged buffer (which tile_py keeps until the kernel is done) holds every export.
+        del shown_list, shown_out, compiled[:]
+        assert a.deleted == 0
+        h.wait()
+        tile_py.synchronize()
+        assert a.deleted == 1 and cb.calls == 0  # a caller's capsule stays the caller's
+        assert capsule_name(b) == "dltensor_versioned"
+        # Launched again with the same layouts: staged again, not compiled again.
+        tc.launch(0x1234, (4,), klist, ([Producer(shape=(64,), data=BASE), c], out, 1, 2, 3, 4))
+        tc.launch(0x1234, (4,), klist, ([Producer(shape=(64,), data=BASE + 0x100), c], out, 5, 6, 7, 8))
+        assert len(compiled) == 1 and len(staged) == 3
+    """)
+
+
+def test_list_keys_tell_apart_each_elements_layout(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        tc._stage = lambda arg: tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+        out = Dev([64], ptr=BASE + 0x9000)
+        two = ([Dev([64]), Dev([64], ptr=BASE + 0x1000)], out, 1, 2, 3, 4)
+        assert compiles(klist, two) == 1
+        assert compiles(klist, ([Dev([64], ptr=BASE + 0x2000), Dev([128], ptr=BASE + 0x3000)], out, 1, 2, 3, 4)) == 0
+        assert compiles(klist, ([Dev([64]), Dev([64], ptr=BASE + 0x1004)], out, 1, 2, 3, 4)) == 1  # misaligned
+        assert compiles(klist, ([Dev([64])], out, 1, 2, 3, 4)) == 1  # another length
+    """)
+
+
+def test_static_extents_and_strides_key_by_value(stub_driver, tmp_path):
+    on_stub(stub_driver, tmp_path, """
+        out = Dev([16, 16], ptr=BASE + 0x100000)
+        rest = (out, 1, 2, 3, 4, 5)
+        assert compiles(kstatic, (Dev([16, 16]),) + rest, (Dev([16, 16], ptr=BASE + 0x4000),) + rest) == 1
+        assert compiles(kstatic, (Dev([32, 32]),) + rest) == 1  # also multiples of 16: another kernel
+        assert compiles(kstatic, (Dev([16, 32]),) + rest) == 1  # the last dimension is static too
+        # Without the annotation, 16 and 32 share a kernel.
+        assert compiles(k2d, (Dev([16, 16]),) + rest, (Dev([32, 32]),) + rest) == 1
+        assert compiles(kstrides, (Dev([16, 16], strides=[64, 1]),) + rest) == 1
+        assert compiles(kstrides, (Dev([16, 16], strides=[32, 1]),) + rest) == 1
+        assert compiles(kstrides, (Dev([32, 16], strides=[64, 1]),) + rest) == 0
+    """)
+
+
+@pytest.mark.parametrize("dtype", [(2, 32, 1), (2, 64, 1), (0, 32, 1), (4, 16, 1), (1, 8, 1)])
+def test_dtypes_alignments_and_layouts_each_get_their_own_kernel(stub_driver, tmp_path, dtype):
+    """Capsules of one dtype in layouts that differ in one feature cuTile specialises on each
+    compile; the same layout at another aligned address, or with another multiple-of-16 extent,
+    does not."""
+    on_stub(stub_driver, tmp_path, f"""
+        dtype = {dtype!r}
+        # Far above the largest layout's bytes: no overlap.
+        y, out = Dev([64], ptr=BASE + 0x100_0000_0000), Dev([64], ptr=BASE + 0x200_0000_0000)
+        # The stub kernel's first parameter is a strided pointer of any dtype.
+        LIB2 = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
+
+        def compile_any(kernel, args, cc):
+            compiled.append(args)
+            name = {{(2, 32): "float32", (2, 64): "float64", (0, 32): "int32", (4, 16): "bfloat16",
+                     (1, 8): "uint8"}}[dtype[:2]]
+            declared = [tile_py.In(name, strided=True)] + [tile_py.In("float32", strided=True)] * 2
+            return tc._Compiled(LIB2.kernel("k", declared + [tile_py.Scalar("i64")] * 4),
+                                (True,) * 7, None)
+
+        tc._compile = compile_any
+        item = dtype[1] // 8
+
+        def launch(shape, strides=None, offset=0, base=BASE):
+            kw = {{}} if strides is None else {{"strides": strides}}
+            cap, _ = make_capsule(shape=shape, dtype=dtype, data=base, byte_offset=offset, **kw)
+            tc.launch(1, (4,), k7, (cap, y, out, 1, 2, 3, 4))
+
+        distinct = [
+            dict(shape=(64,)), dict(shape=(64,), offset=16 * item if item < 16 else 16),
+            dict(shape=(63,)), dict(shape=(1,)), dict(shape=(64,), strides=(2,)),
+            dict(shape=(16, 32)), dict(shape=(16, 32), strides=(1, 16)),
+            dict(shape=(16, 32), strides=(0, 1)),
+            dict(shape=(4, 4), strides=(1, 1)), dict(shape=(3, 5, 7)),
+            dict(shape=(2, 2, 2, 2, 2, 2)), dict(shape=(2**31,), strides=(1,)),
+            dict(shape=(16, 16), strides=(17, 1)),
+        ]
+        if item < 16:
+            distinct.append(dict(shape=(64,), offset=item))  # misaligned
+        n = 0
+        for d in distinct:
+            before = len(compiled)
+            launch(**d)
+            n += len(compiled) - before
+        # Each compiled once, the first offset-16 case aside (16-byte aligned, as the base is).
+        expected = len(distinct) - (1 if item < 16 else 0)
+        assert n == expected, (n, expected)
+        before = len(compiled)
+        launch(shape=(64,), base=BASE + 0x100)
+        launch(shape=(128,), base=BASE + 0x200)
+        # Row strides of 32 and 64 elements are both multiples of 16 bytes: one kernel.
+        launch(shape=(16, 32), strides=(64, 1))
+        assert len(compiled) == before
+    """)

@@ -148,16 +148,13 @@ def test_aligned_then_misaligned_and_strided_recompile_and_stay_right(torch, ct,
         "misaligned by 4 bytes": buf[1 : n + 1],
         "stride 2": buf[: 2 * n : 2],
     }
-    keys = set()
     for name, x in views.items():
         misses = tc.cache_info()["misses"]
         out = poisoned(torch, (n,))
         tc.launch(stream, (n // 16,), K.axpy, (x, y, out, 2.0)).wait()
         wrong = (out != 2.0 * x + y).sum().item()
         assert wrong == 0, f"{name}: {wrong} wrong elements"
-        key = tc.specialization_key(K.axpy, (x, y, out, 2.0))
-        assert key not in keys, f"{name} shares a key with an earlier view"
-        keys.add(key)
+        # A compile per view: no view shares a key with an earlier one.
         assert tc.cache_info()["misses"] == misses + 1, f"{name} was not compiled for"
 
 
@@ -171,7 +168,7 @@ def test_cached_launches_are_keyed_in_rust_and_stay_right(torch, ct, tc, K):
     stream = torch.cuda.current_stream()
     tc.clear_cache()
     views = [buf[:n], buf[1 : n + 1], buf[: 2 * n : 2]]
-    hits0, misses0 = tile_py._tile_py._cutile_info()[0], tc.cache_info()["misses"]
+    hits0, misses0 = tc.cache_info()["hits"], tc.cache_info()["misses"]
     for _round in range(3):
         for i, x in enumerate(views):
             out = poisoned(torch, (n,))
@@ -179,29 +176,33 @@ def test_cached_launches_are_keyed_in_rust_and_stay_right(torch, ct, tc, K):
             wrong = (out != 2.0 * x + y).sum().item()
             assert wrong == 0, f"view {i}, round {_round}: {wrong} wrong elements"
     assert tc.cache_info()["misses"] - misses0 == 3
-    # The first launch of each view compiles (Python's path); the other six are cached.
-    assert tile_py._tile_py._cutile_info()[0] - hits0 == 6
+    # The first launch of each view compiles; the other six find the compiled kernel.
+    assert tc.cache_info()["hits"] - hits0 == 6
     # Constants are part of the key: other tile shapes are other kernels, each cached once
     # compiled, and each launched right.
     x2 = torch.randn(256, 128, device="cuda")
-    hits1 = tile_py._tile_py._cutile_info()[0]
+    hits1 = tc.cache_info()["hits"]
     for tm, tn in [(32, 16), (16, 32), (32, 16), (16, 32), (32, 16)]:
         out = poisoned(torch, (256, 128))
         tc.launch(stream, (256 // tm, 128 // tn), K.scale_2d, (x2, out, tm, tn)).wait()
         assert torch.equal(out, x2 * 2.0 + 1.0), (tm, tn)
-    assert tile_py._tile_py._cutile_info()[0] - hits1 == 3
+    assert tc.cache_info()["hits"] - hits1 == 3
 
 
-def test_compiled_assumptions_refuse_breaking_tensors_before_consuming(torch, ct, tc, K):
+def test_compiled_assumptions_refuse_breaking_tensors_before_consuming(torch, ct, tc, K,
+                                                                        monkeypatch):
     """The cubin compiled for aligned dense inputs, launched directly with tile_py.launch on a
     misaligned view: tile refuses it naming the rule, and consumes nothing."""
     n = 1 << 16
     buf = torch.randn(n + 16, device="cuda")
     y, out = torch.randn(n, device="cuda"), poisoned(torch, (n,))
     stream = torch.cuda.current_stream()
+    compiled = []
+    real_compile = tc._compile
+    monkeypatch.setattr(tc, "_compile", lambda *a: compiled.append(real_compile(*a)) or compiled[-1])
+    tc.clear_cache()
     tc.launch(stream, (n // 16,), K.axpy, (buf[:n], y, out, 2.0)).wait()
-    cc = tile_py.compute_capability(stream)
-    entry = tc._CACHE[(K.axpy, cc, tc.specialization_key(K.axpy, (buf[:n], y, out, 2.0)))]
+    (entry,) = compiled
     counts = Counts()
     out2 = poisoned(torch, (n,))
     with pytest.raises(ValueError, match=r"argument 0: its data pointer .* not a multiple of 16 bytes"):
@@ -228,7 +229,7 @@ def test_same_key_means_same_cutile_signature(torch, ct, tc, K):
     for x in layouts:
         k_ = x.numel()
         args = (x, torch.randn(k_, device="cuda"), torch.empty(k_, device="cuda"), 1.0)
-        k = tc.specialization_key(K.axpy, args)
+        k = tuple(tc._key(K.axpy, args))  # the cached launch's key, of the layouts as given
         sig = KernelSignature.from_kernel_args(K.axpy, args, conv)
         by_key.setdefault(k, set()).add(sig.parameters)
     assert all(len(s) == 1 for s in by_key.values()), by_key
@@ -593,21 +594,22 @@ def test_bench_burst_tile_cutile_vs_ct_launch(torch, ct, tc, K):
     print("\nburst of 64, median host time per launch (3 torch tensors + 1 scalar): "
           + ", ".join(f"{k} {v:.2f} us" for k, v in rows.items()) + f"; ratio {ratio:.2f}")
 
-    # What picking the cubin costs per launch: tile_py.cutile's own key, against asking cuTile
-    # for the signature (which is why the key does not call cuTile).
+    # What picking the cubin costs per launch: the cached launch's key (``_key`` computes it
+    # alone, from the layouts as given), against asking cuTile for the signature (which is why
+    # the key does not call cuTile).
     from cuda.tile.compilation import CallingConvention, KernelSignature
 
     conv = CallingConvention.cutile_python_v2()
     reps = 2000
     t0 = time.perf_counter()
     for _ in range(reps):
-        tc.specialization_key(K.axpy, args)
+        tc._key(K.axpy, args)
     key_us = (time.perf_counter() - t0) / reps * 1e6
     t0 = time.perf_counter()
     for _ in range(reps // 10):
         KernelSignature.from_kernel_args(K.axpy, args, conv)
     sig_us = (time.perf_counter() - t0) / (reps // 10) * 1e6
-    print(f"per launch: specialization_key {key_us:.2f} us, "
+    print(f"per launch: the key {key_us:.2f} us, "
           f"KernelSignature.from_kernel_args {sig_us:.2f} us")
 
 
@@ -649,11 +651,9 @@ def test_cutile_kernel_as_a_torch_custom_operator(torch, ct, tc, K):
 
 def test_a_producer_that_changes_its_description_never_maps_one_layout_to_anothers_kernel(tc, K, torch):
     """A producer whose exports describe its tensor differently from one call to the next (an
-    aligned view, then a misaligned one, ...): the cached launch keys its own export, Python's
-    path compiles for its export, and the kernel is registered only when the two keys agree.
-    Here they never do: nothing is registered, every launch goes through Python's path and
-    computes with the kernel compiled for the export it launches, and every result is right for
-    the data that export describes."""
+    aligned view, then a misaligned one, ...): each launch exports once, keys that export, and
+    launches that export with the kernel compiled for its key. Both layouts get their own
+    kernel, and every result is right for the data the launch's export describes."""
     n = 1 << 16
     buf = torch.randn(n + 16, device="cuda")
     y = torch.randn(n, device="cuda")
@@ -674,18 +674,16 @@ def test_a_producer_that_changes_its_description_never_maps_one_layout_to_anothe
     stream = torch.cuda.current_stream()
     tc.clear_cache()
     x = Shifty()
-    entries0 = tile_py._tile_py._cutile_info()[1]
-    for _ in range(4):
+    for i in range(4):
         out = poisoned(torch, (n,))
         tc.launch(stream, (n // 16,), K.axpy, (x, y, out, 2.0)).wait()
-        # Python's path launches the export it compiled for: the view of its (even) call.
-        want = [2.0 * v + y for v in views]
-        assert any(bool((out == w).all()) for w in want), "the result matches neither view"
-    assert tile_py._tile_py._cutile_info()[1] == entries0, "a key was registered for a shifting producer"
-    # A producer that describes its tensor the same way each time is registered, once.
+        assert x.calls == i + 1, "one export per launch"
+        assert bool((out == 2.0 * views[i % 2] + y).all()), f"launch {i}: not its export's result"
+    assert tc.cache_info()["entries"] == 2 and tc.cache_info()["misses"] == 2
+    # A producer that describes its tensor the same way each time finds the aligned kernel.
     steady = buf[:n]
     for _ in range(2):
         out = poisoned(torch, (n,))
         tc.launch(stream, (n // 16,), K.axpy, (steady, y, out, 2.0)).wait()
         assert bool((out == 2.0 * steady + y).all())
-    assert tile_py._tile_py._cutile_info()[1] == entries0 + 1
+    assert tc.cache_info()["entries"] == 2

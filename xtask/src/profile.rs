@@ -152,6 +152,14 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
             "capsule",
             "tile_py.launch, 3 arrays of a C __dlpack__ producer (capsules) + 4 u64 scalars",
         ),
+        (
+            "cutile",
+            "tile_py.cutile.launch (cached), the torch row's arguments (needs cuda-tile)",
+        ),
+        (
+            "cutile-capsule",
+            "tile_py.cutile.launch (cached), the capsule row's arguments (needs cuda-tile)",
+        ),
     ];
     let py = root.join("target/py-venv/bin/python");
     let probe = Command::new(&py)
@@ -190,8 +198,19 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         3 * launches,
         2 * launches
     );
-    println!("{:<8} {:>12}  what", "path", "instr/launch");
+    println!("{:<14} {:>12}  what", "path", "instr/launch");
+    let has_cutile = Command::new(&py)
+        .args(["-c", "import cuda.tile"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     for (path, what) in PY_PATHS {
+        if path.starts_with("cutile") && !has_cutile {
+            println!(
+                "{path:<14} {:>12}  skipped: cuda-tile is not installed",
+                "-"
+            );
+            continue;
+        }
         let total = |n: u64| -> Result<u64> {
             let file = out.join(format!("callgrind.py-{path}.{n}"));
             let o = Command::new("valgrind")
@@ -221,7 +240,7 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         };
         let (a, b) = (total(launches)?, total(3 * launches)?);
         let per = b.saturating_sub(a) as f64 / (2 * launches) as f64;
-        println!("{path:<8} {per:>12.0}  {what}");
+        println!("{path:<14} {per:>12.0}  {what}");
     }
     Ok(())
 }

@@ -9,7 +9,6 @@ __all__ = [
     "launch",
     "install",
     "installed",
-    "specialization_key",
     "params_from_signature",
     "cache_info",
     "clear_cache",
@@ -39,10 +38,11 @@ def launch(
     ``__cuda_array_interface__`` objects, scalars, tuples, lists of arrays (staged through
     PyTorch, kept with their exports until the kernel is done). The kernel is exported (cubin,
     calling convention cutile_python_v2, the stream's device's compute capability) once per
-    specialisation and kept in memory. Returns a handle to wait on or poll (the consumed
+    specialisation and kept in memory; a launch whose specialisation was compiled before runs
+    no Python. Returns a handle to wait on or poll (the consumed
     tensors stay on the stream's release queue until the kernel has finished). Raises cuTile's
-    errors first where ct.launch raises them (grid, argument count, compiling for these
-    arguments), NotImplementedError naming a parameter kind it cannot pass (tensor map,
+    errors first where ct.launch raises them (grid, kernel, argument count, compiling for these
+    arguments), TypeError for an unhashable constant, NotImplementedError naming a parameter kind it cannot pass (tensor map,
     pointer, dataclass, negative static extents or strides), ValueError for
     arrays that overlap or a tensor that breaks the compiled layout assumptions, and every
     error of tile_py.launch; all before anything is consumed."""
@@ -58,19 +58,10 @@ def installed() -> bool:
 
 @final
 class _Installed:
-    def __init__(self, previous: Tuple[Any, Any]) -> None: ...
+    def __init__(self) -> None: ...
     def uninstall(self) -> None: ...
     def __enter__(self) -> _Installed: ...
     def __exit__(self, *exc: Any) -> None: ...
-
-def specialization_key(
-    kernel: Any, args: Sequence[Any], stream: Any = None
-) -> Tuple[Any, ...]:
-    """The cache key of ``kernel`` with ``args``: what cuTile specialises on (dtype, ndim, base
-    address 16-byte alignment, per dimension unit or 16-byte-divisible stride and unit or
-    multiple-of-16 extent, disjoint elements, constant values, scalar types). Computed without
-    cuTile; an argument known only through DLPack is exported for ``stream`` (and released).
-    Raises as launch does for unsupported parameters and overlapping arrays."""
 
 def params_from_signature(
     signature: Any, names: Optional[Sequence[str]] = None

@@ -500,7 +500,7 @@ def _site(kernel: Any, p: _Planned, cc: Tuple[int, int]) -> Tuple[Any, int, List
     """The compiled tile kernel of this call site, its registry id and the scalar values."""
     import tile_py.cutile as tc
 
-    key = (kernel, cc, tc.specialization_key(kernel, p.shown))
+    key = (kernel, cc, tuple(tc._key(kernel, p.shown)))
     with _cutile_lock:
         compiled = _cutile_compiled.get(key)
         if compiled is None:
