@@ -14,13 +14,16 @@ use super::{CompletionError, ReleaseConfig, RetireError, Stats, Timeline};
 
 use crate::sync::{self, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
+// How many release batches this thread is dropping guards of, nested (a guard's drop that
+// releases in turn), on any tracker. A barrier called here does not wait for batches in flight:
+// this thread's own would never finish ([`Tracker::settle`]). Under loom, a thread-local of
+// loom's model threads.
+#[cfg(not(loom))]
+std::thread_local! {
+    static RELEASING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
 #[cfg(loom)]
-use loom::thread_local;
-
-thread_local! {
-    /// How many release batches this thread is dropping guards of, nested (a guard's drop that
-    /// releases in turn), on any tracker. A barrier called here does not wait for batches in
-    /// flight: this thread's own would never finish ([`Tracker::settle`]).
+loom::thread_local! {
     static RELEASING: std::cell::Cell<u32> = std::cell::Cell::new(0);
 }
 
