@@ -61,12 +61,13 @@
 //!   (a slow deleter) when the queue looks empty. Every batch is registered while in flight
 //!   ([`Stats::releasing_guards`] counts its guards), and the barriers —
 //!   [`synchronize`](Tracker::synchronize), [`shutdown`](Tracker::shutdown) (hence a stream's
-//!   drop) and [`Queued::wait`] — return only once every batch taken before them (for
-//!   `Queued::wait`, every one that may hold its launch) has been dropped.
-//!   [`Pending::retire`] drops its own guards itself. The one exception is a barrier called
-//!   from inside a guard's drop (on any tracker): it does not wait for other threads'
-//!   batches, since its own cannot finish first and two such deleters would wait for each
-//!   other.
+//!   drop) and [`Queued::wait`] — return only once every batch of queued launches taken
+//!   before them (for `Queued::wait`, every one that may hold its launch) has been dropped.
+//!   A handle's own guards are its own: [`Pending::retire`] drops them itself, and no barrier
+//!   waits for another thread retiring a handle (unless queued launches share its batch).
+//!   The one exception is a barrier called from inside a guard's drop (on any tracker): it
+//!   does not wait for other threads' batches, since its own cannot finish first and two such
+//!   deleters would wait for each other.
 
 mod pending;
 mod state;

@@ -179,8 +179,8 @@ pub(crate) fn queued() -> usize {
     lock().items.len()
 }
 
-/// Number of releases a drain has taken off the queue, on some thread, whose batch has not
-/// finished (`stats()["releasing"]`).
+/// Number of releases a drain has taken off the queue, on some thread, that have not run yet
+/// (one running, or waiting its turn in its batch; `stats()["releasing"]`).
 pub(crate) fn releasing() -> usize {
     lock().releasing
 }
@@ -204,6 +204,17 @@ fn take_queued() -> (Vec<Release>, u64) {
 
 /// Marks the batch `ticket` finished however its run ends, waking the barriers waiting.
 struct Landing(u64);
+
+impl Landing {
+    /// One release of the batch has run: it no longer counts in `releasing`.
+    fn one_done(&self) {
+        let mut q = lock();
+        if let Some(f) = q.flights.iter_mut().find(|f| f.ticket == self.0) {
+            f.releases -= 1;
+            q.releasing -= 1;
+        }
+    }
+}
 
 impl Drop for Landing {
     fn drop(&mut self) {
@@ -273,14 +284,14 @@ pub(crate) fn drain(py: Python<'_>) {
         if batch.is_empty() {
             return;
         }
-        let _landing = Landing(ticket);
+        let landing = Landing(ticket);
         if leaking() {
             push(batch);
             return;
         }
         let _draining = Draining::enter();
         let saved = take_pending(py);
-        release_batch(py, batch);
+        release_batch(py, batch, &landing);
         if let Some(err) = saved {
             err.restore(py);
         }
@@ -307,7 +318,7 @@ fn device_of(item: &Release) -> Option<i32> {
 /// particular device (pinned host memory, an object kept alive) joins the group before it, or,
 /// first in the batch, runs in the first device's context tile_py made. No context is ever
 /// made here: without one (no launch yet, or no driver) the batch runs as it is.
-fn release_batch(py: Python<'_>, batch: Vec<Release>) {
+fn release_batch(py: Python<'_>, batch: Vec<Release>, landing: &Landing) {
     // Each group is released straight from the batch's iterator, without a vector of its own.
     let mut items = batch.into_iter().peekable();
     let mut device = None;
@@ -321,6 +332,7 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>) {
             while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device))
             {
                 release_one(py, item);
+                landing.one_done();
             }
         };
         match ctx {

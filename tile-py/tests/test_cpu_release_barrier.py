@@ -30,22 +30,22 @@ STREAM = 0x1234  # an int stream handle: argument checks make no driver call
 
 
 class Blocking:
-    """A queued release: the object's last reference. The first one's ``__del__`` says so and
-    blocks (the GIL released) until ``go`` is set; each records that it ran."""
+    """A queued release: the object's last reference. The ``__del__`` of number ``block_at``
+    says so and blocks (the GIL released) until ``go`` is set; each records that it ran."""
 
-    def __init__(self, i, ran, entered, go):
-        self.i, self.ran, self.entered, self.go = i, ran, entered, go
+    def __init__(self, i, ran, entered, go, block_at=0):
+        self.i, self.ran, self.entered, self.go, self.block_at = i, ran, entered, go, block_at
 
     def __del__(self):
-        if self.i == 0:
+        if self.i == self.block_at:
             self.entered.append(threading.get_ident())
             self.go.wait(30)
         self.ran.append(self.i)
 
 
-def queue_blocking(ran, entered, go, n=N):
+def queue_blocking(ran, entered, go, n=N, block_at=0):
     for i in range(n):
-        tile_py._queue_release(Blocking(i, ran, entered, go))
+        tile_py._queue_release(Blocking(i, ran, entered, go, block_at))
 
 
 def wait_until(cond, seconds=20):
@@ -57,7 +57,7 @@ def wait_until(cond, seconds=20):
     return cond()
 
 
-def drain_on_a_user_thread(ran, entered, go, n=N):
+def drain_on_a_user_thread(ran, entered, go, n=N, block_at=0):
     """A user thread queues ``n`` blocking releases and drains them itself (``stats()``),
     holding the interpreter from the first queueing to the first deleter, so that the release
     thread cannot take the batch first. Returns the thread, once it is inside the deleter."""
@@ -66,7 +66,7 @@ def drain_on_a_user_thread(ran, entered, go, n=N):
         old = sys.getswitchinterval()
         sys.setswitchinterval(30)
         try:
-            queue_blocking(ran, entered, go, n)
+            queue_blocking(ran, entered, go, n, block_at)
             tile_py.stats()
         finally:
             sys.setswitchinterval(old)
@@ -78,8 +78,8 @@ def drain_on_a_user_thread(ran, entered, go, n=N):
     return t
 
 
-def drain_on_the_release_thread(ran, entered, go, n=N):
-    queue_blocking(ran, entered, go, n)
+def drain_on_the_release_thread(ran, entered, go, n=N, block_at=0):
+    queue_blocking(ran, entered, go, n, block_at)
     assert wait_until(lambda: entered), "the release thread never reached the deleter"
     assert entered != [threading.get_ident()]
 
@@ -112,17 +112,19 @@ def test_synchronize_waits_for_a_batch_in_flight_on_another_thread(where):
 
 
 @pytest.mark.parametrize("where", ["release thread", "user thread"])
-def test_stats_count_a_batch_in_flight(where):
+@pytest.mark.parametrize("block_at", [0, 10])
+def test_stats_count_a_batch_in_flight(where, block_at):
     ran, entered, go = [], [], threading.Event()
     try:
         if where == "release thread":
-            drain_on_the_release_thread(ran, entered, go)
+            drain_on_the_release_thread(ran, entered, go, block_at=block_at)
         else:
-            drain_on_a_user_thread(ran, entered, go)
+            drain_on_a_user_thread(ran, entered, go, block_at=block_at)
         st = tile_py.stats()
-        assert ran == []
-        # Off the queue, not yet run: counted as being released, not lost from view.
-        assert (st["queued_releases"], st.get("releasing")) == (0, N), st
+        assert sorted(ran) == list(range(block_at))
+        # Off the queue, not yet run (the blocked one and those behind it): counted as being
+        # released, not lost from view.
+        assert (st["queued_releases"], st.get("releasing")) == (0, N - block_at), st
     finally:
         go.set()
     tile_py.synchronize()

@@ -141,6 +141,9 @@ pub(super) struct InFlight {
     pub(super) below: u64,
     /// How many guards it holds.
     pub(super) guards: usize,
+    /// Whether it holds queued launches (not only a handle's own guards, which their handle
+    /// releases and no barrier waits for).
+    pub(super) queued: bool,
 }
 
 /// Guards taken for release: dropped by [`Tracker::release_batch`](super::Tracker), which then
@@ -238,6 +241,7 @@ impl<T: Timeline, G> State<T, G> {
     /// launch that is known to have completed) at its place in that order, and registers the
     /// batch as in flight ([`State::releasing`]) when it holds anything.
     pub(super) fn take_completed(&mut self, own: Option<(u64, Held<G>, u64)>) -> Batch<G> {
+        let queued_before = self.deferred_guards;
         let guards = self.take_completed_guards(own);
         let n: usize = guards.iter().map(|g| g.len()).sum();
         if n == 0 {
@@ -249,6 +253,7 @@ impl<T: Timeline, G> State<T, G> {
             ticket,
             below: self.completed_through,
             guards: n,
+            queued: self.deferred_guards < queued_before,
         });
         self.releasing_guards += n;
         Batch {
@@ -267,12 +272,12 @@ impl<T: Timeline, G> State<T, G> {
         self.barrier_waiters > 0
     }
 
-    /// Whether a batch taken before ticket `before` is still in flight; with `seq`, only one
-    /// that may hold the queued launch `seq`.
+    /// Whether a batch of queued launches taken before ticket `before` is still in flight; with
+    /// `seq`, only one that may hold the queued launch `seq`.
     pub(super) fn in_flight_before(&self, before: u64, seq: Option<u64>) -> bool {
         self.releasing
             .iter()
-            .any(|b| b.ticket < before && seq.is_none_or(|s| s < b.below))
+            .any(|b| b.queued && b.ticket < before && seq.is_none_or(|s| s < b.below))
     }
 
     fn take_completed_guards(&mut self, own: Option<(u64, Held<G>, u64)>) -> Vec<Held<G>> {
