@@ -3,6 +3,10 @@
 use std::io::IsTerminal;
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "runs the compiler (trybuild spawns cargo), which Miri cannot"
+)]
 fn misuse_does_not_compile() {
     // trybuild colours its report whenever `TERM` is set, also into a file or a pipe; a report
     // that is not read on a terminal stays plain text.

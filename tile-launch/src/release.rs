@@ -56,6 +56,18 @@
 //!   waits because of it; nor is a launch ever waited for because its own bytes exceed it.
 //! - Waits never hold the tracker's lock, so one thread waiting for a launch does not stop
 //!   other threads from launching on the same stream.
+//! - **The barriers account for releases in flight.** A release takes its batch of guards under
+//!   the lock and drops them outside it, so another thread may be in the middle of a batch
+//!   (a slow deleter) when the queue looks empty. Every batch is registered while in flight
+//!   ([`Stats::releasing_guards`] counts its guards), and the barriers —
+//!   [`synchronize`](Tracker::synchronize), [`shutdown`](Tracker::shutdown) (hence a stream's
+//!   drop) and [`Queued::wait`] — return only once every batch of queued launches taken
+//!   before them (for `Queued::wait`, every one that may hold its launch) has been dropped.
+//!   A handle's own guards are its own: [`Pending::retire`] drops them itself, and no barrier
+//!   waits for another thread retiring a handle (unless queued launches share its batch).
+//!   The one exception is a barrier called from inside a guard's drop (on any tracker): it
+//!   does not wait for other threads' batches, since its own cannot finish first and two such
+//!   deleters would wait for each other.
 
 mod pending;
 mod state;
@@ -313,6 +325,10 @@ pub struct Stats {
     /// [`Tracker::synchronize`] calls (whose error is returned). A lost stream
     /// ([`Timeline::is_lost`]) counts once.
     pub errors: u64,
+    /// Guards a thread has taken for release (off the queue, or from a retired handle) and is
+    /// dropping now, outside the tracker's lock: no longer in `pending_guards` or `held_guards`,
+    /// not yet in `guards_released`. The barriers wait for them.
+    pub releasing_guards: usize,
 }
 
 impl Stats {
@@ -331,6 +347,7 @@ impl Stats {
             launches: self.launches + other.launches,
             markers_recorded: self.markers_recorded + other.markers_recorded,
             errors: self.errors + other.errors,
+            releasing_guards: self.releasing_guards + other.releasing_guards,
         }
     }
 }

@@ -401,3 +401,41 @@ fn graph_destructors_hand_off_to_the_release_thread() {
         );
     });
 }
+
+/// A barrier races a release in flight on another thread: whichever thread takes the completed
+/// launch off the queue, `synchronize` (and a `Queued::wait` on a third thread) return only once
+/// its guard has been dropped, and the stats never lose it from view.
+#[test]
+fn barriers_wait_for_a_release_in_flight() {
+    explore("barriers_wait_for_a_release_in_flight", || {
+        let fake = FakeTimeline::new();
+        let (tracker, log) = new_tracker(&fake, 1);
+        let (guard, enqueue) = guard_and_enqueue(&fake, &log, 0);
+        let queued = tracker.launch_queued(vec![guard], 1, enqueue).unwrap();
+        fake.complete_all();
+        let releaser = {
+            let tracker = Arc::clone(&tracker);
+            loom::thread::spawn(move || {
+                tracker.poll();
+            })
+        };
+        let waiter = {
+            let log = Arc::clone(&log);
+            loom::thread::spawn(move || {
+                queued.wait().unwrap();
+                assert_dropped(&log, &[0]);
+            })
+        };
+        let st = tracker.stats();
+        assert_eq!(
+            st.pending_guards + st.releasing_guards + st.guards_released as usize,
+            1,
+            "a guard lost from view: {st:?}"
+        );
+        tracker.synchronize().unwrap();
+        assert_dropped(&log, &[0]);
+        releaser.join().unwrap();
+        waiter.join().unwrap();
+        assert_eq!(tracker.stats().releasing_guards, 0);
+    });
+}

@@ -1276,6 +1276,9 @@ impl Rng {
 }
 
 fn concurrency_smoke(config: ReleaseConfig, threads: u64, launches: u64) {
+    // Under Miri (a thousand times slower) the same mix, shorter: Miri checks each access of
+    // every interleaving it runs, not how many it runs.
+    let launches = if cfg!(miri) { launches / 25 } else { launches };
     let h = Arc::new(Harness::new(config));
     h.fake.set_blocking(true);
     let stop = Arc::new(AtomicBool::new(false));
@@ -1828,4 +1831,218 @@ fn recycled_vectors_come_back_empty_after_their_guards() {
     assert_eq!(RECYCLED.lock().unwrap().len(), 4);
     h.assert_sound();
     assert_eq!(h.stats().guards_released, 11);
+}
+
+// ---- Barriers and releases in flight on another thread ----
+
+/// A deleter that, once dropped, says so and blocks until the test lets it go: holds a release
+/// batch in flight on the thread that dropped it.
+struct Gate {
+    entered: mpsc::Receiver<()>,
+    go: mpsc::Sender<()>,
+}
+
+fn gate() -> (Gate, OnDrop) {
+    let (entered_tx, entered) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel::<()>();
+    let on_drop: OnDrop = Box::new(move || {
+        entered_tx.send(()).unwrap();
+        // Returns when the test says go, or when it gives up (the sender dropped).
+        let _ = go_rx.recv();
+    });
+    (Gate { entered, go }, on_drop)
+}
+
+/// Queues one launch of `n` guards whose first guard blocks in its drop, completes it, and
+/// starts a thread that polls (taking the launch's guards off the queue and blocking in the
+/// first drop). Returns when that thread is inside the drop.
+fn release_blocked_on_another_thread(
+    h: &Arc<Harness>,
+    n: usize,
+) -> (Gate, thread::JoinHandle<usize>) {
+    let (_, work, mut guards) = h.guards(n);
+    let (gate, on_drop) = gate();
+    guards[0].on_drop = Some(on_drop);
+    let fake = h.fake.clone();
+    h.tracker
+        .launch_deferred(guards, 100, move || {
+            work.set(fake.enqueue()).unwrap();
+            Ok::<(), Infallible>(())
+        })
+        .unwrap();
+    h.fake.complete_all();
+    let releaser = {
+        let h = Arc::clone(h);
+        thread::spawn(move || h.tracker.poll())
+    };
+    gate.entered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the releasing thread never reached the deleter");
+    (gate, releaser)
+}
+
+/// Runs `barrier` on a thread of its own; returns a receiver of how many guards had been dropped
+/// when it returned.
+fn barrier_on_a_thread(
+    h: &Arc<Harness>,
+    barrier: impl FnOnce(&Harness) + Send + 'static,
+) -> (mpsc::Receiver<usize>, thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel();
+    let h = Arc::clone(h);
+    let t = thread::spawn(move || {
+        barrier(&h);
+        tx.send(h.dropped()).unwrap();
+    });
+    (rx, t)
+}
+
+/// With a launch of `n` guards released on another thread, blocked in its first deleter, and
+/// `total` guards in that thread's batch: the barrier must still be waiting while the deleter
+/// is held, and return once it is let go, with every guard of the batch dropped.
+fn assert_barrier_waits(
+    h: &Arc<Harness>,
+    n: usize,
+    total: usize,
+    barrier: impl FnOnce(&Harness) + Send + 'static,
+) {
+    let (gate, releaser) = release_blocked_on_another_thread(h, n);
+    let (done, barrier) = barrier_on_a_thread(h, barrier);
+    match done.recv_timeout(Duration::from_millis(300)) {
+        Err(mpsc::RecvTimeoutError::Timeout) => {}
+        Ok(dropped) => panic!(
+            "the barrier returned while another thread was still releasing: {dropped} of {total} \
+             guards dropped"
+        ),
+        Err(e) => panic!("the barrier's thread died: {e}"),
+    }
+    gate.go.send(()).unwrap();
+    let dropped = done
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the barrier did not return once the release finished");
+    assert_eq!(dropped, total, "guards dropped when the barrier returned");
+    barrier.join().unwrap();
+    assert_eq!(releaser.join().unwrap(), total);
+    h.assert_sound();
+    let stats = h.stats();
+    assert_eq!(
+        (
+            stats.guards_released,
+            stats.releasing_guards,
+            stats.pending_guards
+        ),
+        (total as u64, 0, 0)
+    );
+}
+
+#[test]
+fn synchronize_waits_for_a_release_in_flight_on_another_thread() {
+    let h = Arc::new(Harness::new(config(64)));
+    assert_barrier_waits(&h, 4, 4, |h| h.tracker.synchronize().unwrap());
+}
+
+#[test]
+fn shutdown_with_nothing_queued_waits_for_a_release_in_flight() {
+    let h = Arc::new(Harness::new(config(64)));
+    assert_barrier_waits(&h, 3, 3, |h| h.tracker.shutdown());
+}
+
+#[test]
+fn queued_wait_waits_for_its_guards_released_on_another_thread() {
+    let h = Arc::new(Harness::new(config(64)));
+    let queued = h.launch_queued(2);
+    let seq = queued.seq();
+    // Taken off the queue by the blocked release below, with its own launch.
+    assert_barrier_waits(&h, 3, 5, move |_| {
+        let released_here = queued.wait().unwrap();
+        assert_eq!(
+            released_here, 0,
+            "launch #{seq} was released by the other thread"
+        );
+    });
+    assert_eq!(h.dropped(), 5);
+}
+
+#[test]
+fn stats_count_guards_being_released_on_another_thread() {
+    let h = Arc::new(Harness::new(config(64)));
+    let (gate, releaser) = release_blocked_on_another_thread(&h, 5);
+    let stats = h.stats();
+    // Off the queue, not yet released: counted as being released, not lost from view.
+    assert_eq!(
+        (
+            stats.pending_guards,
+            stats.held_guards,
+            stats.releasing_guards,
+            stats.guards_released
+        ),
+        (0, 0, 5, 0)
+    );
+    assert!(!h.tracker.is_quiescent(), "quiescent while releasing");
+    gate.go.send(()).unwrap();
+    assert_eq!(releaser.join().unwrap(), 5);
+    let stats = h.stats();
+    assert_eq!((stats.releasing_guards, stats.guards_released), (0, 5));
+    assert!(h.tracker.is_quiescent());
+}
+
+#[test]
+fn try_release_says_not_yet_while_another_thread_releases_its_guards() {
+    let h = Arc::new(Harness::new(config(64)));
+    let queued = h.launch_queued(1);
+    let (gate, releaser) = release_blocked_on_another_thread(&h, 2);
+    assert_eq!(queued.try_release().unwrap(), None);
+    gate.go.send(()).unwrap();
+    releaser.join().unwrap();
+    assert_eq!(queued.try_release().unwrap(), Some(0));
+    assert_eq!(h.dropped(), 3);
+}
+
+/// A barrier called from inside a deleter returns (it does not wait for its own batch), even
+/// when two threads are each inside a deleter of a batch of queued launches and each calls a
+/// barrier: waiting for each other's batch would deadlock.
+#[test]
+fn a_barrier_inside_a_deleter_does_not_wait_for_itself_or_a_crossing_one() {
+    let (done_tx, done_rx) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let h = Arc::new(Harness::new(config(1)));
+        let weak: Weak<Tr> = Arc::downgrade(&h.tracker);
+        // Two batches, each with a deleter that waits until both are inside, then synchronizes.
+        let both_inside = Arc::new(std::sync::Barrier::new(2));
+        let mut pollers = Vec::new();
+        for _ in 0..2 {
+            let (_, work, mut guards) = h.guards(2);
+            let (weak, both_inside) = (weak.clone(), Arc::clone(&both_inside));
+            guards[0].on_drop = Some(Box::new(move || {
+                both_inside.wait();
+                let tracker = weak.upgrade().expect("tracker alive");
+                tracker.synchronize().unwrap();
+                tracker.shutdown();
+            }));
+            let fake = h.fake.clone();
+            h.tracker
+                .launch_deferred(guards, 1, move || {
+                    work.set(fake.enqueue()).unwrap();
+                    Ok::<(), Infallible>(())
+                })
+                .unwrap();
+            h.fake.complete_all();
+            // Each batch taken off the queue by a poll on a thread of its own: the first is
+            // blocked in its deleter (waiting for the second) when the second poll runs.
+            let h2 = Arc::clone(&h);
+            pollers.push(thread::spawn(move || h2.tracker.poll()));
+            while h.stats().pending_guards > 0 {
+                thread::yield_now();
+            }
+        }
+        let released: Vec<usize> = pollers.into_iter().map(|p| p.join().unwrap()).collect();
+        h.tracker.synchronize().unwrap();
+        done_tx.send((released, h.dropped())).unwrap();
+        h.assert_sound();
+    });
+    let (released, dropped) = done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("deadlock: a barrier inside a deleter waited for a release in flight");
+    worker.join().unwrap();
+    assert_eq!(released, vec![2, 2]);
+    assert_eq!(dropped, 4);
 }

@@ -55,7 +55,8 @@ impl LaunchHandle {
                 let h = h;
                 h.0.retire().map(drop)
             });
-            drain(py);
+            // A barrier: waits for this launch's tensors if another thread is releasing them.
+            crate::release::settle(py);
             streams::forget_idle_streams();
             r.map_err(|e| launch_err(py, e, |_| None))?;
         }

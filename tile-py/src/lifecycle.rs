@@ -71,8 +71,13 @@ pub(crate) fn compute_capability(
 }
 
 /// Waits for the work of every stream that holds tensors not yet released (the GIL is
-/// released meanwhile), then releases every deferred tensor. Streams with nothing pending are
-/// not touched: their handles may have been destroyed since. Never raises for one stream's
+/// released meanwhile), then releases every deferred tensor: on return, every deleter of
+/// work launched before the call has run, including those another thread (the release thread,
+/// or a thread inside a tile_py call) had taken and was still running; it waits for them, with
+/// the GIL released. Called from inside a deleter, it does not wait for releases under way on
+/// other threads (that could deadlock; see `stats()["releasing"]`). The streams whose tensors
+/// are all released are then forgotten (their stream objects no longer kept alive). Streams
+/// with nothing pending are not touched: their handles may have been destroyed since. Never raises for one stream's
 /// trouble: a stream whose wait fails is counted in `stats()["errors"]` and the others are
 /// still waited for; when the stream or its context is gone or poisoned (destroyed, reset, a
 /// kernel fault), what it held is leaked and counted (`stats()["leaked"]`) and it is forgotten.
@@ -85,7 +90,9 @@ pub(crate) fn synchronize(py: Python<'_>) -> PyResult<()> {
         return Ok(());
     }
     streams::synchronize_all(py);
-    drain(py);
+    release::settle(py);
+    // What the wait released leaves its stream idle: forget it now, not at the next call.
+    streams::forget_idle_streams();
     Ok(())
 }
 
@@ -108,6 +115,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     );
     let (rel, leak, launches, errs) =
         (st.guards_released, st.guards_leaked, st.launches, st.errors);
+    let releasing = st.releasing_guards + release::releasing();
     d.set_item("streams", streams.len())?;
     d.set_item("pending_guards", pg)?;
     d.set_item("pending_bytes", pb)?;
@@ -123,6 +131,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("launches", launches)?;
     d.set_item("errors", errs)?;
     d.set_item("queued_releases", release::queued())?;
+    d.set_item("releasing", releasing)?;
     Ok(d)
 }
 
@@ -156,6 +165,10 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// - `errors`: completion events the release queues failed to record, query or wait for.
 /// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
 ///   at the next call into tile_py, or on the release thread within 50 ms).
+/// - `releasing`: releases under way on some thread: taken off `pending_guards` or
+///   `queued_releases` by a thread that has not finished them yet (a deleter running, or
+///   waiting its turn in the same batch). `synchronize()` and `LaunchHandle.wait()` wait for
+///   them.
 ///
 /// In a child made by `os.fork()`: no poll; the parent's counters as inherited at the fork, with
 /// `streams` 0 and what the parent's streams held counted in `leaked`.
@@ -170,9 +183,9 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     totals(py)
 }
 
-/// The `atexit` hook: waits up to `timeout` seconds for pending work (polling, detached),
-/// releases what completed, then stops releasing: whatever is still pending is leaked and
-/// counted, with one warning on stderr.
+/// The `atexit` hook: waits up to `timeout` seconds for pending work (polling, detached) and for
+/// releases other threads are running, releases what completed, then stops releasing: whatever
+/// is still pending is leaked and counted, with one warning on stderr.
 #[pyfunction]
 #[pyo3(signature = (timeout = 5.0))]
 pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
@@ -199,11 +212,14 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
                 .map(|s| {
                     s.poll();
                     let st = s.stats();
-                    st.pending_guards + st.held_guards
+                    st.pending_guards + st.held_guards + st.releasing_guards
                 })
                 .sum::<usize>()
         });
         drain(py);
+        // Releases another thread is running count as pending work: waited for, up to the
+        // deadline (detached: they need the interpreter to finish).
+        let busy = busy + release::releasing();
         if busy == 0 || deadline.is_some_and(|d| std::time::Instant::now() >= d) {
             break;
         }
@@ -215,10 +231,10 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         .iter()
         .map(|s| {
             let st = s.stats();
-            (st.pending_guards + st.held_guards) as u64
+            (st.pending_guards + st.held_guards + st.releasing_guards) as u64
         })
         .sum::<u64>()
-        + release::queued() as u64;
+        + (release::queued() + release::releasing()) as u64;
     if pending > 0 {
         eprintln!(
             "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work had not finished)"

@@ -14,9 +14,23 @@
 //!
 //! Once the interpreter is finalising ([`FINALIZING`], set by the `atexit` hook), nothing is
 //! drained any more: queued and later tensors are counted as leaked instead.
+//!
+//! **Barriers.** A drain takes the whole queue as one batch and runs it; a deleter may let the
+//! interpreter switch threads (I/O, a lock, any Python code), so another thread may find the
+//! queue empty while a batch is still running. Every batch is therefore registered, under the
+//! queue's lock as it is taken, until its last deleter has run (`stats()["releasing"]` counts
+//! its releases), and the barriers — `synchronize`, `LaunchHandle.wait`, the `atexit` hook —
+//! call [`settle`], which drains and then waits, detached, for every batch taken before it on
+//! any thread. The one exception: [`settle`] on a thread that is itself running a batch (from
+//! inside a deleter, on a user thread or the release thread) does not wait for the others: its
+//! own batch cannot finish before it returns, and two deleters each waiting for the other's
+//! batch would deadlock. A barrier called from a deleter thus releases what is queued but not
+//! what other threads are releasing at that moment. Nor does a forked child wait (batches
+//! inherited from the parent's other threads never finish there; they are leaked).
 
-use std::sync::Mutex;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use tile_dlpack::Used;
@@ -40,10 +54,19 @@ pub(crate) fn leaking() -> bool {
 /// the parent's deleters) and stops launches in the child.
 pub(crate) fn after_fork_in_child() {
     FORKED.store(true, Ordering::Release);
-    let batch = take_queued();
+    let mut q = lock();
+    let batch = std::mem::take(&mut q.items);
+    QUEUED.store(0, Ordering::Release);
+    // Batches other threads of the parent were running: those threads do not exist here.
+    let in_flight = std::mem::take(&mut q.flights)
+        .iter()
+        .map(|f| f.releases)
+        .sum::<usize>();
+    q.releasing = 0;
+    drop(q);
     COUNTERS
         .leaked_at_exit
-        .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        .fetch_add((batch.len() + in_flight) as u64, Ordering::Relaxed);
     std::mem::forget(batch);
 }
 
@@ -82,8 +105,44 @@ pub(crate) enum Release {
     Object(Py<PyAny>),
 }
 
-/// Tensors and objects whose work is done, waiting for an attached thread to release them.
-static RELEASES: Mutex<Vec<Release>> = Mutex::new(Vec::new());
+/// The queue, and the batches taken off it whose deleters are running.
+struct Queue {
+    /// Tensors and objects whose work is done, waiting for an attached thread to release them.
+    items: Vec<Release>,
+    /// Batches taken off `items` by a drain (on any thread) whose deleters have not all run.
+    flights: Vec<Flight>,
+    /// The sum of `flights`' releases (`stats()["releasing"]`).
+    releasing: usize,
+    /// The ticket of the next batch: batches are numbered in the order they are taken.
+    next_ticket: u64,
+    /// Threads waiting in [`settle`]: a finished batch wakes them only when there are any.
+    waiters: usize,
+}
+
+/// A batch in flight.
+struct Flight {
+    ticket: u64,
+    releases: usize,
+}
+
+static RELEASES: Mutex<Queue> = Mutex::new(Queue {
+    items: Vec::new(),
+    flights: Vec::new(),
+    releasing: 0,
+    next_ticket: 0,
+    waiters: 0,
+});
+/// Signalled when a batch finishes while a [`settle`] waits.
+static LANDED: Condvar = Condvar::new();
+
+thread_local! {
+    /// How many batches this thread is running, nested (a deleter that drains in turn).
+    static DRAINING: Cell<u32> = const { Cell::new(0) };
+}
+
+fn lock() -> MutexGuard<'static, Queue> {
+    RELEASES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// `RELEASES.len()`, updated under its lock, read without it: [`drain`] skips the lock when it
 /// reads 0 (every entry point drains twice per call, and the queue is usually empty). A push
@@ -99,9 +158,9 @@ fn push(items: impl IntoIterator<Item = Release>) {
         }
         return;
     }
-    let mut q = RELEASES.lock().unwrap_or_else(|p| p.into_inner());
-    q.extend(items);
-    QUEUED.store(q.len(), Ordering::Release);
+    let mut q = lock();
+    q.items.extend(items);
+    QUEUED.store(q.items.len(), Ordering::Release);
 }
 
 /// Queues a release; the deleter runs at the next [`drain`].
@@ -117,13 +176,100 @@ pub(crate) fn defer_release(item: Release) {
 
 /// Number of releases queued, not yet drained.
 pub(crate) fn queued() -> usize {
-    RELEASES.lock().unwrap_or_else(|p| p.into_inner()).len()
+    lock().items.len()
 }
 
-fn take_queued() -> Vec<Release> {
-    let mut q = RELEASES.lock().unwrap_or_else(|p| p.into_inner());
+/// Number of releases a drain has taken off the queue, on some thread, that have not run yet
+/// (one running, or waiting its turn in its batch; `stats()["releasing"]`).
+pub(crate) fn releasing() -> usize {
+    lock().releasing
+}
+
+/// Takes the queue as one batch, registered as in flight (with its ticket) when not empty.
+fn take_queued() -> (Vec<Release>, u64) {
+    let mut q = lock();
     QUEUED.store(0, Ordering::Release);
-    std::mem::take(&mut *q)
+    let batch = std::mem::take(&mut q.items);
+    let ticket = q.next_ticket;
+    if !batch.is_empty() {
+        q.next_ticket += 1;
+        q.flights.push(Flight {
+            ticket,
+            releases: batch.len(),
+        });
+        q.releasing += batch.len();
+    }
+    (batch, ticket)
+}
+
+/// Marks the batch `ticket` finished however its run ends, waking the barriers waiting.
+struct Landing(u64);
+
+impl Landing {
+    /// One release of the batch has run: it no longer counts in `releasing`.
+    fn one_done(&self) {
+        let mut q = lock();
+        if let Some(f) = q.flights.iter_mut().find(|f| f.ticket == self.0) {
+            f.releases -= 1;
+            q.releasing -= 1;
+        }
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        let mut q = lock();
+        if let Some(i) = q.flights.iter().position(|f| f.ticket == self.0) {
+            let f = q.flights.swap_remove(i);
+            q.releasing -= f.releases;
+        }
+        if q.waiters > 0 {
+            LANDED.notify_all();
+        }
+    }
+}
+
+/// Counts this thread as running a batch while it lives.
+struct Draining;
+
+impl Draining {
+    fn enter() -> Draining {
+        DRAINING.with(|d| d.set(d.get() + 1));
+        Draining
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        DRAINING.with(|d| d.set(d.get() - 1));
+    }
+}
+
+/// The barrier of tile_py's releases: [`drain`]s, then waits (detached) until every batch that
+/// a drain on any thread took before this call has run, then drains what those batches queued.
+/// Returns at once after the drain on a thread running a batch itself (from inside a deleter)
+/// and in a forked child (see the module docs).
+pub(crate) fn settle(py: Python<'_>) {
+    drain(py);
+    if DRAINING.with(Cell::get) > 0 || FORKED.load(Ordering::Acquire) {
+        return;
+    }
+    let before = {
+        let q = lock();
+        if q.flights.is_empty() {
+            return;
+        }
+        q.next_ticket
+    };
+    py.detach(|| {
+        let mut q = lock();
+        while q.flights.iter().any(|f| f.ticket < before) {
+            q.waiters += 1;
+            q = LANDED.wait(q).unwrap_or_else(|p| p.into_inner());
+            q.waiters -= 1;
+        }
+    });
+    drain(py);
 }
 
 /// Runs every queued deleter, attached, in queue order. A deleter that raises is reported
@@ -134,16 +280,18 @@ pub(crate) fn drain(py: Python<'_>) {
         if QUEUED.load(Ordering::Acquire) == 0 {
             return;
         }
-        let batch = take_queued();
+        let (batch, ticket) = take_queued();
         if batch.is_empty() {
             return;
         }
+        let landing = Landing(ticket);
         if leaking() {
             push(batch);
             return;
         }
+        let _draining = Draining::enter();
         let saved = take_pending(py);
-        release_batch(py, batch);
+        release_batch(py, batch, &landing);
         if let Some(err) = saved {
             err.restore(py);
         }
@@ -170,7 +318,7 @@ fn device_of(item: &Release) -> Option<i32> {
 /// particular device (pinned host memory, an object kept alive) joins the group before it, or,
 /// first in the batch, runs in the first device's context tile_py made. No context is ever
 /// made here: without one (no launch yet, or no driver) the batch runs as it is.
-fn release_batch(py: Python<'_>, batch: Vec<Release>) {
+fn release_batch(py: Python<'_>, batch: Vec<Release>, landing: &Landing) {
     // Each group is released straight from the batch's iterator, without a vector of its own.
     let mut items = batch.into_iter().peekable();
     let mut device = None;
@@ -184,6 +332,7 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>) {
             while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device))
             {
                 release_one(py, item);
+                landing.one_done();
             }
         };
         match ctx {

@@ -13,7 +13,10 @@
 //!
 //! - **Deleters** run as at any other drain: attached (the GIL held), on this thread, which is
 //!   never a CUDA callback thread, with the tensor's context current and the capture mode
-//!   relaxed ([`crate::release`]).
+//!   relaxed ([`crate::release`]). A batch this thread is running counts in
+//!   `stats()["releasing"]` until its last deleter has run, and `synchronize`,
+//!   `LaunchHandle.wait` and the `atexit` hook wait for it ([`crate::release::settle`]), even
+//!   while a deleter here lets the interpreter go to another thread.
 //! - **Fork.** The thread takes tile-py's and tile-launch's locks only while attached, and a
 //!   fork happens on a thread holding the interpreter, so none of them is held by this thread
 //!   when a child is made (its own state lock may be; the child never takes it). The child has

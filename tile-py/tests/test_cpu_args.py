@@ -1045,10 +1045,11 @@ def test_an_interrupt_from_index_is_raised_as_it_is_wherever_an_int_is_read(exc)
         In("float32", ndim=1, assume={"unit_stride": [_Index(exc())]})
     with pytest.raises(exc):
         In("float32", ndim=1, assume={"base_addr_divisible_by": _Index(exc())})
-    # An ordinary exception from __index__ is still the argument's error, caused by it.
-    with pytest.raises(TypeError, match="argument 0") as e:
+    # An ordinary exception from a scalar's __index__ keeps its type, as a producer's does,
+    # with a note naming the argument.
+    with pytest.raises(ValueError, match="no") as e:
         check([Scalar("i32")], (_Index(ValueError("no")),))
-    assert isinstance(e.value.__cause__, ValueError)
+    assert e.value.__notes__ == ["argument 0: raised while converting this argument"]
     with pytest.raises(ValueError, match="ndim must be an int from 0 to 32") as e:
         In("float32", ndim=_Index(ValueError("no")))
     assert isinstance(e.value.__cause__, ValueError)

@@ -268,7 +268,9 @@ impl<T: Timeline, G: Send + 'static> Queued<T, G> {
 
     /// Blocks until the launched work has completed, then releases every queued launch known
     /// complete (this one among them, unless an earlier call released it already), in launch
-    /// order. Returns how many guards were released.
+    /// order, and waits until another thread that took this launch's guards off the queue has
+    /// finished dropping them (see [`Tracker::synchronize`] for the one exception: a call from
+    /// inside a guard's drop). Returns how many guards this call released.
     ///
     /// # Errors
     ///
@@ -280,7 +282,11 @@ impl<T: Timeline, G: Send + 'static> Queued<T, G> {
     #[doc(alias = "cuEventSynchronize")]
     pub fn wait(&self) -> Result<usize, RetireError<T::Error>> {
         match self.tracker.wait_for(self.seq) {
-            Ok(()) => Ok(self.tracker.release_known_complete()),
+            Ok(()) => {
+                let released = self.tracker.release_known_complete();
+                self.tracker.settle(Some(self.seq));
+                Ok(released)
+            }
             Err(source) => {
                 let leaked = self.tracker.leak_queued(self.seq);
                 let e = RetireError {
@@ -294,15 +300,20 @@ impl<T: Timeline, G: Send + 'static> Queued<T, G> {
         }
     }
 
-    /// Releases as [`wait`](Queued::wait) does if the work has completed; `None` if it has not.
-    /// Never blocks.
+    /// Releases as [`wait`](Queued::wait) does if the work has completed; `None` if it has not,
+    /// or if another thread that took this launch's guards off the queue is still dropping
+    /// them (what this call released is released all the same). Never blocks.
     ///
     /// # Errors
     ///
     /// When recording or querying a marker fails.
     pub fn try_release(&self) -> Result<Option<usize>, T::Error> {
         if self.tracker.query(self.seq)? {
-            Ok(Some(self.tracker.release_known_complete()))
+            let released = self.tracker.release_known_complete();
+            if self.tracker.releasing_elsewhere(self.seq) {
+                return Ok(None);
+            }
+            Ok(Some(released))
         } else {
             Ok(None)
         }

@@ -117,6 +117,56 @@ pub(super) struct State<T: Timeline, G> {
     /// The sticky error slot: the first error nobody could receive, until taken.
     pub(super) error: Option<T::Error>,
     pub(super) errors: u64,
+    /// Release batches taken off the queue (or from a handle) whose guards another thread may
+    /// still be dropping, outside the lock: the barriers wait for them
+    /// ([`Tracker::settle`](super::Tracker)).
+    pub(super) releasing: Vec<InFlight>,
+    /// The sum of the guards of [`releasing`](State::releasing)
+    /// ([`Stats::releasing_guards`](super::Stats::releasing_guards)).
+    pub(super) releasing_guards: usize,
+    /// The ticket the next batch gets: batches are numbered in the order they are taken.
+    pub(super) next_batch: u64,
+    /// Threads waiting in a barrier for batches to finish: a finished batch wakes them only
+    /// when there are any (a wake-up is a system call).
+    pub(super) barrier_waiters: usize,
+}
+
+/// A release batch in flight: taken under the lock, its guards being dropped outside it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InFlight {
+    /// Its place in the order batches were taken ([`State::next_batch`]).
+    pub(super) ticket: u64,
+    /// `completed_through` when it was taken: it holds no queued launch with a sequence number
+    /// at or above this (every queued launch below it, not taken by an earlier batch).
+    pub(super) below: u64,
+    /// How many guards it holds.
+    pub(super) guards: usize,
+    /// Whether it holds queued launches (not only a handle's own guards, which their handle
+    /// releases and no barrier waits for).
+    pub(super) queued: bool,
+}
+
+/// Guards taken for release: dropped by [`Tracker::release_batch`](super::Tracker), which then
+/// reports the batch finished (when it was registered in [`State::releasing`]).
+pub(crate) struct Batch<G> {
+    pub(super) guards: Vec<Held<G>>,
+    /// The batch's ticket in [`State::releasing`]; `None` for guards nobody can wait for (a
+    /// launch whose enqueue failed, released inside the launch call).
+    pub(super) ticket: Option<u64>,
+}
+
+impl<G> Batch<G> {
+    /// Guards released without being registered (nothing was ever enqueued for them).
+    pub(super) fn unregistered(guards: Vec<Held<G>>) -> Self {
+        Batch {
+            guards,
+            ticket: None,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.guards.is_empty()
+    }
 }
 
 impl<T: Timeline, G> State<T, G> {
@@ -188,8 +238,49 @@ impl<T: Timeline, G> State<T, G> {
     }
 
     /// Takes every queued launch known to have completed, in launch order, with `own` (a handle's
-    /// launch that is known to have completed) at its place in that order.
-    pub(super) fn take_completed(&mut self, own: Option<(u64, Held<G>, u64)>) -> Vec<Held<G>> {
+    /// launch that is known to have completed) at its place in that order, and registers the
+    /// batch as in flight ([`State::releasing`]) when it holds anything.
+    pub(super) fn take_completed(&mut self, own: Option<(u64, Held<G>, u64)>) -> Batch<G> {
+        let queued_before = self.deferred_guards;
+        let guards = self.take_completed_guards(own);
+        let n: usize = guards.iter().map(|g| g.len()).sum();
+        if n == 0 {
+            return Batch::unregistered(guards);
+        }
+        let ticket = self.next_batch;
+        self.next_batch += 1;
+        self.releasing.push(InFlight {
+            ticket,
+            below: self.completed_through,
+            guards: n,
+            queued: self.deferred_guards < queued_before,
+        });
+        self.releasing_guards += n;
+        Batch {
+            guards,
+            ticket: Some(ticket),
+        }
+    }
+
+    /// Marks the batch `ticket` finished (its guards dropped). Returns whether a barrier is
+    /// waiting (to be woken).
+    pub(super) fn finish_batch(&mut self, ticket: u64) -> bool {
+        if let Some(i) = self.releasing.iter().position(|b| b.ticket == ticket) {
+            let b = self.releasing.swap_remove(i);
+            self.releasing_guards -= b.guards;
+        }
+        self.barrier_waiters > 0
+    }
+
+    /// Whether a batch of queued launches taken before ticket `before` is still in flight; with
+    /// `seq`, only one that may hold the queued launch `seq`.
+    pub(super) fn in_flight_before(&self, before: u64, seq: Option<u64>) -> bool {
+        self.releasing
+            .iter()
+            .any(|b| b.queued && b.ticket < before && seq.is_none_or(|s| s < b.below))
+    }
+
+    fn take_completed_guards(&mut self, own: Option<(u64, Held<G>, u64)>) -> Vec<Held<G>> {
         let mut own = own;
         if let Some((_, guards, bytes)) = &own {
             let (n, b) = (guards.len(), *bytes);

@@ -9,10 +9,44 @@ use std::sync::Arc;
 
 use std::ops::{Deref, DerefMut};
 
-use super::state::{Deferred, Held, MarkerSlot, State};
+use super::state::{Batch, Deferred, Held, MarkerSlot, State};
 use super::{CompletionError, ReleaseConfig, RetireError, Stats, Timeline};
 
-use crate::sync::{self, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+
+// How many release batches this thread is dropping guards of, nested (a guard's drop that
+// releases in turn), on any tracker. A barrier called here does not wait for batches in flight:
+// this thread's own would never finish ([`Tracker::settle`]). Under loom, a thread-local of
+// loom's model threads.
+#[cfg(not(loom))]
+std::thread_local! {
+    static RELEASING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+#[cfg(loom)]
+loom::thread_local! {
+    static RELEASING: std::cell::Cell<u32> = std::cell::Cell::new(0);
+}
+
+/// Counts this thread as releasing while it lives.
+struct InRelease;
+
+impl InRelease {
+    fn enter() -> InRelease {
+        RELEASING.with(|r| r.set(r.get() + 1));
+        InRelease
+    }
+}
+
+impl Drop for InRelease {
+    fn drop(&mut self) {
+        RELEASING.with(|r| r.set(r.get() - 1));
+    }
+}
+
+/// Whether this thread is dropping the guards of a release batch (inside a deleter).
+fn in_release() -> bool {
+    RELEASING.with(|r| r.get() > 0)
+}
 
 /// The release queue of one stream. Shared as `Arc<Tracker>`: every [`Pending`](super::Pending) handle holds a
 /// clone, so the tracker outlives its handles.
@@ -28,6 +62,8 @@ pub struct Tracker<T: Timeline, G: Send + 'static> {
     /// [`ReleaseConfig::max_pending_bytes`], resolved against the device when created.
     max_pending_bytes: u64,
     state: Mutex<State<T, G>>,
+    /// Signalled when a release batch finishes while a barrier waits ([`Tracker::settle`]).
+    settled: Condvar,
     released: AtomicU64,
     leaked: AtomicU64,
     release_panics: AtomicU64,
@@ -126,7 +162,12 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 markers_recorded: 0,
                 error: None,
                 errors: 0,
+                releasing: Vec::new(),
+                releasing_guards: 0,
+                next_batch: 0,
+                barrier_waiters: 0,
             }),
+            settled: Condvar::new(),
             released: AtomicU64::new(0),
             leaked: AtomicU64::new(0),
             release_panics: AtomicU64::new(0),
@@ -216,7 +257,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
                 drop(st);
-                self.release_batch(vec![guards]);
+                self.release_batch(Batch::unregistered(vec![guards]));
                 return Err(error);
             }
             Err(payload) => {
@@ -311,7 +352,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
 
     /// Blocks until all work enqueued on the stream so far has completed (a fresh marker and a
     /// wait for it; if the marker cannot be recorded, [`Timeline::synchronize`]), then releases
-    /// every queued launch that is then known complete.
+    /// every queued launch that is then known complete, and waits until every release another
+    /// thread took before that has finished dropping its guards (a barrier: on return, no guard
+    /// of work completed before the call is left undropped; the [module documentation](super)
+    /// says the one exception: a call from inside a guard's drop).
     ///
     /// # Errors
     ///
@@ -342,6 +386,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         }
         let batch = self.lock().take_completed(None);
         self.release_batch(batch);
+        self.settle(None);
         Ok(())
     }
 
@@ -356,7 +401,9 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// The tracker stays usable afterwards.
     pub fn shutdown(&self) {
         if self.lock().deferred.first().is_none() {
-            // Nothing queued: the stream is not touched (it may be gone already).
+            // Nothing queued: the stream is not touched (it may be gone already); batches other
+            // threads took are still waited for.
+            self.settle(None);
             return;
         }
         let Err(error) = self.synchronize_uncounted() else {
@@ -381,10 +428,45 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         }
     }
 
-    /// Whether nothing is queued (no deferred launch) and no handle holds a guard.
+    /// Whether nothing is queued (no deferred launch), no handle holds a guard, and no thread is
+    /// releasing guards it took from the tracker ([`Stats::releasing_guards`]).
     pub fn is_quiescent(&self) -> bool {
         let st = self.lock();
-        st.deferred.first().is_none() && st.held_guards == 0
+        st.deferred.first().is_none() && st.held_guards == 0 && st.releasing.is_empty()
+    }
+
+    /// The barrier: waits until every release batch that a thread took before this call (off
+    /// the queue, or from a handle) has finished dropping its guards; with `seq`, only those
+    /// that may hold the queued launch `seq`. Another thread's release runs outside the lock, so
+    /// without this a `synchronize` could find the queue empty and return while that thread is
+    /// still running deleters.
+    ///
+    /// Re-entrancy: called on a thread that is itself dropping guards of a batch (from inside a
+    /// deleter, on any tracker), it returns at once: its own batch cannot finish before it
+    /// returns, and two deleters each waiting for the other's batch would deadlock. So a barrier
+    /// from inside a deleter covers what it released itself, not what other threads are
+    /// releasing at that moment. A guard's drop must not wait for a thread that is in a
+    /// barrier (as it must not wait for one that retires a handle).
+    pub(super) fn settle(&self, seq: Option<u64>) {
+        if in_release() {
+            return;
+        }
+        let mut st = sync::lock(&self.state);
+        let before = st.next_batch;
+        while st.in_flight_before(before, seq) {
+            st.barrier_waiters += 1;
+            st = self
+                .settled
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            st.barrier_waiters -= 1;
+        }
+    }
+
+    /// Whether a release batch that may hold the queued launch `seq` is in flight on another
+    /// thread (never counting this thread's own: see [`settle`](Tracker::settle)).
+    pub(super) fn releasing_elsewhere(&self, seq: u64) -> bool {
+        !in_release() && self.lock().in_flight_before(u64::MAX, Some(seq))
     }
 
     /// A snapshot of the counters.
@@ -401,6 +483,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             launches: st.launches,
             markers_recorded: st.markers_recorded,
             errors: st.errors,
+            releasing_guards: st.releasing_guards,
         }
     }
 
@@ -773,12 +856,48 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         n
     }
 
-    /// Drops guards whose work has completed, in order, each inside `catch_unwind`. Must be
-    /// called without the lock held. Returns how many were dropped.
-    fn release_batch(&self, batch: Vec<Held<G>>) -> usize {
+    /// Drops guards whose work has completed, in order, each inside `catch_unwind`, then marks
+    /// the batch finished (waking a barrier waiting for it). Must be called without the lock
+    /// held. Returns how many were dropped.
+    fn release_batch(&self, batch: Batch<G>) -> usize {
         if batch.is_empty() {
             return 0;
         }
+        /// Marks the batch finished however the release ends (a panic the release could not
+        /// catch, in a timeline's `releasing`, would otherwise leave barriers waiting forever).
+        struct Finish<'a, T: Timeline, G: Send + 'static> {
+            tracker: &'a Tracker<T, G>,
+            ticket: Option<u64>,
+            released: usize,
+        }
+        impl<T: Timeline, G: Send + 'static> Drop for Finish<'_, T, G> {
+            fn drop(&mut self) {
+                let t = self.tracker;
+                let Some(ticket) = self.ticket else {
+                    t.released
+                        .fetch_add(self.released as u64, Ordering::Relaxed);
+                    return;
+                };
+                let mut st = sync::lock(&t.state);
+                // Counted released under the lock, as the batch leaves `releasing`: a stats
+                // snapshot never counts a guard in both, nor in neither.
+                t.released
+                    .fetch_add(self.released as u64, Ordering::Relaxed);
+                if st.finish_batch(ticket) {
+                    t.settled.notify_all();
+                }
+            }
+        }
+        let Batch {
+            guards: batch,
+            ticket,
+        } = batch;
+        let mut finish = Finish {
+            tracker: self,
+            ticket,
+            released: 0,
+        };
+        let _releasing = InRelease::enter();
         let mut released = 0usize;
         let mut panics = 0u64;
         let mut batch = Some(batch);
@@ -791,10 +910,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         if let Some(batch) = batch.take() {
             Self::drop_all(batch, recycle, &mut released, &mut panics);
         }
-        self.released.fetch_add(released as u64, Ordering::Relaxed);
         if panics > 0 {
             self.release_panics.fetch_add(panics, Ordering::Relaxed);
         }
+        finish.released = released;
         released
     }
 

@@ -266,7 +266,12 @@ def launch(
 
 def synchronize() -> None:
     """Wait for the work of every stream that holds tensors not yet released (streams with
-    nothing pending are not touched), then release every deferred tensor. Never raises for one
+    nothing pending are not touched), then release every deferred tensor: on return, every
+    deleter of work launched before the call has run, including those another thread (the
+    release thread, or a thread inside a tile_py call) was still running; it waits for them with
+    the GIL released. Called from inside a deleter, it does not wait for releases under way on
+    other threads (that could deadlock; see `stats()["releasing"]`). Streams whose tensors are
+    all released are then forgotten (their stream objects no longer kept alive). Never raises for one
     stream's trouble: a failed wait is counted in `stats()["errors"]`, and a stream found lost
     (destroyed, its context reset, a kernel fault) leaks what it held (counted in `leaked`) and
     is forgotten."""
@@ -302,6 +307,10 @@ def stats() -> dict[str, int]:
     - `errors`: completion events the release queues failed to record, query or wait for.
     - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
       at the next call into tile_py, or on the release thread within 50 ms).
+    - `releasing`: releases under way on some thread: taken off `pending_guards` or
+      `queued_releases` by a thread that has not finished them yet (a deleter running, or
+      waiting its turn in the same batch). `synchronize()` and `LaunchHandle.wait()` wait for
+      them.
     """
 
 def compute_capability(stream: _StreamLike) -> Tuple[int, int]:

@@ -65,6 +65,44 @@ pub(crate) fn exact_scalar(obj: &Bound<'_, PyAny>, ty: ScalarType) -> Option<Sca
     }
 }
 
+/// What the user's code raised while converting argument `index`: its own type, with the note
+/// `argument i: raised while converting this argument`, as for a producer's exception; an
+/// interrupt, `MemoryError` or `RecursionError` as it is ([`crate::errors::raised_as_is`]).
+fn raised_by_user(py: Python<'_>, e: PyErr, index: usize) -> PyErr {
+    if crate::errors::raised_as_is(py, &e) {
+        e
+    } else {
+        with_note(py, e, argument_note(index))
+    }
+}
+
+/// `operator.index(obj)` for an object that is not an int, telling apart what its `__index__`
+/// raises (kept, [`raised_by_user`]) from tile_py's refusal (`wrong()`): no `__index__`, or one
+/// that returns something other than an int (then with a `TypeError` saying so as the cause).
+fn index_of<'py>(
+    obj: &Bound<'py, PyAny>,
+    index: usize,
+    wrong: impl FnOnce() -> PyErr,
+) -> PyResult<Bound<'py, PyAny>> {
+    let py = obj.py();
+    // SAFETY: `obj` is a live object; `PyIndex_Check` only reads its type.
+    if unsafe { ffi::PyIndex_Check(obj.as_ptr()) } == 0 {
+        return Err(wrong());
+    }
+    // Looked up on the type and called, as `PyNumber_Index` does through the type's slot.
+    let method = obj.get_type().getattr(intern!(py, "__index__"))?;
+    let i = method
+        .call1((obj,))
+        .map_err(|e| raised_by_user(py, e, index))?;
+    if i.cast::<PyInt>().is_err() {
+        let refused = wrong();
+        let why = PyTypeError::new_err(format!("__index__ returned non-int ({})", show(&i)));
+        refused.set_cause(py, Some(why));
+        return Err(refused);
+    }
+    Ok(i)
+}
+
 pub(crate) fn convert_scalar(
     index: usize,
     obj: &Bound<'_, PyAny>,
@@ -116,7 +154,8 @@ pub(crate) fn convert_scalar(
                         format!("{} does not fit scalar {ty}", show(obj)),
                     )
                 } else {
-                    e
+                    // What `__float__` raised keeps its type, as `__index__`'s does.
+                    raised_by_user(py, e, index)
                 }
             })?;
             // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
@@ -151,16 +190,7 @@ pub(crate) fn convert_scalar(
             }
             let i = match obj.cast::<PyInt>() {
                 Ok(i) => i.clone().into_any(),
-                // `operator.index`: refuses an `__index__` that returns a non-int (TypeError).
-                // SAFETY: `obj` is a live object; a new reference or null with an exception.
-                Err(_) => match unsafe {
-                    Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Index(obj.as_ptr()))
-                } {
-                    Ok(i) => i,
-                    Err(e) => {
-                        return Err(crate::errors::reraise_or(py, e, || wrong("an integer")));
-                    }
-                },
+                Err(_) => index_of(obj, index, || wrong("an integer"))?,
             };
             let (lo, hi) = int_range(ty);
             let v: i128 = i.extract().map_err(|_| {
