@@ -36,12 +36,13 @@ use smallvec::SmallVec;
 use tile_dlpack::TensorView;
 use tile_launch::{LaunchConfig, Param};
 
+use crate::completion::LaunchHandle;
+use crate::convert::INLINE;
 use crate::convert::{Converted, Handshake, convert_array, convert_scalar};
-use crate::handle::LaunchHandle;
 use crate::kernel::Kernel;
-use crate::launch::{INLINE, Target, arg_list, launch_converted, prelude};
 use crate::release::COUNTERS;
-use crate::streams;
+use crate::request::arg_list;
+use crate::submit::{Target, submit_converted};
 
 /// cuTile's largest grid dimension (`tile_py.cutile.MAX_GRID_DIM`).
 const MAX_GRID_DIM: u64 = (1 << 24) - 1;
@@ -606,11 +607,11 @@ fn cached_launch(
         }
         _ => stream,
     };
-    let Ok((spec, cached)) = prelude(py, stream) else {
+    crate::release::drain(py);
+    if crate::process::refuse_launch().is_err() {
         return Ok(Outcome::NotCached);
-    };
-    let stream_value = spec.dlpack_value();
-    let Ok(s) = streams::resolve(py, stream, spec, cached) else {
+    }
+    let Ok((s, stream_value)) = crate::stream_arg::launch_stream(py, stream) else {
         return Ok(Outcome::NotCached);
     };
     let hs = Handshake::new(stream_value, true, s.context().ordinal());
@@ -756,7 +757,7 @@ fn cached_launch(
     config.programmatic_dependent_launch = programmatic_dependent_launch;
     HITS.fetch_add(1, Ordering::Relaxed);
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
-    launch_converted(
+    submit_converted(
         py,
         &Target {
             stream: &s,

@@ -12,7 +12,9 @@ use tile_launch::{
     ArrayAssumptions, IndexType, Intent, MAX_ASSUMED_DIMS, Param, ScalarType, Signature,
 };
 
-use crate::errors::{Kind, err, launch_err, reraise_or, show};
+use crate::exceptions::{Kind, err, launch_err, reraise_or, show};
+use crate::prepared::BoundLaunch;
+use crate::request::RequestArgs;
 
 /// One declared kernel parameter (made by `In`, `Out`, `InOut` or `Scalar`).
 #[pyclass(frozen, name = "Param", module = "tile_py")]
@@ -281,26 +283,6 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
     Ok(a)
 }
 
-/// The optional bool keyword `name` of `func` (`launch`, `Kernel.bind`): `default` when not
-/// given; a bool (NumPy's included); anything else a `TypeError` naming `func: name`.
-#[inline]
-pub(crate) fn flag_arg(
-    v: Option<&Bound<'_, PyAny>>,
-    func: &str,
-    name: &str,
-    default: bool,
-) -> PyResult<bool> {
-    match v {
-        None => Ok(default),
-        Some(v) => v.extract::<bool>().map_err(|_| {
-            err(
-                Kind::Type,
-                format!("{func}: {name} must be True or False, got {}", show(v)),
-            )
-        }),
-    }
-}
-
 /// `obj` as a `bool` (`True` or `False` only), or a `TypeError` naming `what`.
 pub(crate) fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
     obj.cast::<pyo3::types::PyBool>()
@@ -334,11 +316,7 @@ fn tensor_param(
     assume: Option<&Bound<'_, PyAny>>,
     strided: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyParam> {
-    let name = match intent {
-        Intent::Read => "In",
-        Intent::Write => "Out",
-        Intent::ReadWrite => "InOut",
-    };
+    let name = intent_fn(intent);
     let dtype = parse_dtype(dtype)?;
     let strided = match strided {
         Some(s) => bool_arg(s, &format!("{name}(strided=...)"))?,
@@ -412,64 +390,46 @@ fn tensor_param(
     Ok(PyParam { inner })
 }
 
-/// A tensor the kernel reads. Without `ndim`, a pointer the kernel indexes densely: a tensor
-/// that is not dense row-major is refused, unless `strided=True` (the kernel is passed the
-/// strides itself). With `ndim`, an array parameter (any layout): the pointer, `ndim` extents and
-/// `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`), with
-/// the layout assumptions of `assume` checked at each launch.
-#[pyfunction(name = "In")]
-// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
-// signature shown (and checked against the stub) keeps its default, False.
-#[pyo3(
-    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
-    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
-)]
-pub(crate) fn input(
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    tensor_param(Intent::Read, dtype, ndim, index, assume, strided)
+/// Declares the tensor parameter function `$name` (`In`, `Out`, `InOut`) of intent `$intent`.
+/// `strided` is taken as an object so that a value that is not a bool gets tile_py's message;
+/// the signature shown (and checked against the stub) keeps its default, False.
+macro_rules! tensor_declaration {
+    ($(#[doc = $doc:literal])* $name:literal, $func:ident, $intent:expr) => {
+        $(#[doc = $doc])*
+        #[pyfunction(name = $name)]
+        #[pyo3(
+            signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
+            text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
+        )]
+        pub(crate) fn $func(
+            dtype: &Bound<'_, PyAny>,
+            ndim: Option<&Bound<'_, PyAny>>,
+            index: Option<&Bound<'_, PyAny>>,
+            assume: Option<&Bound<'_, PyAny>>,
+            strided: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<PyParam> {
+            tensor_param($intent, dtype, ndim, index, assume, strided)
+        }
+    };
 }
 
-/// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
-/// `index` as for `In`.
-#[pyfunction(name = "Out")]
-// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
-// signature shown (and checked against the stub) keeps its default, False.
-#[pyo3(
-    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
-    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
-)]
-pub(crate) fn output(
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    tensor_param(Intent::Write, dtype, ndim, index, assume, strided)
-}
-
-/// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
-#[pyfunction(name = "InOut")]
-// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
-// signature shown (and checked against the stub) keeps its default, False.
-#[pyo3(
-    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
-    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
-)]
-pub(crate) fn inout(
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    tensor_param(Intent::ReadWrite, dtype, ndim, index, assume, strided)
-}
+tensor_declaration!(
+    /// A tensor the kernel reads. Without `ndim`, a pointer the kernel indexes densely: a tensor
+    /// that is not dense row-major is refused, unless `strided=True` (the kernel is passed the
+    /// strides itself). With `ndim`, an array parameter (any layout): the pointer, `ndim` extents
+    /// and `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`),
+    /// with the layout assumptions of `assume` checked at each launch.
+    "In", input, Intent::Read
+);
+tensor_declaration!(
+    /// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
+    /// `index` as for `In`.
+    "Out", output, Intent::Write
+);
+tensor_declaration!(
+    /// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
+    "InOut", inout, Intent::ReadWrite
+);
 
 /// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.
 #[pyfunction(name = "Scalar")]
@@ -549,7 +509,7 @@ impl Library {
                 ),
             )
         })?;
-        crate::lifecycle::refuse_in_fork("load a library")?;
+        crate::process::refuse_in_fork("load a library")?;
         let r = py.detach(|| tile_launch::Library::from_file(&path));
         loaded(py, r)
     }
@@ -571,7 +531,7 @@ impl Library {
                     ),
                 )
             })?;
-        crate::lifecycle::refuse_in_fork("load a library")?;
+        crate::process::refuse_in_fork("load a library")?;
         let r = py.detach(|| tile_launch::Library::from_image(&data));
         loaded(py, r)
     }
@@ -584,7 +544,7 @@ impl Library {
             "Library.from_ptx: ptx",
             "PTX text; an image as bytes goes to Library.from_bytes",
         )?;
-        crate::lifecycle::refuse_in_fork("load a library")?;
+        crate::process::refuse_in_fork("load a library")?;
         let r = py.detach(|| tile_launch::Library::from_ptx(&ptx));
         loaded(py, r)
     }
@@ -614,7 +574,7 @@ impl Library {
         };
         #[cfg(feature = "nvrtc")]
         {
-            crate::lifecycle::refuse_in_fork("load a library")?;
+            crate::process::refuse_in_fork("load a library")?;
             let r = py.detach(|| {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
                 tile_launch::Library::from_cuda_source(&source, &opts)
@@ -642,7 +602,7 @@ impl Library {
         let name = name.as_str();
         let params = parse_params(params)?;
         let sig = Signature::new(params.iter().copied());
-        crate::lifecycle::refuse_in_fork("look up a kernel")?;
+        crate::process::refuse_in_fork("look up a kernel")?;
         let k = self
             .inner
             .kernel(name, sig)
@@ -675,5 +635,43 @@ impl Kernel {
     fn __repr__(&self) -> String {
         let ps: Vec<String> = self.params.iter().map(|p| p.to_string()).collect();
         format!("<tile_py.Kernel {}({})>", self.inner.name(), ps.join(", "))
+    }
+
+    /// Binds this kernel to `stream` and a launch configuration for repeated launches, and
+    /// returns a `BoundLaunch` (the same as `BoundLaunch(stream, grid, kernel, block=..., ...)`):
+    /// `bound(*args)` then launches as `launch(stream, grid, kernel, args, block=..., ...)`
+    /// does. The configuration is checked against the device once, here; each call checks only
+    /// its arguments. Raises what `tile_py.launch` raises for the stream and the configuration.
+    #[pyo3(signature = (stream, grid, *, block, shared_mem = None, cluster = None,
+                        cooperative = None, programmatic_dependent_launch = None),
+           text_signature = "($self, stream, grid, *, block, shared_mem=None, cluster=None, \
+                             cooperative=False, programmatic_dependent_launch=False)")]
+    #[allow(clippy::too_many_arguments)]
+    fn bind(
+        slf: &Bound<'_, Self>,
+        stream: &Bound<'_, PyAny>,
+        grid: &Bound<'_, PyAny>,
+        block: &Bound<'_, PyAny>,
+        shared_mem: Option<&Bound<'_, PyAny>>,
+        cluster: Option<&Bound<'_, PyAny>>,
+        cooperative: Option<&Bound<'_, PyAny>>,
+        programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<BoundLaunch> {
+        BoundLaunch::bind(
+            slf.py(),
+            &RequestArgs {
+                func: "Kernel.bind",
+                stream,
+                grid,
+                block: Some(block),
+                shared_mem,
+                cluster,
+                cooperative,
+                programmatic_dependent_launch,
+                sync: None,
+                kernel: Some(slf.as_any()),
+                args: None,
+            },
+        )
     }
 }

@@ -28,7 +28,7 @@
 //!   without a call), with the tensor's context current and the capture mode relaxed — never on
 //!   a CUDA callback thread and never while a CUDA wait holds the GIL (waits are made
 //!   detached). See [`release`].
-//! - **Errors** map to Python exceptions in one place, [`errors`].
+//! - **Errors** map to Python exceptions in one place, [`exceptions`].
 //!
 //! # Layering
 //!
@@ -36,75 +36,65 @@
 //! states, validation), `cuda-sys` (a few driver queries), `dlpark` (DLPack flags), `smallvec`
 //! (inline argument buffers) and `pyo3`.
 //! Nothing depends on it. `pyo3` appears in this crate alone.
-mod bound;
-mod contexts;
+mod completion;
 mod convert;
 mod cutile_cache;
-mod errors;
+mod device_contexts;
+mod exceptions;
 mod export;
-mod handle;
-mod hooks;
 mod kernel;
-mod launch;
 mod lifecycle;
+mod prepared;
+mod process;
 mod producers;
 mod pytypes;
 mod release;
+mod request;
+mod stream_arg;
+mod stream_cache;
 mod stream_numbers;
-mod streams;
+mod submit;
+mod testing;
 mod worker;
 mod xla;
 mod xla_ffi_sys;
 
-use pyo3::prelude::*;
+/// The compiled module, `tile_py._tile_py`; `tile_py` re-exports its public names.
+#[pyo3::pymodule]
+mod _tile_py {
+    use pyo3::prelude::*;
 
-#[pymodule]
-fn _tile_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
-    lifecycle::record_process();
-    // The crate version, which maturin also writes into the wheel's metadata.
-    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("CudaError", errors::cuda_error_type(py))?;
-    m.add(
-        "DriverNotFoundError",
-        errors::driver_not_found_error_type(py),
-    )?;
-    m.add_class::<kernel::Library>()?;
-    m.add_class::<kernel::Kernel>()?;
-    m.add_class::<kernel::PyParam>()?;
-    m.add_class::<handle::LaunchHandle>()?;
-    m.add_class::<bound::BoundLaunch>()?;
-    m.add_function(wrap_pyfunction!(kernel::input, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel::output, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel::inout, m)?)?;
-    m.add_function(wrap_pyfunction!(kernel::scalar, m)?)?;
-    m.add_function(wrap_pyfunction!(launch::launch, m)?)?;
-    m.add_function(wrap_pyfunction!(lifecycle::synchronize, m)?)?;
-    m.add_function(wrap_pyfunction!(lifecycle::stats, m)?)?;
-    m.add_function(wrap_pyfunction!(hooks::_check_args, m)?)?;
-    m.add_function(wrap_pyfunction!(hooks::_pack_args, m)?)?;
-    m.add_function(wrap_pyfunction!(export::_export, m)?)?;
-    m.add_class::<cutile_cache::CutileKey>()?;
-    m.add_function(wrap_pyfunction!(cutile_cache::launch, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_try, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_key, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_set_fallback, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_plan, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_register, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_clear, m)?)?;
-    m.add_function(wrap_pyfunction!(cutile_cache::_cutile_info, m)?)?;
-    m.add_function(wrap_pyfunction!(hooks::_cutile_features, m)?)?;
-    m.add_function(wrap_pyfunction!(lifecycle::compute_capability, m)?)?;
-    m.add_function(wrap_pyfunction!(hooks::_debug_counters, m)?)?;
-    m.add_function(wrap_pyfunction!(hooks::_exchange_api_cost, m)?)?;
-    m.add_function(wrap_pyfunction!(lifecycle::_shutdown, m)?)?;
-    m.add_function(wrap_pyfunction!(lifecycle::_after_fork_in_child, m)?)?;
-    m.add_function(wrap_pyfunction!(worker::_release_thread, m)?)?;
-    m.add_function(wrap_pyfunction!(worker::_queue_release, m)?)?;
-    m.add_function(wrap_pyfunction!(xla::_xla_handler, m)?)?;
-    m.add_function(wrap_pyfunction!(xla::_xla_register, m)?)?;
-    m.add_function(wrap_pyfunction!(xla::_xla_roles, m)?)?;
-    m.add_function(wrap_pyfunction!(xla::_xla_config, m)?)?;
-    m.add_function(wrap_pyfunction!(xla::_xla_scalars, m)?)?;
-    Ok(())
+    #[pymodule_export]
+    use crate::completion::LaunchHandle;
+    #[pymodule_export]
+    use crate::cutile_cache::{
+        _cutile_clear, _cutile_info, _cutile_key, _cutile_plan, _cutile_register,
+        _cutile_set_fallback, _cutile_try, CutileKey, launch as _cutile_launch,
+    };
+    #[pymodule_export]
+    use crate::exceptions::{CudaError, DriverNotFoundError};
+    #[pymodule_export]
+    use crate::export::_export;
+    #[pymodule_export]
+    use crate::kernel::{Kernel, Library, PyParam, inout, input, output, scalar};
+    #[pymodule_export]
+    use crate::lifecycle::{compute_capability, stats, synchronize};
+    #[pymodule_export]
+    use crate::prepared::BoundLaunch;
+    #[pymodule_export]
+    use crate::submit::launch;
+    #[pymodule_export]
+    use crate::testing::_testing;
+    #[pymodule_export]
+    use crate::xla::{_xla_config, _xla_handler, _xla_register, _xla_scalars};
+
+    /// The crate version, which maturin also writes into the wheel's metadata.
+    #[pymodule_export]
+    #[allow(non_upper_case_globals)]
+    const __version__: &str = env!("CARGO_PKG_VERSION");
+
+    #[pymodule_init]
+    fn init(py: Python<'_>) -> PyResult<()> {
+        crate::process::register(py)
+    }
 }

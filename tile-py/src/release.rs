@@ -16,30 +16,17 @@
 //! drained any more: queued and later tensors are counted as leaked instead.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use pyo3::prelude::*;
 use tile_dlpack::Used;
 use tile_dlpack::dlpark::ffi::DLDeviceType;
 
-/// Set by the `atexit` hook: from then on deleters are skipped and counted as leaked.
-pub(crate) static FINALIZING: AtomicBool = AtomicBool::new(false);
+use crate::process::leaking;
 
-/// Set in a child process made by `os.fork()` (an `os.register_at_fork` hook): the child
-/// refuses to launch (CUDA cannot be used across `fork`), and never runs a deleter it inherited
-/// from the parent: the tensors belong to the parent's GPU work, so they are leaked (counted
-/// in `leaked_at_exit`), as at interpreter exit.
-pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
-
-/// Whether releases are leaked instead of run (interpreter exit, or a forked child).
-pub(crate) fn leaking() -> bool {
-    FINALIZING.load(Ordering::Acquire) || FORKED.load(Ordering::Acquire)
-}
-
-/// The `os.register_at_fork(after_in_child=...)` hook: leaks every queued release (never runs
-/// the parent's deleters) and stops launches in the child.
+/// The `os.register_at_fork(after_in_child=...)` hook's part here: leaks every queued release
+/// (never runs the parent's deleters).
 pub(crate) fn after_fork_in_child() {
-    FORKED.store(true, Ordering::Release);
     let batch = take_queued();
     COUNTERS
         .leaked_at_exit
@@ -177,8 +164,8 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>) {
     while let Some(first) = items.peek() {
         device = device_of(first).or(device);
         let ctx = match device {
-            Some(d) => crate::contexts::cached_context(d),
-            None => crate::contexts::first_cached_context(),
+            Some(d) => crate::device_contexts::cached_context(d),
+            None => crate::device_contexts::first_cached_context(),
         };
         let mut group = || {
             while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device))

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 from dlpack_ctypes import (
     READ_ONLY,
@@ -29,7 +30,7 @@ STREAM = 0x1234
 
 def check(params, args, **kw):
     kw.setdefault("stream", STREAM)
-    return tile_py._check_args(params, args, **kw)
+    return _testing.check_args(params, args, **kw)
 
 
 def notes(e):
@@ -354,10 +355,11 @@ def test_shutdown_with_infinite_or_huge_timeout_does_not_panic():
     # _shutdown stops tile_py for good: run it in a child.
     code = textwrap.dedent("""
         import tile_py
+        from tile_py import _testing
         for t in (float("inf"), 1e300, -5.0):
-            assert tile_py._shutdown(t) == 0, t
+            assert _testing.shutdown(t) == 0, t
         try:
-            tile_py._shutdown(float("nan"))
+            _testing.shutdown(float("nan"))
         except ValueError:
             print("nan refused")
         print("ok")

@@ -46,7 +46,7 @@ is loaded with
 Layouts are read once per argument and launch: from the attributes of a PyTorch tensor (which
 tile_py then exports through PyTorch's DLPack C exchange API, a view of the same memory) or of a
 ``__cuda_array_interface__`` object, and for any other ``__dlpack__`` producer and every DLPack
-capsule from the descriptor of one export made with the launch stream (``tile_py._export``),
+capsule from the descriptor of one export made with the launch stream (``tile_py._tile_py._export``),
 which is then the export launched (a capsule is read as it is and launched as it is).
 
 Specialisation is a correctness rule: code compiled under an assumption is undefined on
@@ -167,7 +167,7 @@ _CAI_KIND = {0: "i", 1: "u", 2: "f", 4: "V", 5: "c", 6: "b"}
 
 class _Exported:
     """The producer tile_py.launch is handed for an argument tile_py.cutile exported already
-    (``tile_py._export``, once, with the launch stream): its ``__dlpack__`` gives that capsule
+    (``tile_py._tile_py._export``, once, with the launch stream): its ``__dlpack__`` gives that capsule
     back, once, for the stream it was made for. So the argument is exported once per launch,
     the capsule launched is the one whose layout picked the kernel, and tile_py.launch orders it
     as it orders every export (on the per-thread default stream too)."""
@@ -304,7 +304,7 @@ def _export_leaf(obj: Any, index: int, w: _Walk):
             f"tile_py.cutile needs the launch stream to read the layout of argument {index} "
             f"({type(obj).__name__!r}, known only through DLPack): pass stream="
         )
-    cap, offered, (dtype, device, ptr, shape, strides) = tile_py._export(obj, w.stream, index)
+    cap, offered, (dtype, device, ptr, shape, strides) = _tile._export(obj, w.stream, index)
     launched = cap if offered is None else _Exported(cap, offered, device, obj)
     w.exports[index] = (launched, _Described(index, dtype, ptr, shape, strides))
     return (("dlpack",) + tuple(dtype), dtype[1] * dtype[2], ptr, tuple(shape), tuple(strides))
@@ -507,7 +507,7 @@ def _list_key(obj: List[Any], ann: Any, name: str, w: _Walk):
                     f"tile_py.cutile needs the launch stream to export the elements of list "
                     f"parameter {name!r}: pass stream="
                 )
-            cap, _offered, (dtype, dev, ptr, shape, strides) = tile_py._export(item, w.stream, index)
+            cap, _offered, (dtype, dev, ptr, shape, strides) = _tile._export(item, w.stream, index)
             keep.append(cap)
             shown.append(_Described(index, dtype, ptr, shape, strides))
             lay = (("dlpack",) + tuple(dtype), dtype[1] * dtype[2], ptr, tuple(shape), tuple(strides))

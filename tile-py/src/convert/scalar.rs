@@ -158,7 +158,7 @@ pub(crate) fn convert_scalar(
                 } {
                     Ok(i) => i,
                     Err(e) => {
-                        return Err(crate::errors::reraise_or(py, e, || wrong("an integer")));
+                        return Err(crate::exceptions::reraise_or(py, e, || wrong("an integer")));
                     }
                 },
             };
@@ -179,5 +179,31 @@ pub(crate) fn convert_scalar(
             }
             Ok(Scalar::Int(v))
         }
+    }
+}
+
+/// Whether the Python int `v` is below zero (for values beyond `i128`). Error path only.
+pub(crate) fn is_negative(v: &Bound<'_, PyAny>) -> bool {
+    v.lt(0).unwrap_or(false)
+}
+
+/// The decimal text of the Python int `v` (its `str`). Error path only.
+pub(crate) fn int_text(v: &Bound<'_, PyAny>) -> String {
+    v.str().map(|s| s.to_string()).unwrap_or_else(|_| show(v))
+}
+
+/// Whether `obj` is a complex number: Python's `complex` (and its subclasses, such as NumPy's
+/// `complex128`), or a NumPy complex scalar (`dtype.kind == 'c'`), whose `__float__` would drop
+/// the imaginary part.
+pub(crate) fn is_complex(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    if obj.cast::<pyo3::types::PyComplex>().is_ok() {
+        return Ok(true);
+    }
+    match obj.getattr_opt(intern!(py, "dtype"))? {
+        Some(dtype) => Ok(dtype
+            .getattr_opt(intern!(py, "kind"))?
+            .is_some_and(|k| k.extract::<String>().is_ok_and(|k| k == "c"))),
+        None => Ok(false),
     }
 }

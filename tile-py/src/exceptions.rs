@@ -14,12 +14,11 @@
 //! Messages start with `argument {i}: ` when one argument is at fault and quote the offending
 //! value.
 
+use pyo3::create_exception;
 use pyo3::exceptions::{
     PyBufferError, PyOSError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::PyType;
-use pyo3::{PyTypeInfo, create_exception};
 use tile_dlpack::DescriptorError;
 use tile_launch::Error;
 
@@ -195,16 +194,6 @@ fn with_cuda_attrs(py: Python<'_>, e: PyErr, call: Option<&cuda_sys::CudaError>)
     let _ = value.setattr("name", call.map(|c| c.name().into_owned()));
     let _ = value.setattr("function", call.map(|c| c.function));
     e
-}
-
-/// The Python class `tile_py.CudaError`.
-pub(crate) fn cuda_error_type(py: Python<'_>) -> Bound<'_, PyType> {
-    CudaError::type_object(py)
-}
-
-/// The Python class `tile_py.DriverNotFoundError`.
-pub(crate) fn driver_not_found_error_type(py: Python<'_>) -> Bound<'_, PyType> {
-    DriverNotFoundError::type_object(py)
 }
 
 /// `text` on one line: each line break, with the indentation around it, becomes one space.
