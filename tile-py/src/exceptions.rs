@@ -20,6 +20,7 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use tile_dlpack::DescriptorError;
+use tile_dlpack::ffi::DLDeviceType;
 use tile_launch::Error;
 
 create_exception!(
@@ -39,6 +40,10 @@ create_exception!(
      `TILE_LIBCUDA` names a missing file. A `CudaError` whose `.name` and `.function` are None; \
      the message names the library and the loader's reason."
 );
+
+/// How to fix an argument in host memory, which a kernel cannot read.
+pub(crate) const HOST_MEMORY_FIX: &str = "move it to the device first, e.g. \
+     torch.from_numpy(x).cuda() or cupy.asarray(x)";
 
 /// An error of tile-py's own argument conversion: the exception class and the message.
 #[derive(Debug)]
@@ -124,6 +129,13 @@ pub(crate) fn launch_err(
         | Error::ArgumentKind { .. }
         | Error::DtypeMismatch { .. }
         | Error::NdimMismatch { .. } => PyTypeError::new_err(e.to_string()),
+        Error::DeviceMismatch { tensor, .. } if tensor.device_type == DLDeviceType::CPU => {
+            PyValueError::new_err(format!("{e}; {HOST_MEMORY_FIX}"))
+        }
+        // The Python keyword, not tile-launch's field.
+        Error::InvalidConfig { what, .. } if what.starts_with("shared_mem_bytes") => {
+            PyValueError::new_err(e.to_string().replacen("shared_mem_bytes", "shared_mem", 1))
+        }
         Error::DeviceMismatch { .. }
         | Error::NotDeviceMemory { .. }
         | Error::NotContiguous { .. }

@@ -203,14 +203,19 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
                 .map(|b| b.is_true())
                 .map_err(|_| bad(&key, format!("expected True or False, got {}", show(v))))
         };
+        // A sequence of ints, or the assumption's error naming `what` it must hold.
+        fn ints<'py, T: FromPyObjectOwned<'py>>(
+            v: &Bound<'py, PyAny>,
+            bad: impl FnOnce() -> PyErr,
+        ) -> PyResult<Vec<T>> {
+            v.extract().map_err(|e| reraise_or(v.py(), e, bad))
+        }
         let per_dim = |v: &Bound<'_, PyAny>| -> PyResult<[u32; MAX_ASSUMED_DIMS]> {
-            let xs: Vec<u32> = v.extract().map_err(|e| {
-                reraise_or(v.py(), e, || {
-                    bad(
-                        &key,
-                        format!("expected a sequence of positive ints, got {}", show(v)),
-                    )
-                })
+            let xs: Vec<u32> = ints(v, || {
+                bad(
+                    &key,
+                    format!("expected a sequence of positive ints, got {}", show(v)),
+                )
             })?;
             if xs.len() != usize::from(ndim) || xs.len() > dims {
                 return Err(bad(
@@ -226,13 +231,11 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
             Ok(out)
         };
         let mask = |v: &Bound<'_, PyAny>| -> PyResult<u8> {
-            let xs: Vec<usize> = v.extract().map_err(|e| {
-                reraise_or(v.py(), e, || {
-                    bad(
-                        &key,
-                        format!("expected a sequence of dimensions, got {}", show(v)),
-                    )
-                })
+            let xs: Vec<usize> = ints(v, || {
+                bad(
+                    &key,
+                    format!("expected a sequence of dimensions, got {}", show(v)),
+                )
             })?;
             let mut m = 0u8;
             for x in xs {
@@ -488,7 +491,14 @@ pub(crate) struct Library {
     inner: tile_launch::Library,
 }
 
-fn loaded(py: Python<'_>, r: tile_launch::Result<tile_launch::Library>) -> PyResult<Library> {
+/// Loads a library with `load`, detached (loading and compiling may take long); refused in a
+/// forked child.
+fn load(
+    py: Python<'_>,
+    load: impl FnOnce() -> tile_launch::Result<tile_launch::Library> + Send,
+) -> PyResult<Library> {
+    crate::process::refuse_in_fork("load a library")?;
+    let r = py.detach(load);
     crate::release::drain(py);
     r.map(|inner| Library { inner })
         .map_err(|e| launch_err(py, e, |_| None))
@@ -509,9 +519,7 @@ impl Library {
                 ),
             )
         })?;
-        crate::process::refuse_in_fork("load a library")?;
-        let r = py.detach(|| tile_launch::Library::from_file(&path));
-        loaded(py, r)
+        load(py, || tile_launch::Library::from_file(&path))
     }
 
     /// Loads a cubin, fatbin or PTX image from bytes.
@@ -531,9 +539,7 @@ impl Library {
                     ),
                 )
             })?;
-        crate::process::refuse_in_fork("load a library")?;
-        let r = py.detach(|| tile_launch::Library::from_image(&data));
-        loaded(py, r)
+        load(py, || tile_launch::Library::from_image(&data))
     }
 
     /// Loads PTX text.
@@ -544,9 +550,7 @@ impl Library {
             "Library.from_ptx: ptx",
             "PTX text; an image as bytes goes to Library.from_bytes",
         )?;
-        crate::process::refuse_in_fork("load a library")?;
-        let r = py.detach(|| tile_launch::Library::from_ptx(&ptx));
-        loaded(py, r)
+        load(py, || tile_launch::Library::from_ptx(&ptx))
     }
 
     /// Compiles CUDA C++ with NVRTC and loads it. Declare kernels `extern "C"`. Raises
@@ -574,12 +578,10 @@ impl Library {
         };
         #[cfg(feature = "nvrtc")]
         {
-            crate::process::refuse_in_fork("load a library")?;
-            let r = py.detach(|| {
+            load(py, || {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
                 tile_launch::Library::from_cuda_source(&source, &opts)
-            });
-            loaded(py, r)
+            })
         }
         #[cfg(not(feature = "nvrtc"))]
         {

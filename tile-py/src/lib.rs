@@ -4,38 +4,27 @@
 //!
 //! # Contract
 //!
-//! - **Checks before consuming.** `tile_py.launch` checks the stream, the launch configuration
-//!   and the argument count before touching any argument, then converts every argument (the
-//!   DLPack handshake, see [`convert`]) and has tile-launch check them all (dtype, device,
-//!   writability, dense row-major layout for plain pointer parameters, the memory behind each
-//!   data pointer, scalar ranges) before any tensor is consumed; torch's lazy views, torch
-//!   outputs that require grad and JAX outputs are refused before anything is exported (see
-//!   [`producers`]). When a check fails, every
-//!   claimed capsule gets its name back and every tensor tile-py already owned is released:
-//!   nothing is lost, nothing is launched.
-//! - **The stream handshake.** Producers are always told the launch stream:
-//!   `__dlpack__(stream=<handle>, max_version=(1, 3))`, retried (per call, never cached per
-//!   type) only when the call did not bind because of a keyword tile_py passed: without
-//!   `max_version`, then with the stream positionally; never without the stream (a producer's
-//!   own `TypeError` propagates after one call). Handles must be below 2**63. The legacy
-//!   default stream is sent as 1, never 0; the per-thread default stream (2) is sent as 1 and
-//!   the launch stream waits for the legacy stream; -1 only when the caller passes `sync=False`. Producers whose type has the DLPack C
-//!   exchange API (`__dlpack_c_exchange_api__`) are converted through it, and the launch stream
-//!   waits on the producer's current stream when the two differ.
-//! - **Releasing.** A consumed tensor belongs to the launch's handle until the work is done;
-//!   then its deleter runs exactly once, with the interpreter attached, on a thread that called
-//!   into tile_py or on the release thread ([`worker`], within 50 ms of the work finishing,
-//!   without a call), with the tensor's context current and the capture mode relaxed — never on
-//!   a CUDA callback thread and never while a CUDA wait holds the GIL (waits are made
-//!   detached). See [`release`].
+//! - **Checks before consuming.** A launch reads its request ([`request`]), converts and
+//!   claims every argument ([`convert`]; torch's lazy views, outputs that require grad and JAX
+//!   outputs are refused before anything is exported, [`producers`]), and has tile-launch check
+//!   them all once before any tensor is consumed ([`submit`]). A refused launch hands every
+//!   claim back: nothing is lost, nothing is launched.
+//! - **The stream handshake.** Producers are told the launch stream ([`convert`]'s handshake);
+//!   the launch stream waits on a producer's current stream when the two differ.
+//! - **Releasing.** A consumed tensor belongs to the launch's stream until its work is done;
+//!   then its deleter runs exactly once, attached to the interpreter, on a thread that called
+//!   into tile_py or on the release thread ([`release`], [`worker`]).
+//! - **The process.** Nothing touches CUDA in a forked child or after the exit hook
+//!   ([`process`]).
 //! - **Errors** map to Python exceptions in one place, [`exceptions`].
+//! - **Test hooks** live in `tile_py._testing` ([`testing`]), outside the package's namespace.
 //!
 //! # Layering
 //!
 //! Depends on `tile-launch` (streams, kernels, the release queue), `tile-dlpack` (ownership
 //! states, validation), `cuda-sys` (a few driver queries), `dlpark` (DLPack flags), `smallvec`
-//! (inline argument buffers) and `pyo3`.
-//! Nothing depends on it. `pyo3` appears in this crate alone.
+//! (inline argument buffers) and `pyo3`. Nothing depends on it. `pyo3` appears in this crate
+//! alone.
 mod completion;
 mod convert;
 mod cutile_cache;

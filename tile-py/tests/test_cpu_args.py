@@ -253,6 +253,10 @@ def test_row10_numpy_host_memory_refused(counters):
     with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu, but the launch stream is on cuda:0; .*ndarray.* is host memory") as ei:
         check([In("float32")], (a,))
     assert ei.value.__cause__ is not None
+    # The message ends with the fix.
+    assert str(ei.value).endswith(
+        "move it to the device first, e.g. torch.from_numpy(x).cuda() or cupy.asarray(x)"
+    ), str(ei.value)
     assert counters["consumed"] == 0
     del ei
     gc.collect()
@@ -264,9 +268,11 @@ def test_row10_numpy_host_memory_refused(counters):
 )
 def test_row10_wrong_device(counters, device, shown):
     p = Producer(device=device)
-    with pytest.raises(ValueError, match=rf"argument 0: tensor is on {shown}, but the launch stream is on cuda:0"):
+    with pytest.raises(ValueError, match=rf"argument 0: tensor is on {shown}, but the launch stream is on cuda:0") as ei:
         check([In("float32")], (p,))
     assert p.deleted == 1
+    # Host memory is told how to move to the device; another device is not.
+    assert str(ei.value).endswith("cupy.asarray(x)") == (shown == "cpu"), str(ei.value)
 
 
 def test_row10_stream_device_from_keyword(counters):

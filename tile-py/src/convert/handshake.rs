@@ -418,8 +418,9 @@ pub(crate) fn host_or(
         Kind::Value,
         format!(
             "{mismatch}; {} is host memory (its __dlpack__ refused the launch stream): tile_py \
-             accepts device, managed or pinned memory only",
-            show(obj)
+             accepts device, managed or pinned memory only; {}",
+            show(obj),
+            crate::exceptions::HOST_MEMORY_FIX
         ),
     );
     refused.set_cause(py, Some(e));

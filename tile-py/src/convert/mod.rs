@@ -151,7 +151,6 @@ impl Converted {
     /// after its check): nothing is handed back, and our references to the owners are dropped
     /// (the launch's guards hold their own).
     pub(crate) fn commit(&mut self) {
-        self.args.clear();
         self.claims.clear();
         self.owners.clear();
     }
@@ -162,6 +161,8 @@ impl Converted {
         crate::release::drain(py);
     }
 
+    #[cold]
+    #[inline(never)]
     fn roll_back(&mut self) {
         // The `Unused` values first (dropping one does nothing), then their claims.
         self.args.clear();
@@ -181,7 +182,9 @@ impl Converted {
 
 impl Drop for Converted {
     fn drop(&mut self) {
-        self.roll_back();
+        if !(self.claims.is_empty() && self.owners.is_empty()) {
+            self.roll_back();
+        }
     }
 }
 
