@@ -43,7 +43,8 @@ impl LaunchHandle {
     /// Blocks until the launched work is done (the GIL is released meanwhile), then runs the
     /// deleters of its tensors (and of every other queued launch known done). Idempotent. In a
     /// child made by `os.fork()`, a handle inherited from the parent returns at once: the work
-    /// is the parent's, its tensors are leaked (counted at the fork).
+    /// is the parent's, its tensors are leaked (counted at the fork). Raises `tile_py.CudaError`
+    /// when the driver reports the wait failed.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
         if crate::process::forked() {
             self.forget_inherited();
@@ -63,7 +64,8 @@ impl LaunchHandle {
     }
 
     /// Whether the launched work is done (non-blocking). When it is, the tensors are released.
-    /// In a child made by `os.fork()`: True, the inherited handle retired as in `wait`.
+    /// In a child made by `os.fork()`: True, the inherited handle retired as in `wait`. Raises
+    /// `tile_py.CudaError` as `wait` does.
     fn done(&self, py: Python<'_>) -> PyResult<bool> {
         if crate::process::forked() {
             self.forget_inherited();

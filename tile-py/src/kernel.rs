@@ -434,7 +434,8 @@ tensor_declaration!(
     "InOut", inout, Intent::ReadWrite
 );
 
-/// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.
+/// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`. Raises
+/// `ValueError` for another name.
 #[pyfunction(name = "Scalar")]
 #[pyo3(signature = (ty, /))]
 pub(crate) fn scalar(ty: &Bound<'_, PyAny>) -> PyResult<PyParam> {
@@ -484,8 +485,9 @@ fn str_list(obj: &Bound<'_, PyAny>) -> Option<Vec<String>> {
 
 /// Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC.
 ///
-/// Loading raises `tile_py.CudaError` when the driver refuses the image, and its subclass
-/// `tile_py.DriverNotFoundError` when no CUDA driver could be loaded.
+/// Loading raises `TypeError` for an argument of the wrong type, `tile_py.CudaError` when the
+/// driver refuses the image, its subclass `tile_py.DriverNotFoundError` when no CUDA driver
+/// could be loaded, and `ValueError` in a child made by `os.fork()`.
 #[pyclass(frozen, module = "tile_py")]
 pub(crate) struct Library {
     inner: tile_launch::Library,
@@ -593,7 +595,9 @@ impl Library {
     }
 
     /// Looks up kernel `name` and declares its parameters, checked against the compiled
-    /// kernel's parameter sizes.
+    /// kernel's parameter sizes. Raises `TypeError` for a declaration that does not match them,
+    /// `ValueError` for a name with a NUL and in a child made by `os.fork()`, and
+    /// `tile_py.CudaError` for a name the library lacks (`CUDA_ERROR_NOT_FOUND`).
     fn kernel(
         &self,
         py: Python<'_>,
@@ -643,7 +647,8 @@ impl Kernel {
     /// returns a `BoundLaunch` (the same as `BoundLaunch(stream, grid, kernel, block=..., ...)`):
     /// `bound(*args)` then launches as `launch(stream, grid, kernel, args, block=..., ...)`
     /// does. The configuration is checked against the device once, here; each call checks only
-    /// its arguments. Raises what `tile_py.launch` raises for the stream and the configuration.
+    /// its arguments. Raises what `tile_py.launch` raises for the stream and the configuration
+    /// (`ValueError` in a child made by `os.fork()` among them).
     #[pyo3(signature = (stream, grid, *, block, shared_mem = None, cluster = None,
                         cooperative = None, programmatic_dependent_launch = None),
            text_signature = "($self, stream, grid, *, block, shared_mem=None, cluster=None, \

@@ -63,6 +63,7 @@ impl<'a, 'py> LaunchRequest<'a, 'py> {
     /// `TypeError` / `ValueError` / `OverflowError` for a value of the wrong kind or range,
     /// `ValueError` in a forked child or during interpreter exit, and, resolving the stream,
     /// `tile_py.CudaError` / `tile_py.DriverNotFoundError`.
+    #[inline]
     pub(crate) fn parse(
         py: Python<'py>,
         a: &RequestArgs<'a, 'py>,

@@ -64,7 +64,6 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
             format!("stream handle {n} is not a valid CUstream (0 to 2**63-1 expected); {HOW}"),
         ));
     }
-    // 0 and 1 both name the legacy default stream.
     Ok(crate::stream_numbers::to_raw(n as u64))
 }
 
@@ -146,7 +145,6 @@ fn torch_read(obj: &Bound<'_, PyAny>) -> Option<(usize, i32)> {
     if !(0..=i128::from(i64::MAX)).contains(&h) || !(0..=i128::from(i32::MAX)).contains(&d) {
         return None;
     }
-    // 0 and 1 both name the legacy default stream, as in `handle_from_int`.
     let raw = crate::stream_numbers::to_raw(h as u64);
     Some((raw, d as i32))
 }

@@ -148,7 +148,10 @@ pub(crate) fn submit_converted(
     };
     let mut checked = match checked {
         Ok(c) => c,
-        Err(e) => return Err(refused(py, t, conv, e)),
+        Err(e) => {
+            conv.abandon(py);
+            return Err(launch_err(py, e, expected(&t.kernel.params)));
+        }
     };
     // The guards go straight to the release queue (one lock of it per launch), and each
     // consumed tensor to `release_tensor` (no allocation per tensor): the handle owns nothing.
@@ -165,7 +168,11 @@ pub(crate) fn submit_converted(
     // costs about as much and hands the interpreter to a waiting thread. Only a launch that may
     // wait for older work (the release queue near its bound) is made detached.
     let r = if checked.may_wait() {
-        launch_detached(py, checked)
+        let work = SameThread(checked);
+        py.detach(move || {
+            let work = work;
+            work.0.launch()
+        })
     } else {
         checked.launch()
     };
@@ -188,28 +195,4 @@ pub(crate) fn submit_converted(
     };
     drain(py);
     r
-}
-
-/// A launch refused by its check: every claim is handed back (nothing was consumed).
-#[cold]
-#[inline(never)]
-fn refused(py: Python<'_>, t: &Target<'_>, conv: &mut Converted, e: tile_launch::Error) -> PyErr {
-    conv.abandon(py);
-    launch_err(py, e, expected(&t.kernel.params))
-}
-
-/// A launch that may wait for older work (its stream's release queue near its bound), made
-/// detached. Out of line: the common launch's code stays small enough for the checked launch
-/// (about a kilobyte, taken by value) to be inlined into it rather than copied.
-#[cold]
-#[inline(never)]
-fn launch_detached(
-    py: Python<'_>,
-    checked: tile_launch::Checked<'_, '_>,
-) -> tile_launch::Result<tile_launch::LaunchHandle> {
-    let work = SameThread(checked);
-    py.detach(move || {
-        let work = work;
-        work.0.launch()
-    })
 }

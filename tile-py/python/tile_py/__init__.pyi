@@ -86,7 +86,12 @@ def In(
     ``shape_divisible_by`` (one int per dimension, in elements), ``unit_stride`` and
     ``unit_shape`` (dimensions whose stride, or extent, is 1), ``nonnegative_strides`` and
     ``disjoint`` (no two indices address one element). Per-dimension assumptions cover at most
-    the first 8 dimensions."""
+    the first 8 dimensions.
+
+    Declaring raises ValueError for an unknown dtype, index type or assumption, or an ndim
+    outside 0 to 32, and TypeError for a value of the wrong type (``strided`` not a bool,
+    ``assume`` not a dict, ``index`` or ``assume`` without ``ndim``, ``strided=True`` with
+    ``ndim``)."""
 
 def Out(
     dtype: _DTypeLike,
@@ -115,7 +120,8 @@ def InOut(
     ``assume`` and ``strided`` as for In."""
 
 def Scalar(ty: str, /) -> Param:
-    """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
+    """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'. Raises ValueError
+    for another name."""
 
 @final
 class Kernel:
@@ -198,8 +204,9 @@ class Library:
         RuntimeError with NVRTC's log when compilation fails, or when NVRTC cannot be loaded."""
     def kernel(self, name: str, params: Sequence[Param]) -> Kernel:
         """Look up a kernel and declare its parameters. Raises TypeError for a declaration
-        that does not match the compiled kernel's parameters, ValueError for a name the library
-        lacks (or one with a NUL) and in a child made by os.fork(), and CudaError."""
+        that does not match the compiled kernel's parameters, ValueError for a name with a NUL
+        and in a child made by os.fork(), and CudaError for a name the library lacks
+        (CUDA_ERROR_NOT_FOUND)."""
 
 @final
 class LaunchHandle:
@@ -208,9 +215,12 @@ class LaunchHandle:
     nothing."""
 
     def wait(self) -> None:
-        """Block (GIL released) until the work is done, then release the tensors."""
+        """Block (GIL released) until the work is done, then release the tensors. Raises
+        tile_py.CudaError when the driver reports the wait failed (a kernel fault, a lost
+        context)."""
     def done(self) -> bool:
-        """Whether the work is done (non-blocking); releases the tensors if so."""
+        """Whether the work is done (non-blocking); releases the tensors if so. Raises
+        tile_py.CudaError as wait does."""
     def __enter__(self) -> LaunchHandle: ...
     def __exit__(
         self,

@@ -135,6 +135,8 @@ pub(crate) struct Converted {
     pub claims: Claims,
     /// Python objects the launch must keep alive (`__cuda_array_interface__` exporters).
     pub owners: Vec<Py<PyAny>>,
+    /// Set by [`Converted::commit`].
+    committed: bool,
 }
 
 impl Converted {
@@ -144,15 +146,15 @@ impl Converted {
             args: SmallVec::new(),
             claims: SmallVec::new(),
             owners: Vec::new(),
+            committed: false,
         }
     }
 
     /// Every tensor was consumed by tile-launch (launched, or released by a launch refused
-    /// after its check): nothing is handed back, and our references to the owners are dropped
-    /// (the launch's guards hold their own).
+    /// after its check): nothing is handed back when it drops; its claims and our references to
+    /// the owners (the launch's guards hold their own) are then only dropped.
     pub(crate) fn commit(&mut self) {
-        self.claims.clear();
-        self.owners.clear();
+        self.committed = true;
     }
 
     /// Rolls back now, then runs the queued releases, as a refused launch does.
@@ -182,7 +184,8 @@ impl Converted {
 
 impl Drop for Converted {
     fn drop(&mut self) {
-        if !(self.claims.is_empty() && self.owners.is_empty()) {
+        let nothing_held = self.claims.is_empty() && self.owners.is_empty();
+        if !(self.committed || nothing_held) {
             self.roll_back();
         }
     }
