@@ -208,6 +208,15 @@ fn with_cuda_attrs(py: Python<'_>, e: PyErr, call: Option<&cuda_sys::CudaError>)
     e
 }
 
+/// The message a panic carried (`panic!` with a literal or a formatted string), or `default`.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send), default: &str) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| default.to_owned())
+}
+
 /// `text` on one line: each line break, with the indentation around it, becomes one space.
 fn one_line(text: &str) -> String {
     if !text.contains('\n') {

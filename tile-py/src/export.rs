@@ -1,4 +1,4 @@
-//! `tile_py._export`: one DLPack export of a launch argument, made as a launch makes it (the
+//! `tile_py._tile_py._export`: one DLPack export of a launch argument, made as a launch makes it (the
 //! `__dlpack__` handshake with the launch stream), and the layout its descriptor states, for a
 //! caller that must pick the kernel from the layout before launching (`tile_py.cutile`). The
 //! capsule is handed back unconsumed, to be launched: nothing here renames it or runs its

@@ -121,16 +121,12 @@ pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     if obj.is(py.get_type::<pyo3::types::PyComplex>()) {
         return Ok(DType::C128);
     }
-    let name = name_of(obj)?;
-    DType::from_name(canonical(&name)).ok_or_else(|| {
-        err(
-            Kind::Value,
-            format!(
-                "unknown dtype {}: use a name such as 'float32', 'bfloat16' or 'int64'",
-                show(obj)
-            ),
-        )
-    })
+    parse_name(
+        obj,
+        DType::from_name,
+        "dtype",
+        "use a name such as 'float32', 'bfloat16' or 'int64'",
+    )
 }
 
 /// A dtype name in tile-dlpack's spelling (its one table of names): PyTorch's `torch.` prefix
@@ -150,17 +146,26 @@ fn canonical(name: &str) -> &str {
     }
 }
 
-fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
+/// `obj`'s name ([`name_of`], [`canonical`]) looked up with `from_name`, or a `ValueError`:
+/// an unknown `what`, and `hint`.
+fn parse_name<T>(
+    obj: &Bound<'_, PyAny>,
+    from_name: impl FnOnce(&str) -> Option<T>,
+    what: &str,
+    hint: &str,
+) -> PyResult<T> {
     let name = name_of(obj)?;
-    ScalarType::from_name(canonical(&name)).ok_or_else(|| {
-        err(
-            Kind::Value,
-            format!(
-                "unknown scalar type {}: use one of bool, i8..i64, u8..u64, f32, f64",
-                show(obj)
-            ),
-        )
-    })
+    from_name(canonical(&name))
+        .ok_or_else(|| err(Kind::Value, format!("unknown {what} {}: {hint}", show(obj))))
+}
+
+fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
+    parse_name(
+        obj,
+        ScalarType::from_name,
+        "scalar type",
+        "use one of bool, i8..i64, u8..u64, f32, f64",
+    )
 }
 
 fn intent_fn(intent: Intent) -> &'static str {
@@ -172,16 +177,12 @@ fn intent_fn(intent: Intent) -> &'static str {
 }
 
 fn parse_index_type(obj: &Bound<'_, PyAny>) -> PyResult<IndexType> {
-    let name = name_of(obj)?;
-    IndexType::from_name(canonical(&name)).ok_or_else(|| {
-        err(
-            Kind::Value,
-            format!(
-                "unknown index type {}: use 'i32', 'u32' or 'i64'",
-                show(obj)
-            ),
-        )
-    })
+    parse_name(
+        obj,
+        IndexType::from_name,
+        "index type",
+        "use 'i32', 'u32' or 'i64'",
+    )
 }
 
 /// A tensor parameter: a pointer (no `ndim`), or an array parameter (`ndim` given: the pointer,
@@ -311,88 +312,6 @@ fn str_arg(obj: &Bound<'_, PyAny>, what: &str, holding: &str) -> PyResult<String
         .map(str::to_owned)
 }
 
-fn tensor_param(
-    intent: Intent,
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    let name = intent_fn(intent);
-    let dtype = parse_dtype(dtype)?;
-    let strided = match strided {
-        Some(s) => bool_arg(s, &format!("{name}(strided=...)"))?,
-        None => false,
-    };
-    let assume = match assume {
-        None => None,
-        Some(a) => Some(a.cast::<PyDict>().map_err(|_| {
-            err(
-                Kind::Type,
-                format!(
-                    "{name}(assume=...) must be a dict of layout assumptions such as \
-                     {{'base_addr_divisible_by': 16}}, got {}",
-                    show(a)
-                ),
-            )
-        })?),
-    };
-    // `strided=True` declares a pointer whose strides the kernel takes as separate scalars; an
-    // array parameter (`ndim`) passes its strides itself. Both at once contradict each other.
-    if strided && let Some(n) = ndim {
-        return Err(err(
-            Kind::Type,
-            format!(
-                "{name}(strided=True) declares a pointer parameter, and ndim={} an array \
-                 parameter (which passes its strides already): give one of them",
-                n.repr().map(|r| r.to_string()).unwrap_or_default()
-            ),
-        ));
-    }
-    let inner = match (ndim, index) {
-        (None, None) if assume.is_none() => {
-            let p = match intent {
-                Intent::Read => Param::input(dtype),
-                Intent::Write => Param::output(dtype),
-                Intent::ReadWrite => Param::inout(dtype),
-            };
-            if strided { p.strided() } else { p }
-        }
-        (None, _) => {
-            return Err(err(
-                Kind::Type,
-                "index and assume describe an array parameter: give ndim too",
-            ));
-        }
-        (Some(n), index) => {
-            let not_bool = n.cast::<pyo3::types::PyBool>().is_err();
-            let bad_ndim = || {
-                err(
-                    Kind::Value,
-                    format!("ndim must be an int from 0 to 32, got {}", show(n)),
-                )
-            };
-            let ndim = n
-                .extract::<u8>()
-                .map_err(|e| reraise_or(n.py(), e, bad_ndim))?;
-            if ndim > 32 || !not_bool {
-                return Err(bad_ndim());
-            }
-            let index = match index {
-                Some(i) => parse_index_type(i)?,
-                None => IndexType::I64,
-            };
-            let p = Param::array(dtype, intent, ndim, index);
-            match assume {
-                Some(d) => p.assuming(parse_assumptions(d, ndim)?),
-                None => p,
-            }
-        }
-    };
-    Ok(PyParam { inner })
-}
-
 /// Declares the tensor parameter function `$name` (`In`, `Out`, `InOut`) of intent `$intent`.
 /// `strided` is taken as an object so that a value that is not a bool gets tile_py's message;
 /// the signature shown (and checked against the stub) keeps its default, False.
@@ -411,7 +330,79 @@ macro_rules! tensor_declaration {
             assume: Option<&Bound<'_, PyAny>>,
             strided: Option<&Bound<'_, PyAny>>,
         ) -> PyResult<PyParam> {
-            tensor_param($intent, dtype, ndim, index, assume, strided)
+            let intent = $intent;
+            let name = intent_fn(intent);
+            let dtype = parse_dtype(dtype)?;
+            let strided = match strided {
+                Some(s) => bool_arg(s, &format!("{name}(strided=...)"))?,
+                None => false,
+            };
+            let assume = match assume {
+                None => None,
+                Some(a) => Some(a.cast::<PyDict>().map_err(|_| {
+                    err(
+                        Kind::Type,
+                        format!(
+                            "{name}(assume=...) must be a dict of layout assumptions such as \
+                             {{'base_addr_divisible_by': 16}}, got {}",
+                            show(a)
+                        ),
+                    )
+                })?),
+            };
+            // `strided=True` declares a pointer whose strides the kernel takes as separate scalars; an
+            // array parameter (`ndim`) passes its strides itself. Both at once contradict each other.
+            if strided && let Some(n) = ndim {
+                return Err(err(
+                    Kind::Type,
+                    format!(
+                        "{name}(strided=True) declares a pointer parameter, and ndim={} an array \
+                         parameter (which passes its strides already): give one of them",
+                        n.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ),
+                ));
+            }
+            let inner = match (ndim, index) {
+                (None, None) if assume.is_none() => {
+                    let p = match intent {
+                        Intent::Read => Param::input(dtype),
+                        Intent::Write => Param::output(dtype),
+                        Intent::ReadWrite => Param::inout(dtype),
+                    };
+                    if strided { p.strided() } else { p }
+                }
+                (None, _) => {
+                    return Err(err(
+                        Kind::Type,
+                        "index and assume describe an array parameter: give ndim too",
+                    ));
+                }
+                (Some(n), index) => {
+                    let not_bool = n.cast::<pyo3::types::PyBool>().is_err();
+                    let bad_ndim = || {
+                        err(
+                            Kind::Value,
+                            format!("ndim must be an int from 0 to 32, got {}", show(n)),
+                        )
+                    };
+                    let ndim = n
+                        .extract::<u8>()
+                        .map_err(|e| reraise_or(n.py(), e, bad_ndim))?;
+                    if ndim > 32 || !not_bool {
+                        return Err(bad_ndim());
+                    }
+                    let index = match index {
+                        Some(i) => parse_index_type(i)?,
+                        None => IndexType::I64,
+                    };
+                    let p = Param::array(dtype, intent, ndim, index);
+                    match assume {
+                        Some(d) => p.assuming(parse_assumptions(d, ndim)?),
+                        None => p,
+                    }
+                }
+            };
+            Ok(PyParam { inner })
         }
     };
 }

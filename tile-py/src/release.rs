@@ -34,7 +34,7 @@ pub(crate) fn after_fork_in_child() {
     std::mem::forget(batch);
 }
 
-/// Debug counters, exposed as `tile_py._debug_counters()`.
+/// Debug counters, exposed as `tile_py._testing.debug_counters()`.
 pub(crate) struct Counters {
     /// `launch` calls that got as far as converting arguments.
     pub launches_attempted: AtomicU64,

@@ -52,7 +52,7 @@ static STATE: Mutex<State> = Mutex::new(State {
 static CHANGED: Condvar = Condvar::new();
 /// Whether the thread was ever started: a lock-free fast path for [`start`].
 static STARTED: AtomicBool = AtomicBool::new(false);
-/// Completed wake-ups that attached (for `_release_thread()`).
+/// Completed wake-ups that attached (for `tile_py._testing.release_thread()`).
 static CYCLES: AtomicU64 = AtomicU64::new(0);
 
 fn lock() -> std::sync::MutexGuard<'static, State> {
@@ -141,7 +141,7 @@ pub(crate) fn after_fork_in_child() {
     }
 }
 
-/// `tile_py._release_thread()`: `{"running": bool, "period_ms": int, "cycles": int}`.
+/// `tile_py._testing.release_thread()`: `{"running": bool, "period_ms": int, "cycles": int}`.
 pub(crate) fn describe(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let d = pyo3::types::PyDict::new(py);
     // A forked child has no release thread (and may have inherited the lock held); elsewhere
@@ -152,20 +152,4 @@ pub(crate) fn describe(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict
     d.set_item("period_ms", PERIOD.as_millis() as u64)?;
     d.set_item("cycles", CYCLES.load(Ordering::Relaxed))?;
     Ok(d)
-}
-
-/// `tile_py._release_thread()`: the release thread's state, `{"running": bool, "period_ms":
-/// int, "cycles": int}` (`cycles`: wake-ups that attached to poll and drain).
-#[pyfunction]
-pub(crate) fn _release_thread(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
-    describe(py)
-}
-
-/// `tile_py._queue_release(obj)`: queues the release of a reference to `obj` (its decref) as a
-/// launch's guard does once its work is done, and starts the release thread, without draining:
-/// for tests of the release thread on machines without a GPU.
-#[pyfunction]
-pub(crate) fn _queue_release(obj: Py<PyAny>) {
-    crate::release::defer_release(crate::release::Release::Object(obj));
-    start();
 }

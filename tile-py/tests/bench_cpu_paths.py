@@ -5,7 +5,7 @@ and the stream-object parse, through ``_testing.check_args`` (the same conversio
     python tile-py/tests/bench_cpu_paths.py [calls]
 
 Not a test (pytest does not collect it). Every figure is the median of 5 runs, in microseconds
-per call. ``_check_args`` parses its parameter list on every call, so compare rows with each
+per call. ``check_args`` parses its parameter list on every call, so compare rows with each
 other (``tile_py adds`` subtracts the producer's own cost and the 1-scalar baseline), not with
 ``tile_py.launch`` timings.
 """

@@ -254,11 +254,7 @@ pub(crate) fn convert_args_into(
             None => noted(py, e, at),
         },
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let what = crate::exceptions::panic_text(&*payload, "unknown panic");
             arg_err(
                 Kind::Runtime,
                 at,

@@ -88,11 +88,7 @@ pub(crate) unsafe extern "C" fn handler(
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => frame.error(&e),
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
+            let what = crate::exceptions::panic_text(&*panic, "a panic");
             // The payload is dropped inside a guard too: a payload that panics on drop must not
             // unwind into XLA either.
             let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(panic)));
