@@ -42,17 +42,20 @@ static PROCESS: AtomicU32 = AtomicU32::new(0);
 static INHERITED: Mutex<Option<tile_launch::Stats>> = Mutex::new(None);
 
 /// Whether releases are leaked instead of run (interpreter exit, or a forked child).
+#[inline]
 pub(crate) fn leaking() -> bool {
     FINALIZING.load(Ordering::Acquire) || FORKED.load(Ordering::Acquire)
 }
 
 /// Whether this process is a child made by `os.fork()`.
+#[inline]
 pub(crate) fn forked() -> bool {
     FORKED.load(Ordering::Acquire)
 }
 
 /// `ValueError` in a child made by `os.fork()`: `what` needs CUDA, which does not survive the
 /// fork.
+#[inline]
 pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
     if forked() {
         return Err(err(
@@ -68,6 +71,7 @@ pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
 }
 
 /// [`refuse_in_fork`] for a launch, which is refused during interpreter exit too.
+#[inline]
 pub(crate) fn refuse_launch() -> PyResult<()> {
     if FINALIZING.load(Ordering::Acquire) {
         return Err(err(

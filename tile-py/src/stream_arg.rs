@@ -249,6 +249,7 @@ pub(crate) fn launch_stream(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<
 
 /// The cached [`Stream`] for a stream argument `obj` parsed into `spec`: the one
 /// [`parse_stream_cached`] found (`cached`), else made or found in [`crate::stream_cache`].
+#[inline]
 pub(crate) fn resolve_spec(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,

@@ -141,6 +141,7 @@ pub(crate) struct Converted {
 
 impl Converted {
     /// Nothing converted yet.
+    #[inline]
     pub(crate) fn new() -> Converted {
         Converted {
             args: SmallVec::new(),
@@ -153,6 +154,7 @@ impl Converted {
     /// Every tensor was consumed by tile-launch (launched, or released by a launch refused
     /// after its check): nothing is handed back when it drops; its claims and our references to
     /// the owners (the launch's guards hold their own) are then only dropped.
+    #[inline]
     pub(crate) fn commit(&mut self) {
         self.committed = true;
     }
