@@ -71,6 +71,7 @@ import torch
 
 import tile_py
 
+from tile_py import _testing
 N = 4096
 SOURCE = r"""
 extern "C" __global__ void vector_add(const float* a, const float* b, float* c,
@@ -144,13 +145,13 @@ def bursts(fn, sync, burst, count):
 def producer_bounds(bmed, t):
     """What bounds the burst ratios from below, from rows of the same run: tile_py's launch
     with no tensor (4 u64 scalars) plus what the producers themselves cost per tensor (torch:
-    one C exchange-API export and its deleter, timed in C by `tile_py._exchange_api_cost`, plus
+    one C exchange-API export and its deleter, timed in C by `_testing.exchange_api_cost`, plus
     the negative-bit check per tensor and requires_grad for the output; CuPy: one
     `__dlpack__(stream=...)` and the capsule's release per array). A launch that did no
     per-tensor work of its own would still cost this. Returns (bounds, reasons for nulls)."""
     out, missing = {}, {}
     try:
-        costs = [tile_py._exchange_api_cost(t, 64) for _ in range(200)]
+        costs = [_testing.exchange_api_cost(t, 64) for _ in range(200)]
         export_us = statistics.median(c[0] for c in costs) / 1e3
         out["bound.torch_exchange_export_release_us"] = export_us
         out["bound.torch_current_work_stream_us"] = statistics.median(c[1] for c in costs) / 1e3

@@ -1,7 +1,7 @@
 """Where tile_py's per-tensor cost goes, torch tensors against CuPy arrays, on a GPU machine:
 tile_py.launch with 4 scalars (three kinds of stream argument), 3 torch tensors, 3 CuPy arrays
 (CuPy's current stream the launch stream; with sync=False), one CuPy array among torch tensors,
-CuPy's own export, CuPy's current-stream read, and the conversion alone (tile_py._check_args,
+CuPy's own export, CuPy's current-stream read, and the conversion alone (_testing.check_args,
 no launch). Host us per call, bursts of 64, median of 200 rounds.
 
     PYTHONPATH=<tile_py site> python3 bench/probe_tensor_costs.py
@@ -9,6 +9,7 @@ no launch). Host us per call, bursts of 64, median of 200 rounds.
 import statistics, time
 import torch, cupy
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 
 def t(name, f, n=64, rounds=200, before=None):
@@ -51,9 +52,9 @@ with torch.cuda.stream(s):
     caps = [None]
     def export_consume():
         cap = ca.__dlpack__(stream=h, max_version=(1, 3))
-        tile_py._check_args([In("float32")], (cap,), stream=h, device=0)
-    t("capsule through tile_py._check_args (export+check+consume+release)", export_consume, before=use)
-    t("tile_py._check_args, 1 CuPy array", lambda: tile_py._check_args([In("float32")], (ca,), stream=h, device=0), before=use)
-    t("tile_py._check_args, 1 torch tensor", lambda: tile_py._check_args([In("float32")], (a,), stream=h, device=0), before=use)
+        _testing.check_args([In("float32")], (cap,), stream=h, device=0)
+    t("capsule through _testing.check_args (export+check+consume+release)", export_consume, before=use)
+    t("_testing.check_args, 1 CuPy array", lambda: _testing.check_args([In("float32")], (ca,), stream=h, device=0), before=use)
+    t("_testing.check_args, 1 torch tensor", lambda: _testing.check_args([In("float32")], (a,), stream=h, device=0), before=use)
 print("cupy", cupy.__version__, "current==xs:", cupy.cuda.get_current_stream().ptr == h)
 tile_py.synchronize()

@@ -31,14 +31,15 @@ use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, P
 use smallvec::SmallVec;
 use tile_launch::{Dim3, LaunchConfig, Param};
 
+use crate::completion::LaunchHandle;
+use crate::convert::INLINE;
 use crate::convert::{Converted, Handshake, Tensor, convert_array, convert_scalar, parse_typestr};
-use crate::errors::{Kind, err, launch_err};
-use crate::handle::LaunchHandle;
+use crate::exceptions::{Kind, err, launch_err};
 use crate::kernel::Kernel;
-use crate::launch::{ArgList, INLINE, Target, launch_converted, prelude};
 use crate::pytypes::TypeCache;
 use crate::release::COUNTERS;
-use crate::streams;
+use crate::request::{ArgList, arg_list};
+use crate::submit::{Target, submit_converted};
 
 /// cuTile's largest grid dimension (`tile_py.cutile.MAX_GRID_DIM`): larger ones may compute
 /// wrong tile block IDs.
@@ -810,7 +811,7 @@ pub(crate) fn launch<'py>(
     config.cooperative = cooperative;
     config.programmatic_dependent_launch = programmatic_dependent_launch;
     let params = params_of(kernel)?;
-    let args: ArgList<'py> = match crate::launch::arg_list(args) {
+    let args: ArgList<'py> = match arg_list(args) {
         Ok(a) => a,
         Err(_) => args.try_iter()?.collect::<PyResult<_>>()?,
     };
@@ -819,9 +820,9 @@ pub(crate) fn launch<'py>(
         let e = call_module(py, "_count_error", (kernel, n, args.len()))?;
         return Err(PyErr::from_value(e));
     }
-    let (spec, cached) = prelude(py, &stream)?;
-    let stream_value = spec.dlpack_value();
-    let s = streams::resolve(py, &stream, spec, cached)?;
+    crate::release::drain(py);
+    crate::process::refuse_launch()?;
+    let (s, stream_value) = crate::stream_arg::launch_stream(py, &stream)?;
     let hs = Handshake::new(stream_value, true, s.context().ordinal());
     let cc = s.context().limits().compute_capability;
 
@@ -1019,7 +1020,7 @@ fn launch_leaves(
         return Err(e);
     }
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
-    launch_converted(
+    submit_converted(
         py,
         &Target {
             stream: s,

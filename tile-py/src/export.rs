@@ -1,4 +1,4 @@
-//! `tile_py._export`: one DLPack export of a launch argument, made as a launch makes it (the
+//! `tile_py._tile_py._export`: one DLPack export of a launch argument, made as a launch makes it (the
 //! `__dlpack__` handshake with the launch stream), and the layout its descriptor states, for a
 //! caller that must pick the kernel from the layout before launching (`tile_py.cutile`). The
 //! capsule is handed back unconsumed, to be launched: nothing here renames it or runs its
@@ -12,8 +12,7 @@ use pyo3::types::PyCapsule;
 use crate::convert::{
     DlpackMethod, Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream,
 };
-use crate::errors::{Kind, arg_err, launch_err, show};
-use crate::streams;
+use crate::exceptions::{Kind, arg_err, launch_err, show};
 
 /// What `_export` returns besides the capsule: `((code, bits, lanes), (device_type,
 /// device_id), data_ptr, shape, strides)`, strides in elements (compact row-major when the
@@ -46,11 +45,11 @@ pub(crate) fn _export<'py>(
     let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
         (obj.clone(), None)
     } else {
-        let (spec, cached) = streams::parse_stream_cached(stream)?;
+        let (spec, cached) = crate::stream_arg::parse_stream_cached(stream)?;
         let dlpack_stream = spec.dlpack_value();
         let device = match device {
             Some(d) => d,
-            None => streams::resolve(py, stream, spec, cached)?
+            None => crate::stream_arg::resolve_spec(py, stream, spec, cached)?
                 .context()
                 .ordinal(),
         };

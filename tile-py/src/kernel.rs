@@ -12,7 +12,9 @@ use tile_launch::{
     ArrayAssumptions, IndexType, Intent, MAX_ASSUMED_DIMS, Param, ScalarType, Signature,
 };
 
-use crate::errors::{Kind, err, launch_err, reraise_or, show};
+use crate::exceptions::{Kind, err, launch_err, reraise_or, show};
+use crate::prepared::BoundLaunch;
+use crate::request::RequestArgs;
 
 /// One declared kernel parameter (made by `In`, `Out`, `InOut` or `Scalar`).
 #[pyclass(frozen, name = "Param", module = "tile_py")]
@@ -119,16 +121,12 @@ pub(crate) fn parse_dtype(obj: &Bound<'_, PyAny>) -> PyResult<DType> {
     if obj.is(py.get_type::<pyo3::types::PyComplex>()) {
         return Ok(DType::C128);
     }
-    let name = name_of(obj)?;
-    DType::from_name(canonical(&name)).ok_or_else(|| {
-        err(
-            Kind::Value,
-            format!(
-                "unknown dtype {}: use a name such as 'float32', 'bfloat16' or 'int64'",
-                show(obj)
-            ),
-        )
-    })
+    parse_name(
+        obj,
+        DType::from_name,
+        "dtype",
+        "use a name such as 'float32', 'bfloat16' or 'int64'",
+    )
 }
 
 /// A dtype name in tile-dlpack's spelling (its one table of names): PyTorch's `torch.` prefix
@@ -148,17 +146,26 @@ fn canonical(name: &str) -> &str {
     }
 }
 
-fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
+/// `obj`'s name ([`name_of`], [`canonical`]) looked up with `from_name`, or a `ValueError`:
+/// an unknown `what`, and `hint`.
+fn parse_name<T>(
+    obj: &Bound<'_, PyAny>,
+    from_name: impl FnOnce(&str) -> Option<T>,
+    what: &str,
+    hint: &str,
+) -> PyResult<T> {
     let name = name_of(obj)?;
-    ScalarType::from_name(canonical(&name)).ok_or_else(|| {
-        err(
-            Kind::Value,
-            format!(
-                "unknown scalar type {}: use one of bool, i8..i64, u8..u64, f32, f64",
-                show(obj)
-            ),
-        )
-    })
+    from_name(canonical(&name))
+        .ok_or_else(|| err(Kind::Value, format!("unknown {what} {}: {hint}", show(obj))))
+}
+
+fn parse_scalar_type(obj: &Bound<'_, PyAny>) -> PyResult<ScalarType> {
+    parse_name(
+        obj,
+        ScalarType::from_name,
+        "scalar type",
+        "use one of bool, i8..i64, u8..u64, f32, f64",
+    )
 }
 
 fn intent_fn(intent: Intent) -> &'static str {
@@ -170,16 +177,12 @@ fn intent_fn(intent: Intent) -> &'static str {
 }
 
 fn parse_index_type(obj: &Bound<'_, PyAny>) -> PyResult<IndexType> {
-    let name = name_of(obj)?;
-    IndexType::from_name(canonical(&name)).ok_or_else(|| {
-        err(
-            Kind::Value,
-            format!(
-                "unknown index type {}: use 'i32', 'u32' or 'i64'",
-                show(obj)
-            ),
-        )
-    })
+    parse_name(
+        obj,
+        IndexType::from_name,
+        "index type",
+        "use 'i32', 'u32' or 'i64'",
+    )
 }
 
 /// A tensor parameter: a pointer (no `ndim`), or an array parameter (`ndim` given: the pointer,
@@ -201,14 +204,19 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
                 .map(|b| b.is_true())
                 .map_err(|_| bad(&key, format!("expected True or False, got {}", show(v))))
         };
+        // A sequence of ints, or the assumption's error naming `what` it must hold.
+        fn ints<'py, T: FromPyObjectOwned<'py>>(
+            v: &Bound<'py, PyAny>,
+            bad: impl FnOnce() -> PyErr,
+        ) -> PyResult<Vec<T>> {
+            v.extract().map_err(|e| reraise_or(v.py(), e, bad))
+        }
         let per_dim = |v: &Bound<'_, PyAny>| -> PyResult<[u32; MAX_ASSUMED_DIMS]> {
-            let xs: Vec<u32> = v.extract().map_err(|e| {
-                reraise_or(v.py(), e, || {
-                    bad(
-                        &key,
-                        format!("expected a sequence of positive ints, got {}", show(v)),
-                    )
-                })
+            let xs: Vec<u32> = ints(v, || {
+                bad(
+                    &key,
+                    format!("expected a sequence of positive ints, got {}", show(v)),
+                )
             })?;
             if xs.len() != usize::from(ndim) || xs.len() > dims {
                 return Err(bad(
@@ -224,13 +232,11 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
             Ok(out)
         };
         let mask = |v: &Bound<'_, PyAny>| -> PyResult<u8> {
-            let xs: Vec<usize> = v.extract().map_err(|e| {
-                reraise_or(v.py(), e, || {
-                    bad(
-                        &key,
-                        format!("expected a sequence of dimensions, got {}", show(v)),
-                    )
-                })
+            let xs: Vec<usize> = ints(v, || {
+                bad(
+                    &key,
+                    format!("expected a sequence of dimensions, got {}", show(v)),
+                )
             })?;
             let mut m = 0u8;
             for x in xs {
@@ -281,26 +287,6 @@ fn parse_assumptions(d: &Bound<'_, PyDict>, ndim: u8) -> PyResult<ArrayAssumptio
     Ok(a)
 }
 
-/// The optional bool keyword `name` of `func` (`launch`, `Kernel.bind`): `default` when not
-/// given; a bool (NumPy's included); anything else a `TypeError` naming `func: name`.
-#[inline]
-pub(crate) fn flag_arg(
-    v: Option<&Bound<'_, PyAny>>,
-    func: &str,
-    name: &str,
-    default: bool,
-) -> PyResult<bool> {
-    match v {
-        None => Ok(default),
-        Some(v) => v.extract::<bool>().map_err(|_| {
-            err(
-                Kind::Type,
-                format!("{func}: {name} must be True or False, got {}", show(v)),
-            )
-        }),
-    }
-}
-
 /// `obj` as a `bool` (`True` or `False` only), or a `TypeError` naming `what`.
 pub(crate) fn bool_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
     obj.cast::<pyo3::types::PyBool>()
@@ -326,152 +312,121 @@ fn str_arg(obj: &Bound<'_, PyAny>, what: &str, holding: &str) -> PyResult<String
         .map(str::to_owned)
 }
 
-fn tensor_param(
-    intent: Intent,
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    let name = match intent {
-        Intent::Read => "In",
-        Intent::Write => "Out",
-        Intent::ReadWrite => "InOut",
-    };
-    let dtype = parse_dtype(dtype)?;
-    let strided = match strided {
-        Some(s) => bool_arg(s, &format!("{name}(strided=...)"))?,
-        None => false,
-    };
-    let assume = match assume {
-        None => None,
-        Some(a) => Some(a.cast::<PyDict>().map_err(|_| {
-            err(
-                Kind::Type,
-                format!(
-                    "{name}(assume=...) must be a dict of layout assumptions such as \
-                     {{'base_addr_divisible_by': 16}}, got {}",
-                    show(a)
-                ),
-            )
-        })?),
-    };
-    // `strided=True` declares a pointer whose strides the kernel takes as separate scalars; an
-    // array parameter (`ndim`) passes its strides itself. Both at once contradict each other.
-    if strided && let Some(n) = ndim {
-        return Err(err(
-            Kind::Type,
-            format!(
-                "{name}(strided=True) declares a pointer parameter, and ndim={} an array \
-                 parameter (which passes its strides already): give one of them",
-                n.repr().map(|r| r.to_string()).unwrap_or_default()
-            ),
-        ));
-    }
-    let inner = match (ndim, index) {
-        (None, None) if assume.is_none() => {
-            let p = match intent {
-                Intent::Read => Param::input(dtype),
-                Intent::Write => Param::output(dtype),
-                Intent::ReadWrite => Param::inout(dtype),
+/// Declares the tensor parameter function `$name` (`In`, `Out`, `InOut`) of intent `$intent`.
+/// `strided` is taken as an object so that a value that is not a bool gets tile_py's message;
+/// the signature shown (and checked against the stub) keeps its default, False.
+macro_rules! tensor_declaration {
+    ($(#[doc = $doc:literal])* $name:literal, $func:ident, $intent:expr) => {
+        $(#[doc = $doc])*
+        #[pyfunction(name = $name)]
+        #[pyo3(
+            signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
+            text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
+        )]
+        pub(crate) fn $func(
+            dtype: &Bound<'_, PyAny>,
+            ndim: Option<&Bound<'_, PyAny>>,
+            index: Option<&Bound<'_, PyAny>>,
+            assume: Option<&Bound<'_, PyAny>>,
+            strided: Option<&Bound<'_, PyAny>>,
+        ) -> PyResult<PyParam> {
+            let intent = $intent;
+            let name = intent_fn(intent);
+            let dtype = parse_dtype(dtype)?;
+            let strided = match strided {
+                Some(s) => bool_arg(s, &format!("{name}(strided=...)"))?,
+                None => false,
             };
-            if strided { p.strided() } else { p }
-        }
-        (None, _) => {
-            return Err(err(
-                Kind::Type,
-                "index and assume describe an array parameter: give ndim too",
-            ));
-        }
-        (Some(n), index) => {
-            let not_bool = n.cast::<pyo3::types::PyBool>().is_err();
-            let bad_ndim = || {
-                err(
-                    Kind::Value,
-                    format!("ndim must be an int from 0 to 32, got {}", show(n)),
-                )
+            let assume = match assume {
+                None => None,
+                Some(a) => Some(a.cast::<PyDict>().map_err(|_| {
+                    err(
+                        Kind::Type,
+                        format!(
+                            "{name}(assume=...) must be a dict of layout assumptions such as \
+                             {{'base_addr_divisible_by': 16}}, got {}",
+                            show(a)
+                        ),
+                    )
+                })?),
             };
-            let ndim = n
-                .extract::<u8>()
-                .map_err(|e| reraise_or(n.py(), e, bad_ndim))?;
-            if ndim > 32 || !not_bool {
-                return Err(bad_ndim());
+            // `strided=True` declares a pointer whose strides the kernel takes as separate scalars; an
+            // array parameter (`ndim`) passes its strides itself. Both at once contradict each other.
+            if strided && let Some(n) = ndim {
+                return Err(err(
+                    Kind::Type,
+                    format!(
+                        "{name}(strided=True) declares a pointer parameter, and ndim={} an array \
+                         parameter (which passes its strides already): give one of them",
+                        n.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ),
+                ));
             }
-            let index = match index {
-                Some(i) => parse_index_type(i)?,
-                None => IndexType::I64,
+            let inner = match (ndim, index) {
+                (None, None) if assume.is_none() => {
+                    let p = match intent {
+                        Intent::Read => Param::input(dtype),
+                        Intent::Write => Param::output(dtype),
+                        Intent::ReadWrite => Param::inout(dtype),
+                    };
+                    if strided { p.strided() } else { p }
+                }
+                (None, _) => {
+                    return Err(err(
+                        Kind::Type,
+                        "index and assume describe an array parameter: give ndim too",
+                    ));
+                }
+                (Some(n), index) => {
+                    let not_bool = n.cast::<pyo3::types::PyBool>().is_err();
+                    let bad_ndim = || {
+                        err(
+                            Kind::Value,
+                            format!("ndim must be an int from 0 to 32, got {}", show(n)),
+                        )
+                    };
+                    let ndim = n
+                        .extract::<u8>()
+                        .map_err(|e| reraise_or(n.py(), e, bad_ndim))?;
+                    if ndim > 32 || !not_bool {
+                        return Err(bad_ndim());
+                    }
+                    let index = match index {
+                        Some(i) => parse_index_type(i)?,
+                        None => IndexType::I64,
+                    };
+                    let p = Param::array(dtype, intent, ndim, index);
+                    match assume {
+                        Some(d) => p.assuming(parse_assumptions(d, ndim)?),
+                        None => p,
+                    }
+                }
             };
-            let p = Param::array(dtype, intent, ndim, index);
-            match assume {
-                Some(d) => p.assuming(parse_assumptions(d, ndim)?),
-                None => p,
-            }
+            Ok(PyParam { inner })
         }
     };
-    Ok(PyParam { inner })
 }
 
-/// A tensor the kernel reads. Without `ndim`, a pointer the kernel indexes densely: a tensor
-/// that is not dense row-major is refused, unless `strided=True` (the kernel is passed the
-/// strides itself). With `ndim`, an array parameter (any layout): the pointer, `ndim` extents and
-/// `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`), with
-/// the layout assumptions of `assume` checked at each launch.
-#[pyfunction(name = "In")]
-// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
-// signature shown (and checked against the stub) keeps its default, False.
-#[pyo3(
-    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
-    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
-)]
-pub(crate) fn input(
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    tensor_param(Intent::Read, dtype, ndim, index, assume, strided)
-}
+tensor_declaration!(
+    /// A tensor the kernel reads. Without `ndim`, a pointer the kernel indexes densely: a tensor
+    /// that is not dense row-major is refused, unless `strided=True` (the kernel is passed the
+    /// strides itself). With `ndim`, an array parameter (any layout): the pointer, `ndim` extents
+    /// and `ndim` strides in elements, in `index` (`'i32'`, `'u32'` or `'i64'`, default `'i64'`),
+    /// with the layout assumptions of `assume` checked at each launch.
+    "In", input, Intent::Read
+);
+tensor_declaration!(
+    /// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
+    /// `index` as for `In`.
+    "Out", output, Intent::Write
+);
+tensor_declaration!(
+    /// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
+    "InOut", inout, Intent::ReadWrite
+);
 
-/// A tensor the kernel writes (read-only or self-overlapping tensors are refused). `ndim` and
-/// `index` as for `In`.
-#[pyfunction(name = "Out")]
-// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
-// signature shown (and checked against the stub) keeps its default, False.
-#[pyo3(
-    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
-    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
-)]
-pub(crate) fn output(
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    tensor_param(Intent::Write, dtype, ndim, index, assume, strided)
-}
-
-/// A tensor the kernel reads and writes. `ndim` and `index` as for `In`.
-#[pyfunction(name = "InOut")]
-// `strided` is taken as an object so that a value that is not a bool gets tile_py's message; the
-// signature shown (and checked against the stub) keeps its default, False.
-#[pyo3(
-    signature = (dtype, *, ndim = None, index = None, assume = None, strided = None),
-    text_signature = "(dtype, *, ndim=None, index=None, assume=None, strided=False)"
-)]
-pub(crate) fn inout(
-    dtype: &Bound<'_, PyAny>,
-    ndim: Option<&Bound<'_, PyAny>>,
-    index: Option<&Bound<'_, PyAny>>,
-    assume: Option<&Bound<'_, PyAny>>,
-    strided: Option<&Bound<'_, PyAny>>,
-) -> PyResult<PyParam> {
-    tensor_param(Intent::ReadWrite, dtype, ndim, index, assume, strided)
-}
-
-/// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`.
+/// A scalar passed by value: `bool`, `i8`..`i64`, `u8`..`u64`, `f32`, `f64`. Raises
+/// `ValueError` for another name.
 #[pyfunction(name = "Scalar")]
 #[pyo3(signature = (ty, /))]
 pub(crate) fn scalar(ty: &Bound<'_, PyAny>) -> PyResult<PyParam> {
@@ -521,14 +476,22 @@ fn str_list(obj: &Bound<'_, PyAny>) -> Option<Vec<String>> {
 
 /// Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC.
 ///
-/// Loading raises `tile_py.CudaError` when the driver refuses the image, and its subclass
-/// `tile_py.DriverNotFoundError` when no CUDA driver could be loaded.
+/// Loading raises `TypeError` for an argument of the wrong type, `tile_py.CudaError` when the
+/// driver refuses the image, its subclass `tile_py.DriverNotFoundError` when no CUDA driver
+/// could be loaded, and `ValueError` in a child made by `os.fork()`.
 #[pyclass(frozen, module = "tile_py")]
 pub(crate) struct Library {
     inner: tile_launch::Library,
 }
 
-fn loaded(py: Python<'_>, r: tile_launch::Result<tile_launch::Library>) -> PyResult<Library> {
+/// Loads a library with `load`, detached (loading and compiling may take long); refused in a
+/// forked child.
+fn load(
+    py: Python<'_>,
+    load: impl FnOnce() -> tile_launch::Result<tile_launch::Library> + Send,
+) -> PyResult<Library> {
+    crate::process::refuse_in_fork("load a library")?;
+    let r = py.detach(load);
     crate::release::drain(py);
     r.map(|inner| Library { inner })
         .map_err(|e| launch_err(py, e, |_| None))
@@ -549,9 +512,7 @@ impl Library {
                 ),
             )
         })?;
-        crate::lifecycle::refuse_in_fork("load a library")?;
-        let r = py.detach(|| tile_launch::Library::from_file(&path));
-        loaded(py, r)
+        load(py, || tile_launch::Library::from_file(&path))
     }
 
     /// Loads a cubin, fatbin or PTX image from bytes.
@@ -571,9 +532,7 @@ impl Library {
                     ),
                 )
             })?;
-        crate::lifecycle::refuse_in_fork("load a library")?;
-        let r = py.detach(|| tile_launch::Library::from_image(&data));
-        loaded(py, r)
+        load(py, || tile_launch::Library::from_image(&data))
     }
 
     /// Loads PTX text.
@@ -584,9 +543,7 @@ impl Library {
             "Library.from_ptx: ptx",
             "PTX text; an image as bytes goes to Library.from_bytes",
         )?;
-        crate::lifecycle::refuse_in_fork("load a library")?;
-        let r = py.detach(|| tile_launch::Library::from_ptx(&ptx));
-        loaded(py, r)
+        load(py, || tile_launch::Library::from_ptx(&ptx))
     }
 
     /// Compiles CUDA C++ with NVRTC and loads it. Declare kernels `extern "C"`. Raises
@@ -614,12 +571,10 @@ impl Library {
         };
         #[cfg(feature = "nvrtc")]
         {
-            crate::lifecycle::refuse_in_fork("load a library")?;
-            let r = py.detach(|| {
+            load(py, || {
                 let opts: Vec<&str> = options.iter().map(String::as_str).collect();
                 tile_launch::Library::from_cuda_source(&source, &opts)
-            });
-            loaded(py, r)
+            })
         }
         #[cfg(not(feature = "nvrtc"))]
         {
@@ -631,7 +586,9 @@ impl Library {
     }
 
     /// Looks up kernel `name` and declares its parameters, checked against the compiled
-    /// kernel's parameter sizes.
+    /// kernel's parameter sizes. Raises `TypeError` for a declaration that does not match them,
+    /// `ValueError` for a name with a NUL and in a child made by `os.fork()`, and
+    /// `tile_py.CudaError` for a name the library lacks (`CUDA_ERROR_NOT_FOUND`).
     fn kernel(
         &self,
         py: Python<'_>,
@@ -642,7 +599,7 @@ impl Library {
         let name = name.as_str();
         let params = parse_params(params)?;
         let sig = Signature::new(params.iter().copied());
-        crate::lifecycle::refuse_in_fork("look up a kernel")?;
+        crate::process::refuse_in_fork("look up a kernel")?;
         let k = self
             .inner
             .kernel(name, sig)
@@ -675,5 +632,44 @@ impl Kernel {
     fn __repr__(&self) -> String {
         let ps: Vec<String> = self.params.iter().map(|p| p.to_string()).collect();
         format!("<tile_py.Kernel {}({})>", self.inner.name(), ps.join(", "))
+    }
+
+    /// Binds this kernel to `stream` and a launch configuration for repeated launches, and
+    /// returns a `BoundLaunch` (the same as `BoundLaunch(stream, grid, kernel, block=..., ...)`):
+    /// `bound(*args)` then launches as `launch(stream, grid, kernel, args, block=..., ...)`
+    /// does. The configuration is checked against the device once, here; each call checks only
+    /// its arguments. Raises what `tile_py.launch` raises for the stream and the configuration
+    /// (`ValueError` in a child made by `os.fork()` among them).
+    #[pyo3(signature = (stream, grid, *, block, shared_mem = None, cluster = None,
+                        cooperative = None, programmatic_dependent_launch = None),
+           text_signature = "($self, stream, grid, *, block, shared_mem=None, cluster=None, \
+                             cooperative=False, programmatic_dependent_launch=False)")]
+    #[allow(clippy::too_many_arguments)]
+    fn bind(
+        slf: &Bound<'_, Self>,
+        stream: &Bound<'_, PyAny>,
+        grid: &Bound<'_, PyAny>,
+        block: &Bound<'_, PyAny>,
+        shared_mem: Option<&Bound<'_, PyAny>>,
+        cluster: Option<&Bound<'_, PyAny>>,
+        cooperative: Option<&Bound<'_, PyAny>>,
+        programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<BoundLaunch> {
+        BoundLaunch::bind(
+            slf.py(),
+            &RequestArgs {
+                func: "Kernel.bind",
+                stream,
+                grid,
+                block: Some(block),
+                shared_mem,
+                cluster,
+                cooperative,
+                programmatic_dependent_launch,
+                sync: None,
+                kernel: Some(slf.as_any()),
+                args: None,
+            },
+        )
     }
 }

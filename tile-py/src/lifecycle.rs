@@ -1,60 +1,17 @@
-//! The calls around launches: `synchronize`, `stats`, `compute_capability`, and the process's
-//! lifecycle hooks (`atexit`: `_shutdown`; `os.fork`: `_after_fork_in_child`).
-//!
-//! **In a child made by `os.fork()`** CUDA cannot be used (the driver's state does not survive
-//! the fork: its calls fail with `CUDA_ERROR_NOT_INITIALIZED`), so no public call makes a
-//! driver call there, and none waits for a lock another thread of the parent may have held at
-//! the fork: launches, prepared launches, library loads and kernel lookups, and
-//! `compute_capability` raise `ValueError` (use the `spawn` or `forkserver` start method);
-//! `synchronize` returns at once; `stats` answers without polling, from the counters inherited
-//! at the fork, with every tensor the parent's streams held counted in `leaked`; a
-//! `LaunchHandle` inherited from the parent is retired at once (`wait` returns, `done` is
-//! True), its tensors leaked; releases queued in the parent are leaked, never run
-//! ([`release::FORKED`]); there is no release thread; the `atexit` hook returns at once.
+//! The calls around launches: `synchronize`, `stats`, `compute_capability`, and the `atexit`
+//! hook `_shutdown`. What each does in a child made by `os.fork()` is [`crate::process`]'s
+//! rule.
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::{Kind, err};
+use crate::exceptions::{Kind, err};
+use crate::process::{FINALIZING, forked, refuse_in_fork};
 use crate::pytypes::SameThread;
-use crate::release::{COUNTERS, FINALIZING, FORKED, drain};
-use crate::{release, streams, worker};
-
-/// The process tile_py was loaded in, or last forked into ([`_after_fork_in_child`]).
-static PROCESS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Records the process tile_py is loaded in (module initialisation).
-pub(crate) fn record_process() {
-    PROCESS.store(std::process::id(), Ordering::Release);
-}
-
-/// In a forked child: the counters of the streams inherited from the parent, read once at the
-/// fork, with what they held moved to `leaked` (see the module docs).
-static INHERITED: Mutex<Option<tile_launch::Stats>> = Mutex::new(None);
-
-/// Whether this process is a child made by `os.fork()` (see the module docs).
-pub(crate) fn forked() -> bool {
-    FORKED.load(Ordering::Acquire)
-}
-
-/// `ValueError` in a child made by `os.fork()`: `what` needs CUDA, which does not survive the
-/// fork.
-pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
-    if forked() {
-        return Err(err(
-            Kind::Value,
-            format!(
-                "tile_py cannot {what} in a process made by os.fork() after CUDA may have been \
-                 used in the parent (CUDA does not survive fork); use the 'spawn' or \
-                 'forkserver' start method"
-            ),
-        ));
-    }
-    Ok(())
-}
+use crate::release::{COUNTERS, drain};
+use crate::{release, stream_cache, worker};
 
 /// The compute capability `(major, minor)` of `stream`'s device (read once per device with
 /// `cuDeviceGetAttribute` when tile_py first uses it). `stream` as for `launch`. Raises
@@ -65,8 +22,7 @@ pub(crate) fn compute_capability(
     stream: &Bound<'_, PyAny>,
 ) -> PyResult<(u32, u32)> {
     refuse_in_fork("read a device's compute capability")?;
-    let (spec, cached) = streams::parse_stream_cached(stream)?;
-    let s = streams::resolve(py, stream, spec, cached)?;
+    let (s, _) = crate::stream_arg::launch_stream(py, stream)?;
     Ok(s.context().limits().compute_capability)
 }
 
@@ -89,10 +45,10 @@ pub(crate) fn synchronize(py: Python<'_>) -> PyResult<()> {
         drain(py);
         return Ok(());
     }
-    streams::synchronize_all(py);
+    stream_cache::synchronize_all(py);
     release::settle(py);
     // What the wait released leaves its stream idle: forget it now, not at the next call.
-    streams::forget_idle_streams();
+    stream_cache::forget_idle_streams();
     Ok(())
 }
 
@@ -100,11 +56,13 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     let (streams, base) = if forked() {
         // The child holds no stream of its own; the parent's counted once, at the fork.
-        let inherited = *INHERITED.lock().unwrap_or_else(|p| p.into_inner());
-        (Vec::new(), inherited.unwrap_or_default())
+        (
+            Vec::new(),
+            crate::process::inherited_stats().unwrap_or_default(),
+        )
     } else {
         // Streams already forgotten (their work released) keep their totals.
-        (streams::all(), streams::forgotten_stats())
+        (stream_cache::all(), stream_cache::forgotten_stats())
     };
     let st = streams.iter().fold(base, |sum, s| sum.plus(&s.stats()));
     let (pg, pb, hg, hb) = (
@@ -175,7 +133,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     if !forked() {
-        for s in streams::all() {
+        for s in stream_cache::all() {
             s.poll();
         }
     }
@@ -203,7 +161,7 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         .ok()
         .and_then(|d| std::time::Instant::now().checked_add(d));
     loop {
-        let streams = SameThread(streams::all());
+        let streams = SameThread(stream_cache::all());
         let busy = py.detach(move || {
             let streams = streams;
             streams
@@ -227,7 +185,7 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
     }
     FINALIZING.store(true, Ordering::Release);
     worker::stop(py);
-    let pending: u64 = streams::all()
+    let pending: u64 = stream_cache::all()
         .iter()
         .map(|s| {
             let st = s.stats();
@@ -241,31 +199,4 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         );
     }
     Ok(pending)
-}
-
-/// `os.register_at_fork(after_in_child=...)`: see [`release::FORKED`] and the module docs.
-/// Counts what the inherited streams held (their pending and held guards) as leaked and keeps
-/// their other counters for `stats`; the streams themselves are never touched again.
-#[pyfunction]
-pub(crate) fn _after_fork_in_child() {
-    // Only in a process other than the one tile_py was loaded in (or last forked into): a call
-    // in that process itself is not a fork and must not disable it.
-    let me = std::process::id();
-    if PROCESS.swap(me, Ordering::AcqRel) == me {
-        return;
-    }
-    release::after_fork_in_child();
-    worker::after_fork_in_child();
-    // Read without waiting: `None` when another thread of the parent held the stream cache at
-    // the fork (its counters are then not reported).
-    let mut inherited = streams::inherited_stats().unwrap_or_default();
-    let held = inherited.pending_guards + inherited.held_guards;
-    COUNTERS
-        .leaked_at_exit
-        .fetch_add(held as u64, Ordering::Relaxed);
-    inherited.pending_guards = 0;
-    inherited.pending_bytes = 0;
-    inherited.held_guards = 0;
-    inherited.held_bytes = 0;
-    *INHERITED.lock().unwrap_or_else(|p| p.into_inner()) = Some(inherited);
 }

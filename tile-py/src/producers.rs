@@ -27,7 +27,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use tile_launch::Param;
 
-use crate::errors::{Kind, arg_err, show};
+use crate::exceptions::{Kind, arg_err, show};
 use crate::pytypes::{in_package, mro_any};
 
 /// The family of a producer type.
@@ -67,7 +67,7 @@ pub(crate) fn classify(ty: &Bound<'_, PyType>) -> Family {
 
 /// What the conversion does with a tensor that passed [`check`].
 #[derive(Debug)]
-pub(crate) enum Checked<'py> {
+pub(crate) enum Screened<'py> {
     /// Convert the object as it is.
     AsIs,
     /// Convert this object instead: a torch tensor that requires grad, bound to an input and
@@ -91,13 +91,13 @@ pub(crate) fn check<'py>(
     param: &Param,
     via_dlpack: bool,
     complex: Option<bool>,
-) -> PyResult<Checked<'py>> {
+) -> PyResult<Screened<'py>> {
     let writes = matches!(
         param,
         Param::Tensor { intent, .. } | Param::Array { intent, .. } if intent.writes()
     );
     match f {
-        Family::Plain | Family::Cupy => Ok(Checked::AsIs),
+        Family::Plain | Family::Cupy => Ok(Screened::AsIs),
         Family::Jax if writes => Err(arg_err(
             Kind::Value,
             index,
@@ -110,7 +110,7 @@ pub(crate) fn check<'py>(
                 show(obj)
             ),
         )),
-        Family::Jax => Ok(Checked::AsIs),
+        Family::Jax => Ok(Screened::AsIs),
         Family::Torch => torch_check(index, obj, writes, via_dlpack, complex),
     }
 }
@@ -121,7 +121,7 @@ fn torch_check<'py>(
     writes: bool,
     via_dlpack: bool,
     complex: Option<bool>,
-) -> PyResult<Checked<'py>> {
+) -> PyResult<Screened<'py>> {
     let py = obj.py();
     // torch sets the conjugate bit on complex tensors only (`conj()` of a real tensor returns
     // it unchanged). The negative bit can be set on real tensors too (`x.conj().imag`), so it
@@ -171,7 +171,7 @@ fn torch_check<'py>(
     } else if via_dlpack && needs_grad()? {
         // Reading does not disturb autograd; torch's `__dlpack__` refuses such tensors, so its
         // detached view (the same memory, no autograd) is exported instead.
-        return Ok(Checked::Detached(obj.call_method0(intern!(py, "detach"))?));
+        return Ok(Screened::Detached(obj.call_method0(intern!(py, "detach"))?));
     }
-    Ok(Checked::AsIs)
+    Ok(Screened::AsIs)
 }

@@ -12,7 +12,7 @@
 //! context of the tensor's device current and the thread's capture mode relaxed
 //! ([`tile_launch::Context::releasing`]), as tile-launch's own releases do.
 //!
-//! Once the interpreter is finalising ([`FINALIZING`], set by the `atexit` hook), nothing is
+//! Once the interpreter is finalising ([`FINALIZING`](crate::process::FINALIZING), set by the `atexit` hook), nothing is
 //! drained any more: queued and later tensors are counted as leaked instead.
 //!
 //! **Barriers.** A drain takes the whole queue as one batch and runs it; a deleter may let the
@@ -29,31 +29,18 @@
 //! inherited from the parent's other threads never finish there; they are leaked).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 use tile_dlpack::Used;
 use tile_dlpack::dlpark::ffi::DLDeviceType;
 
-/// Set by the `atexit` hook: from then on deleters are skipped and counted as leaked.
-pub(crate) static FINALIZING: AtomicBool = AtomicBool::new(false);
+use crate::process::leaking;
 
-/// Set in a child process made by `os.fork()` (an `os.register_at_fork` hook): the child
-/// refuses to launch (CUDA cannot be used across `fork`), and never runs a deleter it inherited
-/// from the parent: the tensors belong to the parent's GPU work, so they are leaked (counted
-/// in `leaked_at_exit`), as at interpreter exit.
-pub(crate) static FORKED: AtomicBool = AtomicBool::new(false);
-
-/// Whether releases are leaked instead of run (interpreter exit, or a forked child).
-pub(crate) fn leaking() -> bool {
-    FINALIZING.load(Ordering::Acquire) || FORKED.load(Ordering::Acquire)
-}
-
-/// The `os.register_at_fork(after_in_child=...)` hook: leaks every queued release (never runs
-/// the parent's deleters) and stops launches in the child.
+/// The `os.register_at_fork(after_in_child=...)` hook's part here: leaks every queued release
+/// (never runs the parent's deleters).
 pub(crate) fn after_fork_in_child() {
-    FORKED.store(true, Ordering::Release);
     let mut q = lock();
     let batch = std::mem::take(&mut q.items);
     QUEUED.store(0, Ordering::Release);
@@ -70,7 +57,7 @@ pub(crate) fn after_fork_in_child() {
     std::mem::forget(batch);
 }
 
-/// Debug counters, exposed as `tile_py._debug_counters()`.
+/// Debug counters, exposed as `tile_py._testing.debug_counters()`.
 pub(crate) struct Counters {
     /// `launch` calls that got as far as converting arguments.
     pub launches_attempted: AtomicU64,
@@ -251,7 +238,7 @@ impl Drop for Draining {
 /// and in a forked child (see the module docs).
 pub(crate) fn settle(py: Python<'_>) {
     drain(py);
-    if DRAINING.with(Cell::get) > 0 || FORKED.load(Ordering::Acquire) {
+    if DRAINING.with(Cell::get) > 0 || crate::process::forked() {
         return;
     }
     let before = {
@@ -325,8 +312,8 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>, landing: &Landing) {
     while let Some(first) = items.peek() {
         device = device_of(first).or(device);
         let ctx = match device {
-            Some(d) => crate::contexts::cached_context(d),
-            None => crate::contexts::first_cached_context(),
+            Some(d) => crate::device_contexts::cached_context(d),
+            None => crate::device_contexts::first_cached_context(),
         };
         let mut group = || {
             while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device))

@@ -21,9 +21,9 @@
 //!   fork happens on a thread holding the interpreter, so none of them is held by this thread
 //!   when a child is made (its own state lock may be; the child never takes it). The child has
 //!   no such thread and starts none (it never releases anything it inherited, see
-//!   [`crate::release::FORKED`]).
+//!   [`crate::process::FORKED`]).
 //! - **Exit.** The thread is not a Python thread: the interpreter neither waits for it nor
-//!   joins it. It stops once the `atexit` hook has run ([`crate::release::FINALIZING`]), and it
+//!   joins it. It stops once the `atexit` hook has run ([`crate::process::FINALIZING`]), and it
 //!   attaches only through [`Python::try_attach`], never while the interpreter is finalising;
 //!   the hook waits, detached, for an attach in progress to end before it returns
 //!   ([`stop`]), so the thread is never inside the interpreter when finalisation begins.
@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use crate::release::{any_queued, drain, leaking};
+use crate::process::leaking;
+use crate::release::{any_queued, drain};
 
 /// How often the release thread wakes. Memory only tile keeps alive is released within this
 /// time of its work finishing, plus the wait for the interpreter (the README states the bound).
@@ -54,7 +55,7 @@ static STATE: Mutex<State> = Mutex::new(State {
 static CHANGED: Condvar = Condvar::new();
 /// Whether the thread was ever started: a lock-free fast path for [`start`].
 static STARTED: AtomicBool = AtomicBool::new(false);
-/// Completed wake-ups that attached (for `_release_thread()`).
+/// Completed wake-ups that attached (for `tile_py._testing.release_thread()`).
 static CYCLES: AtomicU64 = AtomicU64::new(0);
 
 fn lock() -> std::sync::MutexGuard<'static, State> {
@@ -90,7 +91,7 @@ fn run() {
                 CHANGED.notify_all();
                 return;
             }
-            if !crate::streams::any_held() && !any_queued() {
+            if !crate::stream_cache::any_held() && !any_queued() {
                 continue;
             }
             st.attaching = true;
@@ -101,7 +102,7 @@ fn run() {
             if leaking() {
                 return;
             }
-            for s in crate::streams::all() {
+            for s in crate::stream_cache::all() {
                 s.poll();
             }
             drain(py);
@@ -115,11 +116,11 @@ fn run() {
     }
 }
 
-/// Called by the `atexit` hook once [`crate::release::FINALIZING`] is set: waits (detached, so
+/// Called by the `atexit` hook once [`crate::process::FINALIZING`] is set: waits (detached, so
 /// that the thread can take the interpreter and see the flag) until the thread is not inside
 /// an attach; it stops at its next wake-up.
 pub(crate) fn stop(py: Python<'_>) {
-    if crate::release::FORKED.load(Ordering::Acquire) {
+    if crate::process::FORKED.load(Ordering::Acquire) {
         // A forked child has no release thread (and may have inherited the lock held).
         return;
     }
@@ -143,31 +144,15 @@ pub(crate) fn after_fork_in_child() {
     }
 }
 
-/// `tile_py._release_thread()`: `{"running": bool, "period_ms": int, "cycles": int}`.
+/// `tile_py._testing.release_thread()`: `{"running": bool, "period_ms": int, "cycles": int}`.
 pub(crate) fn describe(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
     let d = pyo3::types::PyDict::new(py);
     // A forked child has no release thread (and may have inherited the lock held); elsewhere
     // the lock is only ever held briefly.
-    let running = !crate::release::FORKED.load(Ordering::Acquire)
+    let running = !crate::process::FORKED.load(Ordering::Acquire)
         && STATE.try_lock().map(|st| st.running).unwrap_or(true);
     d.set_item("running", running)?;
     d.set_item("period_ms", PERIOD.as_millis() as u64)?;
     d.set_item("cycles", CYCLES.load(Ordering::Relaxed))?;
     Ok(d)
-}
-
-/// `tile_py._release_thread()`: the release thread's state, `{"running": bool, "period_ms":
-/// int, "cycles": int}` (`cycles`: wake-ups that attached to poll and drain).
-#[pyfunction]
-pub(crate) fn _release_thread(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
-    describe(py)
-}
-
-/// `tile_py._queue_release(obj)`: queues the release of a reference to `obj` (its decref) as a
-/// launch's guard does once its work is done, and starts the release thread, without draining:
-/// for tests of the release thread on machines without a GPU.
-#[pyfunction]
-pub(crate) fn _queue_release(obj: Py<PyAny>) {
-    crate::release::defer_release(crate::release::Release::Object(obj));
-    start();
 }

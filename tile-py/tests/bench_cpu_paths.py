@@ -1,11 +1,11 @@
 """CPU timings of tile_py's argument paths, no GPU needed: the generic ``__dlpack__`` handshake
-and the stream-object parse, through ``tile_py._check_args`` (the same conversion as
+and the stream-object parse, through ``_testing.check_args`` (the same conversion as
 ``tile_py.launch``, without the launch).
 
     python tile-py/tests/bench_cpu_paths.py [calls]
 
 Not a test (pytest does not collect it). Every figure is the median of 5 runs, in microseconds
-per call. ``_check_args`` parses its parameter list on every call, so compare rows with each
+per call. ``check_args`` parses its parameter list on every call, so compare rows with each
 other (``tile_py adds`` subtracts the producer's own cost and the 1-scalar baseline), not with
 ``tile_py.launch`` timings.
 """
@@ -16,6 +16,7 @@ import sys
 import time
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 
 from dlpack_ctypes import F32, kDLCUDA, make_managed
@@ -88,7 +89,7 @@ def per_call_us(fn, calls):
 
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 50_000
-    check = tile_py._check_args
+    check = _testing.check_args
     stream = 0x1234
     ps = [CudaProducer() for _ in range(3)]
     params3 = [In("f32"), In("f32"), Out("f32"), Scalar("u64")]

@@ -5,7 +5,7 @@ import os
 import shutil
 
 import tile_py
-
+from tile_py import _testing
 BLOCK = 256
 
 
@@ -24,10 +24,10 @@ class Counts:
     """Deltas of tile_py's debug counters since this object was made."""
 
     def __init__(self):
-        self.start = tile_py._debug_counters()
+        self.start = _testing.debug_counters()
 
     def __getitem__(self, k):
-        return tile_py._debug_counters()[k] - self.start[k]
+        return _testing.debug_counters()[k] - self.start[k]
 
 
 class Cloner:

@@ -1,6 +1,6 @@
 """CPU tests of tile_py's argument path: the bad-input table (reliability plan, section 6), the
 stream handshake, capsule consumption and rollback. They run the same conversion and checks as
-``tile_py.launch`` through ``tile_py._check_args`` (no device needed), or ``tile_py.launch``
+``tile_py.launch`` through ``_testing.check_args`` (no device needed), or ``tile_py.launch``
 itself where it fails before needing a driver. Every test asserts the exception type, the argument
 index and offending value in the message, the deleter count, and that nothing was launched."""
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, InOut, Out, Scalar
 from dlpack_ctypes import (
     BF16,
@@ -38,7 +39,7 @@ STREAM = 0x1234
 
 def check(params, args, **kw):
     kw.setdefault("stream", STREAM)
-    return tile_py._check_args(params, args, **kw)
+    return _testing.check_args(params, args, **kw)
 
 
 @pytest.fixture
@@ -48,15 +49,15 @@ def counters():
 
     class Delta:
         def __init__(self):
-            self.start = tile_py._debug_counters()
+            self.start = _testing.debug_counters()
 
         def __getitem__(self, k):
-            return tile_py._debug_counters()[k] - self.start[k]
+            return _testing.debug_counters()[k] - self.start[k]
 
     d = Delta()
     yield d
     assert d["launches_issued"] == 0
-    assert tile_py._debug_counters()["queued_releases"] == 0
+    assert _testing.debug_counters()["queued_releases"] == 0
 
 
 # ---- success paths ----------------------------------------------------------------------------
@@ -252,6 +253,10 @@ def test_row10_numpy_host_memory_refused(counters):
     with pytest.raises(ValueError, match=r"argument 0: tensor is on cpu, but the launch stream is on cuda:0; .*ndarray.* is host memory") as ei:
         check([In("float32")], (a,))
     assert ei.value.__cause__ is not None
+    # The message ends with the fix.
+    assert str(ei.value).endswith(
+        "move it to the device first, e.g. torch.from_numpy(x).cuda() or cupy.asarray(x)"
+    ), str(ei.value)
     assert counters["consumed"] == 0
     del ei
     gc.collect()
@@ -263,9 +268,11 @@ def test_row10_numpy_host_memory_refused(counters):
 )
 def test_row10_wrong_device(counters, device, shown):
     p = Producer(device=device)
-    with pytest.raises(ValueError, match=rf"argument 0: tensor is on {shown}, but the launch stream is on cuda:0"):
+    with pytest.raises(ValueError, match=rf"argument 0: tensor is on {shown}, but the launch stream is on cuda:0") as ei:
         check([In("float32")], (p,))
     assert p.deleted == 1
+    # Host memory is told how to move to the device; another device is not.
+    assert str(ei.value).endswith("cupy.asarray(x)") == (shown == "cpu"), str(ei.value)
 
 
 def test_row10_stream_device_from_keyword(counters):
@@ -327,14 +334,16 @@ def test_row12_overlapping_output(counters):
 @pytest.mark.parametrize(
     "grid, block, exc, pattern",
     [
-        ([1], 1, TypeError, r"grid must be an int or a tuple of 1 to 3 ints \(use a tuple, not a list\), got \[1\]"),
+        ("1", 1, TypeError, r"grid must be an int or a tuple or list of 1 to 3 ints, got '1'"),
+        ([1, 2, 3, 4], 1, ValueError, r"grid has 4 dimensions, \[1, 2, 3, 4\]"),
+        (1, [1.5], TypeError, r"block\[0\] must be an int, got 1.5"),
         ((1, 2, 3, 4), 1, ValueError, r"grid has 4 dimensions, \(1, 2, 3, 4\)"),
         ((-1,), 1, ValueError, r"grid\[0\] is -1, outside 0..=4294967295"),
         ((2**32,), 1, ValueError, r"grid\[0\] is 4294967296, outside 0..=4294967295"),
         (-5, 1, ValueError, r"grid\[0\] is -5, outside"),
         ((1, 1.5), 1, TypeError, r"grid\[1\] must be an int, got 1.5"),
         (1, (2**40,), ValueError, r"block\[0\] is 1099511627776, outside"),
-        (1, True, TypeError, r"block must be an int or a tuple of 1 to 3 ints, got True"),
+        (1, True, TypeError, r"block must be an int or a tuple or list of 1 to 3 ints, got True"),
     ],
 )
 def test_row13_grid_and_block(counters, grid, block, exc, pattern):
@@ -346,6 +355,17 @@ def test_row13_grid_and_block(counters, grid, block, exc, pattern):
     assert c.calls == 1
 
 
+@pytest.mark.parametrize("grid, block", [([4], [256]), ([4, 2], (256,)), (4, [16, 16, 1])])
+def test_row13_lists_are_dimensions_as_tuples_are(counters, grid, block):
+    # A list is read as the tuple of its items (as `args` takes either): the configuration is
+    # accepted and the launch goes on to the next check, the kernel.
+    cap, c = make_capsule()
+    with pytest.raises(TypeError, match=r"kernel must be a tile_py.Kernel, got None"):
+        tile_py.launch(STREAM, grid, None, (cap,), block=block, cluster=[1])
+    check([In("float32")], (cap,), grid=grid, block=block)
+    assert c.calls == 1
+
+
 def test_row13_numpy_integer_dimensions_are_ints(counters):
     # Dimensions computed with NumPy (np.int64 from shape arithmetic) are taken as ints, through
     # __index__; NumPy floats and bools are not ints. The kernel check comes after the
@@ -353,7 +373,7 @@ def test_row13_numpy_integer_dimensions_are_ints(counters):
     for grid, block in [(np.int64(4), 256), ((np.int32(2), np.uint8(3)), (np.int64(128),))]:
         with pytest.raises(TypeError, match="kernel must be a tile_py.Kernel"):
             tile_py.launch(STREAM, grid, None, (), block=block)
-    with pytest.raises(TypeError, match=r"grid must be an int or a tuple of 1 to 3 ints, got (np\.float64\()?4\.0"):
+    with pytest.raises(TypeError, match=r"grid must be an int or a tuple or list of 1 to 3 ints, got (np\.float64\()?4\.0"):
         tile_py.launch(STREAM, np.float64(4), None, (), block=1)
     with pytest.raises(TypeError, match=r"block\[0\] must be an int, got (np\.)?True"):
         tile_py.launch(STREAM, 1, None, (), block=(np.bool_(True),))
@@ -874,7 +894,7 @@ def test_infinite_scalars_are_still_accepted(counters):
     import decimal
 
     for v in (float("inf"), decimal.Decimal("Infinity"), np.float64("-inf")):
-        assert tile_py._pack_args([Scalar("f64")], (v,), stream=5)[0] in (0x7FF0000000000000, 0xFFF0000000000000)
+        assert _testing.pack_args([Scalar("f64")], (v,), stream=5)[0] in (0x7FF0000000000000, 0xFFF0000000000000)
 
 
 def test_python_number_types_declare_what_numpy_makes_of_them():

@@ -1,13 +1,14 @@
 """CPU tests of array parameters (``In(dtype, ndim=..., index=...)``): the ``1 + 2 * ndim`` kernel
 parameters a tensor is packed into (data pointer with byte_offset, extents, strides in elements)
 against a reference built from NumPy's own layouts, and the refusals (ndim, index-type overflow,
-broken layout assumptions) made before anything is consumed. ``tile_py._pack_args`` runs the
+broken layout assumptions) made before anything is consumed. ``_testing.pack_args`` runs the
 conversion and checks of ``tile_py.launch`` without a device and returns the packed values."""
 
 import numpy as np
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, InOut, Out, Scalar
 from dlpack_ctypes import F32, Producer, capsule_name, make_capsule
 
@@ -17,7 +18,7 @@ BASE = 0x7F00_0000_0000
 
 def pack(params, args, **kw):
     kw.setdefault("stream", STREAM)
-    return tile_py._pack_args(params, args, **kw)
+    return _testing.pack_args(params, args, **kw)
 
 
 def reference(data, byte_offset, shape, strides, index):

@@ -7,6 +7,7 @@ import gc
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Scalar
 from dlpack_ctypes import Producer, kDLCUDA, make_exchange_producer_type
 import fake_torch_stream as fts
@@ -14,7 +15,7 @@ import fake_torch_stream as fts
 
 def check(params, args, **kw):
     kw.setdefault("stream", 0x1234)
-    return tile_py._check_args(params, args, **kw)
+    return _testing.check_args(params, args, **kw)
 
 
 class CudaStream:
@@ -234,12 +235,12 @@ def test_exchange_api_cost_exports_and_deletes_each_time_and_refuses_other_types
     # own deleter at once, and current_work_stream is asked for the tensor's device.
     Ex, log = make_exchange_producer_type()
     x = Ex()
-    export_ns, stream_ns = tile_py._exchange_api_cost(x, 5)
+    export_ns, stream_ns = _testing.exchange_api_cost(x, 5)
     assert export_ns > 0 and stream_ns > 0
     assert log["from_obj"] == 5 and len(x.counters) == 5 and x.deleted == 5
     assert log["current_work_stream"] == [(kDLCUDA, 0)] * 5
     with pytest.raises(TypeError, match="no usable DLPack C exchange API"):
-        tile_py._exchange_api_cost(Producer())
+        _testing.exchange_api_cost(Producer())
 
 
 # ---- scalars -------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tile_py
+from tile_py import _testing
 from dlpack_ctypes import Producer, StreamOnlyProducer, capsule_name, make_capsule
 
 ct = pytest.importorskip("cuda.tile", reason="cuda-tile is not installed (Python >= 3.10)")
@@ -105,7 +106,7 @@ def test_mapped_array_refuses_what_breaks_the_constraint():
     before consuming, a misaligned, strided or ragged tensor."""
     (param,), _ = tc.params_from_signature(v2([dense_f32(1)]))
     ok, c_ok = make_capsule(shape=(64,), data=BASE)
-    assert tile_py._pack_args([param], (ok,), stream=0x1234) == [BASE, 64, 1]
+    assert _testing.pack_args([param], (ok,), stream=0x1234) == [BASE, 64, 1]
     for desc, rule in [
         (dict(shape=(64,), data=BASE, byte_offset=4), "is not a multiple of 16 bytes"),
         (dict(shape=(32,), strides=(2,), data=BASE), "the stride 2 of dimension 0 is not 1"),
@@ -113,7 +114,7 @@ def test_mapped_array_refuses_what_breaks_the_constraint():
     ]:
         cap, c = make_capsule(**desc)
         with pytest.raises(ValueError, match=rf"^argument 0: .*{rule}, which the kernel was"):
-            tile_py._pack_args([param], (cap,), stream=0x1234)
+            _testing.pack_args([param], (cap,), stream=0x1234)
         assert c.calls == 0 and capsule_name(cap) == "dltensor_versioned"
     assert c_ok.calls == 0
 
@@ -131,7 +132,7 @@ def test_static_zero_extents_and_strides_declare_no_check_and_negative_ones_are_
     ]:
         (param,), keep = tc.params_from_signature(v2([array(**zero)]), ["x"])
         cap, _ = make_capsule(data=BASE, **desc)
-        assert keep == (True,) and tile_py._pack_args([param], (cap,), stream=0x1234) == words
+        assert keep == (True,) and _testing.pack_args([param], (cap,), stream=0x1234) == words
     negative = ArrayConstraint(ct.float32, 1, index_dtype=ct.int32, stride_constant=(-2,),
                                stride_lower_bound_incl=(None,),
                                alias_groups=(), may_alias_internally=True)
@@ -273,7 +274,7 @@ def test_wrong_argument_count_in_cutiles_words():
 
 def test_export_calls_the_producer_once_with_the_launch_stream_and_consumes_nothing():
     p = Producer(shape=(64, 32), data=BASE + 0x40)
-    cap, offered, layout = tile_py._export(p, 0x1234, 3, device=0)
+    cap, offered, layout = tile_py._tile_py._export(p, 0x1234, 3, device=0)
     assert p.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
     assert offered == 0x1234
     assert layout == ((2, 32, 1), (2, 0), BASE + 0x40, [64, 32], [32, 1])
@@ -282,16 +283,16 @@ def test_export_calls_the_producer_once_with_the_launch_stream_and_consumes_noth
     assert p.deleted == 1
     # The per-thread default stream is offered as the legacy one, as a launch offers it.
     p2 = StreamOnlyProducer(shape=(8,), strides=(4,), data=BASE)
-    cap2, offered2, layout2 = tile_py._export(p2, 2, device=0)
+    cap2, offered2, layout2 = tile_py._tile_py._export(p2, 2, device=0)
     assert p2.calls == [{"stream": 1}] and offered2 == 1 and layout2[3:] == ([8], [4])
     # A capsule is read as it is: no stream is offered, its name stays.
     own, c = make_capsule(shape=(16,), data=BASE, byte_offset=8)
-    got, offered3, layout3 = tile_py._export(own, 0x1234, device=0)
+    got, offered3, layout3 = tile_py._tile_py._export(own, 0x1234, device=0)
     assert got is own and offered3 is None and layout3[2] == BASE + 8
     assert capsule_name(own) == "dltensor_versioned" and c.calls == 0
     used, _ = make_capsule(name="used_dltensor_versioned", shape=(16,), data=BASE)
     with pytest.raises(ValueError, match=r"^argument 5: DLPack capsule already consumed"):
-        tile_py._export(used, 0x1234, 5, device=0)
+        tile_py._tile_py._export(used, 0x1234, 5, device=0)
 
 
 # ---- install(): every ct.launch through tile ----------------------------------------------------
@@ -369,14 +370,14 @@ def test_static_extents_and_strides_map_to_checked_divisibility():
                     disjoint=True),
     )
     ok, _ = make_capsule(shape=(48, 16), strides=(64, 1), data=BASE)
-    assert tile_py._pack_args([param], (ok,), stream=0x1234) == [BASE, 48, 16, 64, 1]
+    assert _testing.pack_args([param], (ok,), stream=0x1234) == [BASE, 48, 16, 64, 1]
     for desc, rule in [
         (dict(shape=(40, 16), strides=(64, 1), data=BASE), "the extent 40 of dimension 0 is not a multiple of 48"),
         (dict(shape=(48, 16), strides=(32, 1), data=BASE), "the stride 32 of dimension 0 is not a multiple of 64"),
     ]:
         cap, counter = make_capsule(**desc)
         with pytest.raises(ValueError, match=rf"^argument 0: .*{rule}"):
-            tile_py._pack_args([param], (cap,), stream=0x1234)
+            _testing.pack_args([param], (cap,), stream=0x1234)
         assert counter.calls == 0
 
 
@@ -763,7 +764,7 @@ def test_streams_as_cutile_takes_them(stub_driver, tmp_path):
             offered.append(x.calls[0]["stream"])
         assert offered == [1, 1, 0x1234, 0x5678, 1, 0x9ABC]
         # A capsule is read as it is, whatever the stream: no stream is offered.
-        assert tile_py._export(make_capsule(shape=(16,), data=BASE)[0], CudaStream())[1] is None
+        assert tile_py._tile_py._export(make_capsule(shape=(16,), data=BASE)[0], CudaStream())[1] is None
     """)
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, InOut, Out
 
 STREAM = 0x1234
@@ -84,7 +85,7 @@ def test_a_producers_exception_keeps_its_type_and_gets_an_argument_note():
             raise KeyError("the producer's own failure")
 
     with pytest.raises(KeyError, match="the producer's own failure") as e:
-        tile_py._check_args([In("float32")] * 3, (Boom(), Boom(), Boom()), stream=STREAM)
+        _testing.check_args([In("float32")] * 3, (Boom(), Boom(), Boom()), stream=STREAM)
     assert e.type is KeyError
     assert e.value.__notes__ == ["argument 0: raised while converting this argument"]
 
@@ -93,7 +94,7 @@ def test_a_host_array_is_quoted_on_one_line():
     a = np.arange(64, dtype=np.float32).reshape(8, 8)
     assert "\n" in repr(a)
     with pytest.raises(ValueError) as e:
-        tile_py._check_args([In("float32")], (a,), stream=STREAM)
+        _testing.check_args([In("float32")], (a,), stream=STREAM)
     msg = str(e.value)
     assert msg.startswith("argument 0: tensor is on cpu, but the launch stream is on cuda:0"), msg
     assert "\n" not in msg, msg

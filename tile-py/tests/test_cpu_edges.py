@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, InOut, Out
 from dlpack_ctypes import (
     Producer,
@@ -30,7 +31,7 @@ IS_COPIED = 2
 
 def check(params, args, **kw):
     kw.setdefault("stream", STREAM)
-    return tile_py._check_args(params, args, **kw)
+    return _testing.check_args(params, args, **kw)
 
 
 def notes(e):
@@ -41,15 +42,15 @@ def notes(e):
 def counters():
     class Delta:
         def __init__(self):
-            self.start = tile_py._debug_counters()
+            self.start = _testing.debug_counters()
 
         def __getitem__(self, k):
-            return tile_py._debug_counters()[k] - self.start[k]
+            return _testing.debug_counters()[k] - self.start[k]
 
     d = Delta()
     yield d
     assert d["launches_issued"] == 0
-    assert tile_py._debug_counters()["queued_releases"] == 0
+    assert _testing.debug_counters()["queued_releases"] == 0
 
 
 # ---- row 18: a private copy (IS_COPIED) bound to an output ------------------------------------

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In
 from dlpack_ctypes import Producer
 
@@ -19,14 +20,14 @@ def test_producer_dlpack_raises_propagates_with_index_and_consumes_nothing():
         def __dlpack__(self, **kw):
             raise RuntimeError("producer failed")
 
-    before = tile_py._debug_counters()
+    before = _testing.debug_counters()
     a = Producer()
     with pytest.raises(RuntimeError, match="producer failed") as e:
-        tile_py._check_args([In("float32"), In("float32")], (a, Raising()), stream=0x1234)
+        _testing.check_args([In("float32"), In("float32")], (a, Raising()), stream=0x1234)
     assert "argument 1" in "".join(getattr(e.value, "__notes__", []))
     # The argument converted before it was given back (released), nothing launched.
     assert a.deleted == 1
-    after = tile_py._debug_counters()
+    after = _testing.debug_counters()
     assert after["launches_issued"] == before["launches_issued"]
     assert after["consumed"] - before["consumed"] == after["released"] - before["released"]
 
@@ -42,6 +43,7 @@ def test_forked_child_refuses_to_launch_and_runs_no_deleters():
     r = run_child("""
         import os, sys
         import tile_py
+        from tile_py import _testing
         from tile_py import In
         from dlpack_ctypes import Producer
         p = Producer()
@@ -55,7 +57,7 @@ def test_forked_child_refuses_to_launch_and_runs_no_deleters():
                 if "os.fork" not in str(e):
                     code = 11
             try:
-                tile_py._check_args([In("float32")], (p,), stream=0x1234)
+                _testing.check_args([In("float32")], (p,), stream=0x1234)
                 code = 12
             except ValueError:
                 pass
@@ -65,7 +67,7 @@ def test_forked_child_refuses_to_launch_and_runs_no_deleters():
         _, status = os.waitpid(pid, 0)
         print("child", os.waitstatus_to_exitcode(status))
         # The parent is unaffected.
-        tile_py._check_args([In("float32")], (p,), stream=0x1234)
+        _testing.check_args([In("float32")], (p,), stream=0x1234)
         print("parent", p.deleted)
     """)
     assert r.returncode == 0, r.stderr
@@ -75,13 +77,14 @@ def test_forked_child_refuses_to_launch_and_runs_no_deleters():
 def test_interpreter_exit_after_use_is_clean():
     r = run_child("""
         import tile_py
+        from tile_py import _testing
         from tile_py import In
         from dlpack_ctypes import Producer
         ps = [Producer() for _ in range(10)]
         for p in ps:
-            tile_py._check_args([In("float32")], (p,), stream=0x1234)
+            _testing.check_args([In("float32")], (p,), stream=0x1234)
         assert all(p.deleted == 1 for p in ps)
-        print("leaked", tile_py._shutdown(0.1))
+        print("leaked", _testing.shutdown(0.1))
     """)
     assert r.returncode == 0, r.stderr
     assert "leaked 0" in r.stdout
@@ -110,7 +113,7 @@ def test_deleter_that_raises_is_reported_and_later_deleters_still_run(monkeypatc
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u))
     # Consumes both capsules, then releases them (nothing is launched without a device).
-    tile_py._check_args([In("float32"), In("float32")], (cap1, cap2), stream=0x1234)
+    _testing.check_args([In("float32"), In("float32")], (cap1, cap2), stream=0x1234)
     assert calls == [1], "the raising deleter ran exactly once"
     assert c2.calls == 1, "the deleter after it still ran"
     assert len(seen) == 1 and "deleter failed" in str(seen[0].exc_value)

@@ -27,6 +27,7 @@ def run(code):
 CHILD = """
     import os, sys, traceback
     import tile_py
+    from tile_py import _testing
 
     def report(code):
         sys.stdout.flush()
@@ -36,8 +37,8 @@ CHILD = """
         pass
 
     # A release queued in the parent (as a finished launch's would be), not yet drained.
-    tile_py._queue_release(Marker())
-    parent_leaked = tile_py._debug_counters()["leaked_at_exit"]
+    _testing.queue_release(Marker())
+    parent_leaked = _testing.debug_counters()["leaked_at_exit"]
     pid = os.fork()
     if pid == 0:
         try:
@@ -60,10 +61,10 @@ CHILD = """
             st = tile_py.stats()
             if st["streams"] != 0 or st["pending_guards"] != 0:
                 failures.append(f"stats: {st}")
-            c = tile_py._debug_counters()
+            c = _testing.debug_counters()
             if c["leaked_at_exit"] != parent_leaked + 1:
                 failures.append(f"the parent's queued release is not counted leaked: {c}")
-            if tile_py._release_thread()["running"]:
+            if _testing.release_thread()["running"]:
                 failures.append("a release thread runs in the child")
             # Refused with the fork ValueError.
             refused("launch", tile_py.launch, 1, 1, None, (), block=1)
@@ -72,7 +73,7 @@ CHILD = """
             refused("Library.from_bytes", tile_py.Library.from_bytes, b"\\x7fELF" + bytes(60))
             refused("Library.from_ptx", tile_py.Library.from_ptx, ".version 8.0\\n.target sm_90\\n")
             refused("Library.from_file", tile_py.Library.from_file, "/dev/null")
-            if tile_py._shutdown() != 0:
+            if _testing.shutdown() != 0:
                 failures.append("_shutdown reported pending work in the child")
             print("\\n".join(failures) or "child ok")
             report(0 if not failures else 1)
@@ -82,9 +83,9 @@ CHILD = """
     _, status = os.waitpid(pid, 0)
     print("child exit", os.waitstatus_to_exitcode(status))
     # The parent is unaffected: its queued release runs.
-    before = tile_py._debug_counters()["leaked_at_exit"]
+    before = _testing.debug_counters()["leaked_at_exit"]
     tile_py.synchronize()
-    print("parent leaked", tile_py._debug_counters()["leaked_at_exit"] - before)
+    print("parent leaked", _testing.debug_counters()["leaked_at_exit"] - before)
 """
 
 
@@ -98,8 +99,8 @@ def test_the_fork_hook_called_in_the_process_itself_changes_nothing():
     """The hook ``os.register_at_fork`` runs in a child, called in the process tile_py was
     loaded in, is not a fork: launches are not refused with the fork reason afterwards."""
     code = (
-        "import tile_py\n"
-        "tile_py._tile_py._after_fork_in_child()\n"
+        "import tile_py, tile_py._testing\n"
+        "tile_py._testing.after_fork_in_child()\n"
         "try:\n"
         "    tile_py.compute_capability(1)\n"
         "except ValueError as e:\n"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import tile_py
+from tile_py import _testing
 import tile_py.jax
 from tile_py import _tile_py as ext
 
@@ -262,7 +263,7 @@ from tile_py import In, InOut, Out, Scalar as ScalarP  # noqa: E402
 def test_roles_of_declared_intents():
     params = [In("float32"), Out("float32"), InOut("float32", ndim=2), ScalarP("f32"),
               In("int32", ndim=1), ScalarP("u64")]
-    assert ext._xla_roles(params) == (
+    assert _testing.xla_roles(params) == (
         3, 2, 2,
         [("operand", 0, None), ("result", 0, None), ("inout", 1, 1), ("scalar", 0, None),
          ("operand", 2, None), ("scalar", 1, None)],
@@ -274,7 +275,7 @@ def test_roles_given_per_call_site():
     params = [In("float32", ndim=1), In("float32", ndim=1), ScalarP("f32"), In("float32", ndim=1),
               In("float32", ndim=1)]
     roles = [("operand", 1), ("result", 1), ("scalar", 0), ("inout", 0, 0), ("operand", 2)]
-    assert ext._xla_roles(params, roles) == (
+    assert _testing.xla_roles(params, roles) == (
         3, 2, 1,
         [("operand", 1, None), ("result", 1, None), ("scalar", 0, None), ("inout", 0, 0),
          ("operand", 2, None)],
@@ -314,7 +315,7 @@ def test_roles_given_per_call_site():
 )
 def test_roles_breaking_a_rule_are_refused(params, roles, error, want):
     with pytest.raises(error, match="kernel `") as e:
-        ext._xla_roles(params, roles)
+        _testing.xla_roles(params, roles)
     assert want in str(e.value), str(e.value)
 
 
@@ -381,7 +382,7 @@ def test_roles_follow_the_compiled_keep_mask():
     assert scalars == [2.0, 64]
     # The roles are what the registry takes for the kernel params_from_signature declares.
     params = [In("float32", ndim=1), In("float32", ndim=1), ScalarP("f32"), ScalarP("i32")]
-    assert ext._xla_roles(params, roles)[:3] == (1, 1, 2)
+    assert _testing.xla_roles(params, roles)[:3] == (1, 1, 2)
     with pytest.raises(TypeError, match=r"argument 0 \('x'\) is a compile-time constant"):
         tile_py.jax._roles(p, (False, True, True, False, True), "k")
     with pytest.raises(NotImplementedError, match="has 4 argument leaves compiled, 5 given"):

@@ -130,3 +130,31 @@ def test_unreadable_library_file_raises_os_error_like_open(tmp_path):
         assert e.errno is not None and os.fspath(e.filename) == str(tmp_path), (e.errno, e.filename)
     else:
         raise AssertionError("no OSError for a directory")
+
+
+def test_the_namespace_holds_no_test_hook():
+    """`tile_py`'s namespace is its API: every public name is in `__all__`, and the test and
+    benchmark hooks, the process hooks and the JAX / cuTile internals are elsewhere
+    (`tile_py._testing`, the compiled `tile_py._tile_py`)."""
+    import tile_py._testing as hooks
+
+    hook_names = {n for n in dir(hooks) if not n.startswith("__")}
+    assert {"check_args", "pack_args", "debug_counters", "exchange_api_cost", "queue_release",
+            "release_thread", "shutdown", "after_fork_in_child", "xla_roles"} <= hook_names
+    names = set(dir(tile_py))
+    assert set(tile_py.__all__) <= names
+    # Beyond `__all__`: dunders, the version, and submodules (the compiled module, and
+    # `_testing` / `cutile` / `jax` / `torch` once imported).
+    extra = {n for n in names - set(tile_py.__all__) if not (n.startswith("__") and n.endswith("__"))}
+    assert extra <= {"_tile_py", "_testing", "cutile", "jax", "torch"}, extra
+    for n in extra:
+        assert type(getattr(tile_py, n)).__name__ == "module", n
+    for n in tile_py.__all__:
+        assert not n.startswith("_"), n
+
+
+def test_kernel_bind_is_a_method_of_the_compiled_class():
+    """`Kernel.bind` is defined by the extension, not patched on from Python."""
+    bind = tile_py.Kernel.__dict__["bind"]
+    assert type(bind).__name__ == "method_descriptor", type(bind)
+    assert bind.__text_signature__.startswith("($self, stream, grid, *, block")

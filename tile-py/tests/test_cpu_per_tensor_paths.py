@@ -9,6 +9,7 @@ import time
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In
 from dlpack_ctypes import Producer, StreamOnlyProducer, kDLCPU, make_capsule
 
@@ -17,7 +18,7 @@ STREAM = 0x1234
 
 def check(params, args, **kw):
     kw.setdefault("stream", STREAM)
-    return tile_py._check_args(params, args, **kw)
+    return _testing.check_args(params, args, **kw)
 
 
 class CallableDlpack:
@@ -94,10 +95,10 @@ def test_drain_releases_queued_objects_once_each_in_queue_order():
         def __del__(self):
             done.append(self.i)
             if self.i == 5:
-                tile_py._queue_release(Released(100))  # queued while draining
+                _testing.queue_release(Released(100))  # queued while draining
 
     for i in range(40):
-        tile_py._queue_release(Released(i))
+        _testing.queue_release(Released(i))
     deadline = time.monotonic() + 10  # the release thread drains within a period
     while len(done) < 41 and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -6,7 +6,7 @@ call), ``stats()`` must count it, and a barrier called from inside a deleter mus
 itself. Also: a stream object dropped by the caller is not kept alive past ``synchronize()``, and
 an exception raised by a scalar's ``__index__`` keeps its type.
 
-The releases here are queued with ``tile_py._queue_release`` (a reference released as a launch's
+The releases here are queued with ``tile_py._testing.queue_release`` (a reference released as a launch's
 guard is) and, for the tests that launch, against the stub driver ``bench/profile/cuda_stub.c``
 (``TILE_LIBCUDA``), in a child process: its events are complete at once, so a launch's tensors
 are released at the next poll."""
@@ -21,6 +21,7 @@ import threading
 import pytest
 
 import tile_py
+import tile_py._testing
 from tile_py import Scalar
 
 HERE = os.path.dirname(__file__)
@@ -45,7 +46,7 @@ class Blocking:
 
 def queue_blocking(ran, entered, go, n=N, block_at=0):
     for i in range(n):
-        tile_py._queue_release(Blocking(i, ran, entered, go, block_at))
+        tile_py._testing.queue_release(Blocking(i, ran, entered, go, block_at))
 
 
 def wait_until(cond, seconds=20):
@@ -147,10 +148,10 @@ def test_a_barrier_inside_a_deleter_does_not_wait_for_itself_or_a_crossing_one()
             returned.append(threading.get_ident())
 
     # One on the release thread...
-    tile_py._queue_release(Syncing())
+    tile_py._testing.queue_release(Syncing())
     assert wait_until(lambda: both_inside.n_waiting == 1)
     # ...and one drained here, on this thread, at the same time.
-    tile_py._queue_release(Syncing())
+    tile_py._testing.queue_release(Syncing())
     tile_py.stats()
     assert wait_until(lambda: len(returned) == 2), "a barrier inside a deleter deadlocked"
     assert len(set(returned)) == 2
@@ -168,6 +169,7 @@ def run_child(code, timeout=120, env=None):
 CHILD_HELPERS = """
 import sys, threading
 import tile_py
+import tile_py._testing
 
 N = %d
 
@@ -198,7 +200,7 @@ ran, entered, go = [], [], threading.Event()
 def run():
     sys.setswitchinterval(30)
     for i in range(N):
-        tile_py._queue_release(Blocking(i, ran, entered, go))
+        tile_py._testing.queue_release(Blocking(i, ran, entered, go))
     tile_py.stats()
 t = threading.Thread(target=run, daemon=True)
 t.start()
@@ -206,7 +208,7 @@ assert wait_until(lambda: entered), "never inside the deleter"
 assert entered == [t.ident], "not drained by the user thread"
 sys.setswitchinterval(0.005)
 threading.Timer(0.3, go.set).start()
-leaked = tile_py._shutdown(10.0)
+leaked = tile_py._testing.shutdown(10.0)
 print("ran at return:", len(ran), "leaked:", leaked, flush=True)
 go.set()
 """)
@@ -260,7 +262,7 @@ def run():
     sys.setswitchinterval(30)
     h, ps = launch(CudaStream(0x5000))
     box["h"], box["ps"] = h, ps
-    tile_py._queue_release(Blocking(0, ran, entered, go))
+    tile_py._testing.queue_release(Blocking(0, ran, entered, go))
     # Polls the stream (its events are complete): the launch's tensors are queued behind the
     # blocking release, and drained with it.
     tile_py.stats()
@@ -325,7 +327,7 @@ def test_an_exception_from_a_scalars_index_keeps_its_type(exc):
     argument (checked before any driver call: no GPU needed)."""
     for param, obj in ((Scalar("i32"), _RaisingIndex(exc)), (Scalar("f32"), _RaisingFloat(exc))):
         with pytest.raises(type(exc)) as e:
-            tile_py._check_args([Scalar("u8"), param], (1, obj), stream=STREAM)
+            tile_py._testing.check_args([Scalar("u8"), param], (1, obj), stream=STREAM)
         assert e.value is exc
         assert e.value.__notes__[-1] == "argument 1: raised while converting this argument"
         exc.__notes__ = []
@@ -337,6 +339,6 @@ def test_an_index_returning_a_non_int_is_still_refused_by_tile_py():
             return 0.5
 
     with pytest.raises(TypeError, match="argument 0: expected an integer for scalar i32") as e:
-        tile_py._check_args([Scalar("i32")], (Half(),), stream=STREAM)
+        tile_py._testing.check_args([Scalar("i32")], (Half(),), stream=STREAM)
     assert isinstance(e.value.__cause__, TypeError)
     assert "__index__ returned non-int" in str(e.value.__cause__)

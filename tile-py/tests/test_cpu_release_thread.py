@@ -13,7 +13,7 @@ import time
 import pytest
 
 import tile_py
-
+from tile_py import _testing
 HERE = os.path.dirname(__file__)
 
 
@@ -43,10 +43,10 @@ def test_a_queued_release_runs_without_a_call_within_the_bound():
     done = []
     obj = Released(done)
     t0 = time.monotonic()
-    tile_py._queue_release(obj)
+    _testing.queue_release(obj)
     del obj  # the queued release holds the last reference now
     assert done == [], "released before the release thread ran"
-    period = tile_py._release_thread()["period_ms"] / 1000
+    period = _testing.release_thread()["period_ms"] / 1000
     # No call into tile_py from here until it is released: the bound is one period, plus
     # handing the interpreter over (this thread sleeps, so at once) and scheduling slack.
     assert wait_for(lambda: done, 10 * period), "not released without a call"
@@ -55,7 +55,7 @@ def test_a_queued_release_runs_without_a_call_within_the_bound():
     assert thread != threading.get_ident(), "released on the caller's thread, not the release thread"
     assert gil == 1, "released without the GIL held"
     assert took < period + 0.5, f"released after {took:.3f} s; the bound is {period} s"
-    state = tile_py._release_thread()
+    state = _testing.release_thread()
     assert state["running"] is True and state["cycles"] >= 1, state
     print(f"released {took * 1000:.1f} ms after queueing (period {period * 1000:.0f} ms)")
 
@@ -63,7 +63,7 @@ def test_a_queued_release_runs_without_a_call_within_the_bound():
 def test_many_releases_all_run_exactly_once():
     done = []
     for _ in range(200):
-        tile_py._queue_release(Released(done))
+        _testing.queue_release(Released(done))
     assert wait_for(lambda: len(done) == 200, 5), len(done)
     time.sleep(0.2)
     assert len(done) == 200
@@ -81,12 +81,13 @@ def test_the_release_thread_does_not_keep_the_interpreter_from_exiting():
     r = run_child(
         """
         import time, tile_py
+        from tile_py import _testing
         class Slow:
             def __del__(self):
                 time.sleep(0.01)
         for _ in range(50):
-            tile_py._queue_release(Slow())
-        assert tile_py._release_thread()["running"]
+            _testing.queue_release(Slow())
+        assert _testing.release_thread()["running"]
         print("EXITING", flush=True)
         """
     )
@@ -101,12 +102,13 @@ def test_exit_while_the_release_thread_is_attached_is_clean():
         r = run_child(
             f"""
             import time, tile_py
+            from tile_py import _testing
             class Obj:
                 pass
-            tile_py._queue_release(Obj())
+            _testing.queue_release(Obj())
             time.sleep({i} * 0.013)
             for _ in range(20):
-                tile_py._queue_release(Obj())
+                _testing.queue_release(Obj())
             """
         )
         assert r.returncode == 0, (i, r.stderr[-2000:])
@@ -118,11 +120,12 @@ def test_a_forked_child_has_no_release_thread_and_runs_none_of_the_parents_relea
     r = run_child(
         """
         import os, sys, time, threading, tile_py
+        from tile_py import _testing
         done = []
         class Obj:
             def __del__(self):
                 done.append(os.getpid())
-        tile_py._queue_release(Obj())
+        _testing.queue_release(Obj())
         deadline = time.monotonic() + 5
         while not done and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -130,14 +133,14 @@ def test_a_forked_child_has_no_release_thread_and_runs_none_of_the_parents_relea
         parent = os.getpid()
         for round_ in range(10):
             # Queue a release and fork at once: the child must not run it, nor deadlock.
-            tile_py._queue_release(Obj())
+            _testing.queue_release(Obj())
             pid = os.fork()
             if pid == 0:
                 time.sleep(0.2)
                 ok = (
                     os.getpid() not in done
-                    and tile_py._release_thread()["running"] is False
-                    and tile_py._debug_counters()["leaked_at_exit"] >= 0
+                    and _testing.release_thread()["running"] is False
+                    and _testing.debug_counters()["leaked_at_exit"] >= 0
                 )
                 os._exit(0 if ok else 3)
             _, status = os.waitpid(pid, 0)
@@ -146,7 +149,7 @@ def test_a_forked_child_has_no_release_thread_and_runs_none_of_the_parents_relea
         while len(done) < 11 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert len(done) == 11 and set(done) == {parent}, done
-        assert tile_py._release_thread()["running"] is True
+        assert _testing.release_thread()["running"] is True
         print("FORK OK", flush=True)
         """
     )

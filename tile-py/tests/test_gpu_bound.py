@@ -138,7 +138,7 @@ def test_bind_refuses_a_bad_configuration_at_bind_time(torch, lib):
     # The limits are tile-launch's, checked once by the bind.
     with pytest.raises(ValueError, match=r"block size \(x\*y\*z\) is 2048, limit 1024"):
         k.bind(s, 1, block=(1024, 2))
-    with pytest.raises(ValueError, match=r"grid.x is 0, limit 1"):
+    with pytest.raises(ValueError, match=r"grid.x is 0; it must be at least 1"):
         k.bind(s, 0, block=1)
     with pytest.raises(ValueError, match=r"shared"):
         k.bind(s, 1, block=32, shared_mem=1 << 30)

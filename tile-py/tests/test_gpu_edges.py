@@ -15,6 +15,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX shares th
 import pytest
 
 import tile_py
+from tile_py import _testing
 from gpu_support import BLOCK, Counts, grid_for, settle
 from tile_py import In, Out, Scalar
 from producers import ViaDlpack
@@ -162,10 +163,10 @@ def test_row21_check_cost(torch, lib):
     params = [Out("float32")] * len(ts)
     s = torch.cuda.current_stream()
     for _ in range(1000):
-        tile_py._check_args(params, ts, stream=s, consume=False)
+        _testing.check_args(params, ts, stream=s, consume=False)
     t0 = time.perf_counter()
     for _ in range(rounds // 10):
-        tile_py._check_args(params, ts, stream=s, consume=False)
+        _testing.check_args(params, ts, stream=s, consume=False)
     convert_ns = (time.perf_counter() - t0) / (rounds // 10 * len(ts)) * 1e9
     print(
         f"\ntorch checks from Python (upper bound of tile_py's three calls): {python_ns:.0f} ns per tensor; "
@@ -339,9 +340,9 @@ def test_row27_host_memory_labelled_as_device_refused(torch, lib):
 @pytest.mark.parametrize(
     "grid, block, pattern",
     [
-        ((0,), 256, r"grid.x is 0, limit 1"),
+        ((0,), 256, r"grid.x is 0; it must be at least 1"),
         ((1, 65536), 256, r"grid.y is 65536, limit 65535"),
-        ((1, 1, 0), 256, r"grid.z is 0, limit 1"),
+        ((1, 1, 0), 256, r"grid.z is 0; it must be at least 1"),
         (1, (1025,), r"block.x is 1025, limit 1024"),
         (1, (32, 32, 2), r"block size \(x\*y\*z\) is 2048, limit 1024"),
         (1, (1, 1, 65), r"block.z is 65, limit 64"),

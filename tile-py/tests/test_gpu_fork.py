@@ -9,6 +9,7 @@ import os
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")]
@@ -34,7 +35,7 @@ def test_public_calls_in_a_child_forked_while_a_launch_runs():
     y = torch.full((n,), float("nan"), device="cuda")
     stream = torch.cuda.current_stream()
     tile_py.synchronize()
-    before = tile_py._debug_counters()
+    before = _testing.debug_counters()
     # About a second of spinning at the H200's clock: the launch is pending at the fork.
     h = tile_py.launch(stream, (n + 255) // 256, k, (x, y, 2_000_000_000, n), block=256)
     assert tile_py.stats()["pending_guards"] >= 2
@@ -65,7 +66,7 @@ def test_public_calls_in_a_child_forked_while_a_launch_runs():
         st = returns("stats", tile_py.stats) or {}
         if st.get("streams") != 0 or st.get("pending_guards") != 0:
             failures.append(f"stats: {st}")
-        c = returns("_debug_counters", tile_py._debug_counters) or {}
+        c = returns("_debug_counters", _testing.debug_counters) or {}
         if c.get("leaked_at_exit", 0) - before["leaked_at_exit"] < 2:
             failures.append(f"the parent's pending tensors are not counted leaked: {c}")
         returns("LaunchHandle.wait", h.wait)
@@ -76,7 +77,7 @@ def test_public_calls_in_a_child_forked_while_a_launch_runs():
         refused("compute_capability", tile_py.compute_capability, stream)
         refused("Library.from_cuda_source", tile_py.Library.from_cuda_source, SOURCE)
         refused("Library.kernel", lib.kernel, "spin_copy", [In("float32"), Out("float32"), Scalar("i64"), Scalar("u64")])
-        returns("_shutdown", tile_py._shutdown)
+        returns("_shutdown", _testing.shutdown)
         os.write(w, ("\n".join(failures) or "ok").encode())
         os._exit(0)
     os.close(w)
@@ -88,6 +89,6 @@ def test_public_calls_in_a_child_forked_while_a_launch_runs():
     # The parent: its launch finishes and releases as usual.
     h.wait()
     assert torch.equal(y, x)
-    after = tile_py._debug_counters()
+    after = _testing.debug_counters()
     assert after["released"] - before["released"] == after["consumed"] - before["consumed"] == 2
     assert after["leaked_at_exit"] == before["leaked_at_exit"]

@@ -3,6 +3,7 @@
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 
 pytestmark = pytest.mark.gpu
@@ -38,10 +39,10 @@ def test_torch_current_device_differs_from_the_tensors_device(torch):
     assert torch.equal(c, a + b)
     assert torch.cuda.current_device() == 0, "the caller's current device is unchanged"
     # A device-1 tensor with a device-0 stream: refused before anything is consumed.
-    before = tile_py._debug_counters()
+    before = _testing.debug_counters()
     with pytest.raises(ValueError, match="cuda:1") as e:
         tile_py.launch(torch.cuda.Stream(device=0), n // 256, k, (a, b, c, n), block=256)
     assert "cuda:0" in str(e.value)
-    after = tile_py._debug_counters()
+    after = _testing.debug_counters()
     assert after["launches_issued"] == before["launches_issued"]
     assert after["consumed"] - before["consumed"] == after["released"] - before["released"]

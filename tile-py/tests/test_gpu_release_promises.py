@@ -14,6 +14,7 @@ import time
 import pytest
 
 import tile_py
+from tile_py import _testing
 import dlpack_ctypes
 from tile_py import In, Out, Scalar
 
@@ -90,6 +91,7 @@ def test_first_launch_of_a_kernel_built_at_import_does_not_wait_for_queued_work(
     r = run_child(
         f"""
         import time, tile_py
+        from tile_py import _testing
         from tile_py import In, Out, Scalar
         # At import: no CUDA context yet.
         scale = tile_py.Library.from_cuda_source({SOURCE!r}).kernel("scale_f32", {SCALE!r})
@@ -134,7 +136,7 @@ def test_memory_only_tile_keeps_alive_is_released_without_a_call(torch, scale):
     torch.cuda.synchronize()
     tile_py.synchronize()
     base = torch.cuda.memory_allocated()
-    period = tile_py._release_thread()["period_ms"] / 1000
+    period = _testing.release_thread()["period_ms"] / 1000
     torch.cuda._sleep(int(0.3 * CYCLES_PER_S))
     src = Cloner(x)
     tile_py.launch(s, grid(n), scale, (src, y, 2.0, n), block=BLOCK)
@@ -271,7 +273,7 @@ def test_int_handle_stream_destroyed_after_its_work_without_a_wait(torch, scale,
     torch.cuda.synchronize()
     tile_py.synchronize()  # nothing of earlier tests left to release during this one
     start = tile_py.stats()
-    before = tile_py._debug_counters()
+    before = _testing.debug_counters()
     h = ctypes.c_void_p()
     assert cuda.cuStreamCreate(ctypes.byref(h), 1) == 0  # CU_STREAM_NON_BLOCKING
     x = torch.randn(n, device="cuda")
@@ -287,7 +289,7 @@ def test_int_handle_stream_destroyed_after_its_work_without_a_wait(torch, scale,
     st = tile_py.stats()
     assert st["errors"] == start["errors"], (start, st)
     assert st["pending_guards"] == 0 and st["guards_leaked"] == start["guards_leaked"], st
-    after = tile_py._debug_counters()
+    after = _testing.debug_counters()
     assert after["released"] - before["released"] == after["consumed"] - before["consumed"] == 6
     for y in ys:
         assert torch.equal(y, 3.0 * x)
@@ -304,6 +306,7 @@ def test_stats_and_synchronize_after_a_kernel_fault_do_not_raise_and_leak_counte
     r = run_child(
         f"""
         import torch, tile_py
+        from tile_py import _testing
         from tile_py import In, Out, Scalar
         lib = tile_py.Library.from_cuda_source({SOURCE!r})
         scale = lib.kernel("scale_f32", {SCALE!r})

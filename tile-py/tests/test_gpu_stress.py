@@ -17,6 +17,7 @@ import weakref
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 from producers import ViaDlpack
 
@@ -45,7 +46,7 @@ def test_stress_threads_streams_producers():
     threads = 4
     per_thread = LAUNCHES // threads
     tile_py.synchronize()
-    start = tile_py._debug_counters()
+    start = _testing.debug_counters()
     errors = []
     max_pending = [0]
     refs = {}
@@ -86,7 +87,7 @@ def test_stress_threads_streams_producers():
         t.join()
     assert not errors, errors
     tile_py.synchronize()
-    end = tile_py._debug_counters()
+    end = _testing.debug_counters()
     consumed = end["consumed"] - start["consumed"]
     released = end["released"] - start["released"]
     launches = threads * per_thread

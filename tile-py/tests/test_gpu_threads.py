@@ -12,6 +12,7 @@ import threading
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, Out, Scalar
 
 pytestmark = pytest.mark.gpu
@@ -58,7 +59,7 @@ def kernels(torch):
 
 
 def counters():
-    return tile_py._debug_counters()
+    return _testing.debug_counters()
 
 
 def run_in_thread(fn):

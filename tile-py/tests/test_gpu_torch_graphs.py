@@ -20,6 +20,7 @@ import time
 import pytest
 
 import tile_py
+from tile_py import _testing
 import gpu_support
 from tile_py import In, InOut, Out, Scalar
 
@@ -120,7 +121,7 @@ class Ledger:
 
         self.torch, self.tt = torch, tt
         _free_graphs(torch)
-        self.counters = tile_py._debug_counters()
+        self.counters = _testing.debug_counters()
         self.memory = torch.cuda.memory_allocated()
         self.regions = dict(tt._region_calls)
 
@@ -134,7 +135,7 @@ class Ledger:
         _free_graphs(torch)
         deadline = time.monotonic() + timeout
         while True:
-            c = tile_py._debug_counters()
+            c = _testing.debug_counters()
             held = (c["consumed"] - self.counters["consumed"]) - (c["released"] - self.counters["released"])
             if held == 0 or time.monotonic() > deadline:
                 break

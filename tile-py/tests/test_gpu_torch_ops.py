@@ -9,6 +9,7 @@ import time
 import pytest
 
 import tile_py
+from tile_py import _testing
 from tile_py import In, InOut, Out, Scalar
 
 pytestmark = pytest.mark.gpu
@@ -176,7 +177,7 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
     gc.collect()
     torch.cuda.synchronize()
     tile_py.synchronize()
-    start = tile_py._debug_counters()
+    start = _testing.debug_counters()
     captures_before = tt._region_calls["capture"]
     errors_before = tile_py.stats()["errors"]
     g = torch.compile(f, mode="reduce-overhead", fullgraph=True)
@@ -194,7 +195,7 @@ def test_reduce_overhead_replays_and_releases_after_the_graph_is_freed(torch, op
         out = out.clone()  # the graph's output memory is overwritten by the next replay
 
     def held():
-        c = tile_py._debug_counters()
+        c = _testing.debug_counters()
         return (c["consumed"] - start["consumed"]) - (c["released"] - start["released"])
 
     tile_py.synchronize()

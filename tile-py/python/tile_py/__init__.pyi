@@ -2,7 +2,7 @@
 
 import os
 from types import TracebackType
-from typing import Any, Optional, Sequence, SupportsIndex, Tuple, Type, Union, final
+from typing import Any, List, Optional, Sequence, SupportsIndex, Tuple, Type, Union, final
 
 __all__ = [
     "BoundLaunch",
@@ -26,9 +26,9 @@ __version__: str
 """The version of tile_py (the Rust crate's version, as in the wheel's metadata), e.g. '0.1.0'."""
 
 # Type aliases for the annotations below; they exist in the stub only.
-# An int, or 1 to 3 of them; NumPy integer scalars count (anything with __index__ but a bool).
+# An int, or a tuple or list of 1 to 3 of them; NumPy integer scalars count (anything with __index__ but a bool).
 _Dim = SupportsIndex
-_Dims = Union[_Dim, Tuple[_Dim], Tuple[_Dim, _Dim], Tuple[_Dim, _Dim, _Dim]]
+_Dims = Union[_Dim, Tuple[_Dim], Tuple[_Dim, _Dim], Tuple[_Dim, _Dim, _Dim], List[_Dim]]
 _StreamLike = Any  # an object with __cuda_stream__, a CuPy stream, or an int handle
 _DTypeLike = Any  # 'float32', 'bfloat16', torch.float16, numpy.int32, ...
 
@@ -86,7 +86,12 @@ def In(
     ``shape_divisible_by`` (one int per dimension, in elements), ``unit_stride`` and
     ``unit_shape`` (dimensions whose stride, or extent, is 1), ``nonnegative_strides`` and
     ``disjoint`` (no two indices address one element). Per-dimension assumptions cover at most
-    the first 8 dimensions."""
+    the first 8 dimensions.
+
+    Declaring raises ValueError for an unknown dtype, index type or assumption, or an ndim
+    outside 0 to 32, and TypeError for a value of the wrong type (``strided`` not a bool,
+    ``assume`` not a dict, ``index`` or ``assume`` without ``ndim``, ``strided=True`` with
+    ``ndim``)."""
 
 def Out(
     dtype: _DTypeLike,
@@ -115,7 +120,8 @@ def InOut(
     ``assume`` and ``strided`` as for In."""
 
 def Scalar(ty: str, /) -> Param:
-    """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'."""
+    """A scalar by value: 'bool', 'i8'..'i64', 'u8'..'u64', 'f32', 'f64'. Raises ValueError
+    for another name."""
 
 @final
 class Kernel:
@@ -141,8 +147,9 @@ class Kernel:
         dynamic shared memory, `cuKernelSetAttribute`); each call checks only its arguments.
 
         Raises `TypeError` or `ValueError` for a bad stream, grid, block, shared memory or
-        kernel (as `launch` does, before anything is bound), `tile_py.CudaError` (a failed
-        driver call) and `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
+        kernel (as `launch` does, before anything is bound), `ValueError` in a child made by
+        `os.fork()` or during interpreter exit, `tile_py.CudaError` (a failed driver call) and
+        `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
         """
 
 @final
@@ -177,8 +184,9 @@ class BoundLaunch:
 @final
 class Library:
     """Loaded device code: a cubin, fatbin or PTX, or CUDA C++ compiled with NVRTC. Loading
-    raises CudaError when the driver refuses the image, and DriverNotFoundError when no CUDA
-    driver could be loaded."""
+    raises TypeError for an argument of the wrong type, CudaError when the driver refuses the
+    image, DriverNotFoundError when no CUDA driver could be loaded, and ValueError in a child
+    made by os.fork()."""
 
     @staticmethod
     def from_file(path: Union[str, "os.PathLike[str]"]) -> Library:
@@ -195,7 +203,10 @@ class Library:
         """Compile CUDA C++ with NVRTC (declare kernels extern "C") and load it. Raises
         RuntimeError with NVRTC's log when compilation fails, or when NVRTC cannot be loaded."""
     def kernel(self, name: str, params: Sequence[Param]) -> Kernel:
-        """Look up a kernel and declare its parameters."""
+        """Look up a kernel and declare its parameters. Raises TypeError for a declaration
+        that does not match the compiled kernel's parameters, ValueError for a name with a NUL
+        and in a child made by os.fork(), and CudaError for a name the library lacks
+        (CUDA_ERROR_NOT_FOUND)."""
 
 @final
 class LaunchHandle:
@@ -204,9 +215,12 @@ class LaunchHandle:
     nothing."""
 
     def wait(self) -> None:
-        """Block (GIL released) until the work is done, then release the tensors."""
+        """Block (GIL released) until the work is done, then release the tensors. Raises
+        tile_py.CudaError when the driver reports the wait failed (a kernel fault, a lost
+        context)."""
     def done(self) -> bool:
-        """Whether the work is done (non-blocking); releases the tensors if so."""
+        """Whether the work is done (non-blocking); releases the tensors if so. Raises
+        tile_py.CudaError as wait does."""
     def __enter__(self) -> LaunchHandle: ...
     def __exit__(
         self,
@@ -235,7 +249,8 @@ def launch(
       `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
       an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
       asked to order their work before through the legacy default stream; 0 and None are refused).
-    - `grid`, `block`: blocks per grid and threads per block, an int or a 1-3 tuple (x, y, z).
+    - `grid`, `block`: blocks per grid and threads per block, an int or a tuple or list of 1 to
+      3 ints (x, y, z).
     - `args`: one per declared parameter: DLPack producers, capsules,
       `__cuda_array_interface__` objects, Python or NumPy scalars. A tensor's DLPack device must
       be device memory (`kDLCUDA`) or managed memory (`kDLCUDAManaged`) of the stream's device,
@@ -256,12 +271,16 @@ def launch(
     within 50 ms (the handle owns nothing: dropping it does nothing).
 
     Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
-    `ValueError` (devices, host memory labelled as device memory, read-only, copied or
-    overlapping outputs, tensors that are not dense row-major for plain pointer parameters,
-    lazy conjugate / negative torch views, outputs that require grad or are JAX arrays,
-    grid/block limits), `BufferError` (DLPack version), `OverflowError`
-    (sizes, scalar ranges), `tile_py.CudaError` (a failed driver call), and its subclass
-    `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
+    `ValueError` (devices, host memory, host memory labelled as device memory, read-only,
+    copied or overlapping outputs, tensors that are not dense row-major for plain pointer
+    parameters, lazy conjugate / negative torch views, outputs that require grad or are JAX
+    arrays, grid/block/cluster/shared memory limits; a launch in a child made by `os.fork()`
+    or during interpreter exit), `BufferError` (DLPack version), `OverflowError` (sizes,
+    scalar ranges), `RuntimeError` (tensor memory on another device than its descriptor says,
+    a producer outside a graph capture in progress), `tile_py.CudaError` (a failed driver
+    call), and its subclass `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
+    An exception a producer raises (its `__dlpack__`, `__index__`, ...) propagates with a note
+    naming the argument.
     """
 
 def synchronize() -> None:
@@ -316,43 +335,5 @@ def stats() -> dict[str, int]:
 def compute_capability(stream: _StreamLike) -> Tuple[int, int]:
     """The compute capability (major, minor) of ``stream``'s device, e.g. (9, 0) on an H100 or
     H200 (cuDeviceGetAttribute, read once per device). ``stream`` as for launch. Raises
-    tile_py.CudaError as launch does."""
-
-def _check_args(
-    params: Sequence[Param],
-    args: Sequence[Any],
-    *,
-    stream: _StreamLike = ...,
-    device: int = 0,
-    sync: bool = True,
-    consume: bool = True,
-    grid: Optional[_Dims] = None,
-    block: Optional[_Dims] = None,
-) -> None: ...
-def _pack_args(
-    params: Sequence[Param],
-    args: Sequence[Any],
-    *,
-    stream: _StreamLike = ...,
-    device: int = 0,
-) -> list[int]: ...
-def _export(
-    obj: Any, stream: _StreamLike, index: int = 0, device: Optional[int] = None
-) -> Tuple[
-    Any,
-    Optional[int],
-    Tuple[Tuple[int, int, int], Tuple[int, int], int, list[int], list[int]],
-]:
-    """One DLPack export of ``obj`` as a launch on ``stream`` makes it (a DLPack capsule is
-    read as it is), unconsumed: ``(capsule, offered_stream, ((code, bits, lanes),
-    (device_type, device_id), data_ptr, shape, strides))``, strides in elements;
-    ``offered_stream`` is the ``stream=`` the producer was offered (None for a capsule)."""
-
-def _debug_counters() -> dict[str, int]: ...
-def _exchange_api_cost(obj: Any, n: int = 64) -> tuple[float, float]:
-    """Host ns per export + deleter of ``obj`` through its type's DLPack C exchange API, and
-    per ``current_work_stream`` call (``n`` of each; nothing launched). For benchmark bounds."""
-def _shutdown(timeout: float = 5.0) -> int: ...
-def _after_fork_in_child() -> None: ...
-def _release_thread() -> dict[str, int | bool]: ...
-def _queue_release(obj: Any) -> None: ...
+    TypeError / ValueError for a bad stream as launch does, ValueError in a child made by
+    os.fork(), and tile_py.CudaError / tile_py.DriverNotFoundError as launch does."""

@@ -406,7 +406,7 @@ def _list_arg(obj: List[Any], stream: Any, index: int, name: str):
     device = None
     for j, item in enumerate(obj):
         if hasattr(item, "__dlpack__") or type(item).__name__ == "PyCapsule":
-            cap, _offered, (dtype, dev, ptr, shape, strides) = tile_py._export(item, stream, index)
+            cap, _offered, (dtype, dev, ptr, shape, strides) = _tile._export(item, stream, index)
             keep.append(cap)
             shown.append(_Described(index, dtype, ptr, shape, strides))
             layouts.append((dtype, ptr, list(shape), list(strides)))

@@ -395,7 +395,7 @@ pub(crate) fn host_or(
 ) -> PyErr {
     // Only an ordinary exception can be a host producer refusing the stream: an interrupt, an
     // exit or a memory error propagates as it is.
-    if crate::errors::raised_as_is(py, &e) {
+    if crate::exceptions::raised_as_is(py, &e) {
         return e;
     }
     let device = match obj.call_method0(intern!(py, "__dlpack_device__")) {
@@ -418,8 +418,9 @@ pub(crate) fn host_or(
         Kind::Value,
         format!(
             "{mismatch}; {} is host memory (its __dlpack__ refused the launch stream): tile_py \
-             accepts device, managed or pinned memory only",
-            show(obj)
+             accepts device, managed or pinned memory only; {}",
+            show(obj),
+            crate::exceptions::HOST_MEMORY_FIX
         ),
     );
     refused.set_cause(py, Some(e));

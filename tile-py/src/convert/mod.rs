@@ -5,8 +5,8 @@
 //! Everything here runs before anything is launched. A tensor argument is *claimed* when it is
 //! converted: a capsule is renamed `used_dltensor[_versioned]` at once (inside a critical section,
 //! so that two threads cannot both take it), an exchange-API or `__cuda_array_interface__`
-//! tensor is owned outright. When the launch does not go ahead, [`Converted::rollback`] undoes
-//! every claim that tile-launch did not consume: a capsule gets its name back (so a caller's
+//! tensor is owned outright. When the launch does not go ahead, dropping the [`Converted`]
+//! undoes every claim that tile-launch did not consume: a capsule gets its name back (so a caller's
 //! capsule can be used again, and a capsule made by `__dlpack__` for us runs its deleter through
 //! its destructor when we drop it), an owned tensor is released.
 
@@ -20,30 +20,28 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::critical_section::with_critical_section;
-use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyTuple, PyType};
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyTuple, PyType};
 use smallvec::SmallVec;
 use tile_dlpack::ffi::{
     DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackVersion,
     DLTensor,
 };
 use tile_dlpack::{DType, Unused};
-use tile_launch::{Arg, Dim3, LaunchConfig, Param, Scalar, ScalarType, TensorArg};
+use tile_launch::{Arg, Param, Scalar, ScalarType, TensorArg};
 
-use crate::errors::{Kind, arg_err, argument_note, err, show, with_note};
-use crate::producers::{self, Checked, Family};
+use crate::exceptions::{Kind, arg_err, argument_note, err, show, with_note};
+use crate::producers::{self, Family, Screened};
 use crate::pytypes::TypeCache;
 use crate::release::{COUNTERS, PyGuard, defer_release};
 
 mod cai;
 mod capsule;
-mod config;
 mod exchange;
 mod handshake;
 mod scalar;
 
 pub(crate) use cai::*;
 pub(crate) use capsule::*;
-pub(crate) use config::*;
 pub(crate) use exchange::*;
 pub(crate) use handshake::*;
 pub(crate) use scalar::*;
@@ -120,39 +118,77 @@ pub(crate) enum Claim {
 // any thread. The capsule is a `Py`, which is `Send`.
 unsafe impl Send for Claim {}
 
-/// Per-argument state held inline (no allocation) for up to this many arguments.
-const INLINE: usize = 8;
+/// Arguments (and per-argument state) held inline by a launch; more spill to the heap.
+pub(crate) const INLINE: usize = tile_launch::INLINE_ARGS;
 
 /// Per-argument claims of one launch.
 pub(crate) type Claims = SmallVec<[Option<Claim>; INLINE]>;
 
-/// The converted argument list of one launch.
+/// The converted argument list of one launch and what converting it claimed. It rolls back
+/// when dropped: every claim still held is undone (a capsule gets its name back, an owned
+/// tensor is released) and the owners are released through the release queue — unless
+/// [`Converted::commit`] said tile-launch consumed the tensors. A claim whose tensor was
+/// consumed alone is taken out of [`Converted::claims`].
 pub(crate) struct Converted {
     pub args: SmallVec<[Arg<'static>; INLINE]>,
-    /// Per argument: how a tensor was claimed (`None` for scalars).
+    /// Per argument: how a tensor was claimed (`None` for scalars and consumed tensors).
     pub claims: Claims,
     /// Python objects the launch must keep alive (`__cuda_array_interface__` exporters).
     pub owners: Vec<Py<PyAny>>,
+    /// Set by [`Converted::commit`].
+    committed: bool,
 }
 
 impl Converted {
-    /// Undoes every claim whose tensor was not consumed (`consumed[i]` is false), after the
-    /// `Unused` values have been dropped. Owners are released through the release queue.
-    pub(crate) fn rollback(claims: Claims, owners: Vec<Py<PyAny>>, consumed: &[bool]) {
-        for (i, claim) in claims.into_iter().enumerate() {
-            if consumed.get(i).copied().unwrap_or(false) {
-                continue;
-            }
+    /// Nothing converted yet.
+    #[inline]
+    pub(crate) fn new() -> Converted {
+        Converted {
+            args: SmallVec::new(),
+            claims: SmallVec::new(),
+            owners: Vec::new(),
+            committed: false,
+        }
+    }
+
+    /// Every tensor was consumed by tile-launch (launched, or released by a launch refused
+    /// after its check): nothing is handed back when it drops; its claims and our references to
+    /// the owners (the launch's guards hold their own) are then only dropped.
+    #[inline]
+    pub(crate) fn commit(&mut self) {
+        self.committed = true;
+    }
+
+    /// Rolls back now, then runs the queued releases, as a refused launch does.
+    pub(crate) fn abandon(&mut self, py: Python<'_>) {
+        self.roll_back();
+        crate::release::drain(py);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn roll_back(&mut self) {
+        // The `Unused` values first (dropping one does nothing), then their claims.
+        self.args.clear();
+        for claim in self.claims.drain(..).flatten() {
             match claim {
-                None => {}
-                Some(Claim::Capsule { capsule, restore }) => {
+                Claim::Capsule { capsule, restore } => {
                     Python::attach(|py| unclaim_capsule(py, capsule.bind(py), restore));
                 }
-                Some(Claim::Owned(ptr)) => release_owned(ptr),
+                Claim::Owned(ptr) => release_owned(ptr),
             }
         }
-        for o in owners {
+        for o in self.owners.drain(..) {
             defer_release(crate::release::Release::Object(o));
+        }
+    }
+}
+
+impl Drop for Converted {
+    fn drop(&mut self) {
+        let nothing_held = self.claims.is_empty() && self.owners.is_empty();
+        if !(self.committed || nothing_held) {
+            self.roll_back();
         }
     }
 }
@@ -169,17 +205,6 @@ fn release_owned(ptr: *mut DLManagedTensorVersioned) {
         Ok(used) => drop(PyGuard::tensor(used)),
         Err(_) => {
             COUNTERS.released.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-impl Converted {
-    /// Nothing converted yet.
-    pub(crate) fn new() -> Converted {
-        Converted {
-            args: SmallVec::new(),
-            claims: SmallVec::new(),
-            owners: Vec::new(),
         }
     }
 }
@@ -231,11 +256,7 @@ pub(crate) fn convert_args_into(
             None => noted(py, e, at),
         },
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let what = crate::exceptions::panic_text(&*payload, "unknown panic");
             arg_err(
                 Kind::Runtime,
                 at,
@@ -243,13 +264,7 @@ pub(crate) fn convert_args_into(
             )
         }
     };
-    out.args.clear();
-    Converted::rollback(
-        std::mem::take(&mut out.claims),
-        std::mem::take(&mut out.owners),
-        &[],
-    );
-    crate::release::drain(py);
+    out.abandon(py);
     Err(e)
 }
 
@@ -326,17 +341,6 @@ impl Converted {
     pub(crate) fn push_scalar(&mut self, s: Scalar) {
         self.args.push(Arg::Scalar(s));
         self.claims.push(None);
-    }
-
-    /// Hands every claim back (nothing was consumed), as a refused launch does.
-    pub(crate) fn abandon(&mut self, py: Python<'_>) {
-        self.args.clear();
-        Converted::rollback(
-            std::mem::take(&mut self.claims),
-            std::mem::take(&mut self.owners),
-            &[],
-        );
-        crate::release::drain(py);
     }
 }
 
@@ -454,9 +458,9 @@ fn convert_tensor(
     }
     let detached;
     let (obj, on_type) = match producers::check(index, obj, family, param, true, None)? {
-        Checked::AsIs => (obj, on_type),
+        Screened::AsIs => (obj, on_type),
         // Another object (a detached torch tensor): its own type decides.
-        Checked::Detached(d) => {
+        Screened::Detached(d) => {
             detached = d;
             (&detached, producer_type(py, &detached).2)
         }

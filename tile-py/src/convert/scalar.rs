@@ -67,9 +67,9 @@ pub(crate) fn exact_scalar(obj: &Bound<'_, PyAny>, ty: ScalarType) -> Option<Sca
 
 /// What the user's code raised while converting argument `index`: its own type, with the note
 /// `argument i: raised while converting this argument`, as for a producer's exception; an
-/// interrupt, `MemoryError` or `RecursionError` as it is ([`crate::errors::raised_as_is`]).
+/// interrupt, `MemoryError` or `RecursionError` as it is ([`crate::exceptions::raised_as_is`]).
 fn raised_by_user(py: Python<'_>, e: PyErr, index: usize) -> PyErr {
-    if crate::errors::raised_as_is(py, &e) {
+    if crate::exceptions::raised_as_is(py, &e) {
         e
     } else {
         with_note(py, e, argument_note(index))
@@ -209,5 +209,31 @@ pub(crate) fn convert_scalar(
             }
             Ok(Scalar::Int(v))
         }
+    }
+}
+
+/// Whether the Python int `v` is below zero (for values beyond `i128`). Error path only.
+pub(crate) fn is_negative(v: &Bound<'_, PyAny>) -> bool {
+    v.lt(0).unwrap_or(false)
+}
+
+/// The decimal text of the Python int `v` (its `str`). Error path only.
+pub(crate) fn int_text(v: &Bound<'_, PyAny>) -> String {
+    v.str().map(|s| s.to_string()).unwrap_or_else(|_| show(v))
+}
+
+/// Whether `obj` is a complex number: Python's `complex` (and its subclasses, such as NumPy's
+/// `complex128`), or a NumPy complex scalar (`dtype.kind == 'c'`), whose `__float__` would drop
+/// the imaginary part.
+pub(crate) fn is_complex(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    if obj.cast::<pyo3::types::PyComplex>().is_ok() {
+        return Ok(true);
+    }
+    match obj.getattr_opt(intern!(py, "dtype"))? {
+        Some(dtype) => Ok(dtype
+            .getattr_opt(intern!(py, "kind"))?
+            .is_some_and(|k| k.extract::<String>().is_ok_and(|k| k == "c"))),
+        None => Ok(false),
     }
 }

@@ -17,7 +17,7 @@ use tile_dlpack::ffi::{
 use tile_launch::{Arg, Dim3, LaunchConfig, Scalar, Stream, TensorArg};
 
 use super::frame::{Attr, Call, FfiError, Frame, answer_metadata, dtype};
-use super::roles::{Bound, Roles};
+use super::roles::{Binding, Roles};
 use crate::xla_ffi_sys as sys;
 
 /// A kernel declared to `tile_py.jax` with the roles of its parameters at one call site: what
@@ -60,7 +60,7 @@ fn stream(raw: *mut c_void) -> Result<Stream, FfiError> {
     let device = unsafe { tile_launch::Context::device_of_stream(raw) }
         .map_err(launch_error)?
         .unwrap_or(0);
-    let ctx = crate::contexts::context(device).map_err(launch_error)?;
+    let ctx = crate::device_contexts::context(device).map_err(launch_error)?;
     // SAFETY: XLA's stream of the device's primary context (the context XLA's CUDA runtime
     // uses), valid during every call it is passed to, and naming that stream until the work
     // enqueued there finished; tile names it only inside launches.
@@ -88,11 +88,7 @@ pub(crate) unsafe extern "C" fn handler(
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => frame.error(&e),
         Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
+            let what = crate::exceptions::panic_text(&*panic, "a panic");
             // The payload is dropped inside a guard too: a payload that panics on drop must not
             // unwind into XLA either.
             let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(panic)));
@@ -264,10 +260,10 @@ fn compact_strides(dims: &[i64], out: &mut SmallVec<[i64; 32]>) -> Option<()> {
 impl Descriptors {
     /// Describes the buffers `bound` names on device `ordinal`, refusing an XLA element type
     /// with no DLPack dtype tile supports.
-    pub(crate) fn new(bound: &[Bound<'_>], ordinal: i32) -> Result<Descriptors, FfiError> {
+    pub(crate) fn new(bound: &[Binding<'_>], ordinal: i32) -> Result<Descriptors, FfiError> {
         let mut strides = SmallVec::new();
         for b in bound {
-            if let Bound::Buffer(buffer, index) = b
+            if let Binding::Buffer(buffer, index) = b
                 && compact_strides(buffer.dims, &mut strides).is_none()
             {
                 return Err(FfiError::invalid(format!(
@@ -279,7 +275,7 @@ impl Descriptors {
         let mut tensors = SmallVec::new();
         let mut at = 0usize;
         for b in bound {
-            let Bound::Buffer(buffer, index) = b else {
+            let Binding::Buffer(buffer, index) = b else {
                 continue;
             };
             let dt = dtype(buffer.dtype).ok_or_else(|| {
@@ -319,13 +315,13 @@ impl Descriptors {
 
     /// The kernel's launch arguments: each bound buffer lent as its descriptor (memory trusted
     /// to be the device memory XLA allocated), each scalar as it is.
-    pub(crate) fn arguments<'d>(&'d mut self, bound: &[Bound<'_>]) -> SmallVec<[Arg<'d>; 8]> {
+    pub(crate) fn arguments<'d>(&'d mut self, bound: &[Binding<'_>]) -> SmallVec<[Arg<'d>; 8]> {
         let base = self.tensors.as_mut_ptr();
         let mut next = 0usize;
         bound
             .iter()
             .map(|b| match b {
-                Bound::Buffer(..) => {
+                Binding::Buffer(..) => {
                     // SAFETY: `next` indexes `tensors` (one descriptor per buffer, in order);
                     // the descriptor, its shape (XLA's dims, live during the call) and strides
                     // (`self._strides`) stay valid and unchanged for `'d`; XLA keeps the data
@@ -339,7 +335,7 @@ impl Descriptors {
                     next += 1;
                     Arg::Tensor(t)
                 }
-                Bound::Scalar(s) => Arg::Scalar(*s),
+                Binding::Scalar(s) => Arg::Scalar(*s),
             })
             .collect()
     }

@@ -27,10 +27,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
 use tile_launch::{Param, Scalar};
 
-use crate::convert::{convert_scalar, parse_config};
-use crate::errors::{Kind, err, show};
+use crate::convert::convert_scalar;
+use crate::exceptions::{Kind, err, show};
 use crate::kernel::parse_params;
-use crate::launch::as_kernel;
+use crate::request::{as_kernel, parse_config};
 use roles::{Role, Roles};
 
 /// The handler as a PyCapsule without a name, as `jax.ffi.register_ffi_target` takes handlers
@@ -81,7 +81,7 @@ pub(crate) fn _xla_register(
 #[pyfunction]
 #[pyo3(signature = (params, roles = None))]
 #[allow(clippy::type_complexity)]
-pub(crate) fn _xla_roles(
+pub(crate) fn xla_roles(
     params: &Bound<'_, PyAny>,
     roles: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(
@@ -167,7 +167,7 @@ pub(crate) fn _xla_config(
     block: &Bound<'_, PyAny>,
     shared_mem: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<((i64, i64, i64), (i64, i64, i64), i64)> {
-    let c = parse_config(grid, block, shared_mem, None, false, false)?;
+    let c = parse_config(grid, Some(block), shared_mem, None)?;
     let d = |d: tile_launch::Dim3| (i64::from(d.x), i64::from(d.y), i64::from(d.z));
     Ok((d(c.grid), d(c.block), i64::from(c.shared_mem_bytes)))
 }

@@ -72,7 +72,7 @@ pub(crate) struct Roles {
 
 /// What a parameter is bound to for one call: one of XLA's buffers, or a scalar value.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Bound<'a> {
+pub(crate) enum Binding<'a> {
     /// A buffer, for the parameter of this index.
     Buffer(Buffer<'a>, usize),
     /// A scalar value.
@@ -250,7 +250,7 @@ impl Roles {
         rets: &[Buffer<'a>],
         scalars: usize,
         scalar: impl Fn(usize) -> Result<Scalar, FfiError>,
-    ) -> Result<Vec<Bound<'a>>, FfiError> {
+    ) -> Result<Vec<Binding<'a>>, FfiError> {
         if args.len() != self.operands || rets.len() != self.results || scalars != self.scalars {
             return Err(FfiError::invalid(format!(
                 "tile_py.jax: kernel `{name}` takes {} operands, {} results and {} scalars; \
@@ -266,8 +266,8 @@ impl Roles {
         let mut out = Vec::with_capacity(self.roles.len());
         for (index, r) in self.roles.iter().enumerate() {
             out.push(match *r {
-                Role::Operand(j) => Bound::Buffer(args[j], index),
-                Role::Result(k) => Bound::Buffer(rets[k], index),
+                Role::Operand(j) => Binding::Buffer(args[j], index),
+                Role::Result(k) => Binding::Buffer(rets[k], index),
                 Role::Aliased { operand, result } => {
                     let (a, b) = (args[operand], rets[result]);
                     if a.data != b.data {
@@ -277,9 +277,9 @@ impl Roles {
                              operand to its result"
                         )));
                     }
-                    Bound::Buffer(b, index)
+                    Binding::Buffer(b, index)
                 }
-                Role::Scalar(s) => Bound::Scalar(scalar(s)?),
+                Role::Scalar(s) => Binding::Scalar(scalar(s)?),
             });
         }
         Ok(out)

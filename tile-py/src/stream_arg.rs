@@ -1,18 +1,15 @@
-//! Launch streams: parsing Python stream objects, and one cached tile-launch [`Stream`] (with
-//! its release queue) per `(device, handle)`.
+//! The `stream` argument: parsing Python stream objects (torch, CuPy, cuda.core, `torch.Stream`,
+//! int handles), with per-thread caches that answer a repeated stream object without a Python
+//! call, into the cached tile-launch [`Stream`] of [`crate::stream_cache`].
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::CUstream;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
-use tile_launch::{Context, Stats, Stream, WeakStream};
+use tile_launch::{Stream, WeakStream};
 
-use crate::errors::{Kind, err, launch_err, show};
+use crate::exceptions::{Kind, err, show};
 use crate::pytypes::{TypeCache, in_package, mro_any};
 
 /// A stream as the caller gave it.
@@ -67,7 +64,6 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
             format!("stream handle {n} is not a valid CUstream (0 to 2**63-1 expected); {HOW}"),
         ));
     }
-    // 0 and 1 both name the legacy default stream.
     Ok(crate::stream_numbers::to_raw(n as u64))
 }
 
@@ -149,7 +145,6 @@ fn torch_read(obj: &Bound<'_, PyAny>) -> Option<(usize, i32)> {
     if !(0..=i128::from(i64::MAX)).contains(&h) || !(0..=i128::from(i32::MAX)).contains(&d) {
         return None;
     }
-    // 0 and 1 both name the legacy default stream, as in `handle_from_int`.
     let raw = crate::stream_numbers::to_raw(h as u64);
     Some((raw, d as i32))
 }
@@ -219,16 +214,12 @@ pub(crate) fn parse_stream_cached(
     Ok((spec, None))
 }
 
-/// [`get`], remembering the stream in the per-thread caches: for `obj` when it is the object
+/// [`crate::stream_cache::get_with_owner`], remembering the stream in the per-thread caches: for `obj` when it is the object
 /// [`parse_stream_cached`] cached, and by `(device, handle)` for a [`Fast`] stream type.
-pub(crate) fn get_and_cache(
-    py: Python<'_>,
-    obj: &Bound<'_, PyAny>,
-    spec: StreamSpec,
-) -> PyResult<Stream> {
+fn get_and_cache(py: Python<'_>, obj: &Bound<'_, PyAny>, spec: StreamSpec) -> PyResult<Stream> {
     let cacheable = spec.owner.is_some();
     let (raw, device) = (spec.raw, spec.device);
-    let (s, owner) = get_with_owner(py, spec)?;
+    let (s, owner) = crate::stream_cache::get_with_owner(py, spec)?;
     if cacheable {
         if owner == obj.as_ptr() as usize {
             let entry = LastStream {
@@ -248,9 +239,18 @@ pub(crate) fn get_and_cache(
     Ok(s)
 }
 
-/// The cached [`Stream`] for a stream argument: the one [`parse_stream_cached`] found, or
-/// [`get_and_cache`]'s.
-pub(crate) fn resolve(
+/// The launch stream `obj` names: its cached [`Stream`] (made on first use) and the value
+/// producers are told (`__dlpack__(stream=...)`, [`StreamSpec::dlpack_value`]).
+pub(crate) fn launch_stream(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<(Stream, i64)> {
+    let (spec, cached) = parse_stream_cached(obj)?;
+    let value = spec.dlpack_value();
+    Ok((resolve_spec(py, obj, spec, cached)?, value))
+}
+
+/// The cached [`Stream`] for a stream argument `obj` parsed into `spec`: the one
+/// [`parse_stream_cached`] found (`cached`), else made or found in [`crate::stream_cache`].
+#[inline]
+pub(crate) fn resolve_spec(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
     spec: StreamSpec,
@@ -447,175 +447,4 @@ fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
         return Some(i);
     }
     None
-}
-
-/// A cached stream and the address of the Python object it keeps alive (0 for an int handle).
-struct Entry {
-    stream: Stream,
-    owner: usize,
-}
-
-static STREAMS: Mutex<Option<HashMap<(i32, usize), Entry>>> = Mutex::new(None);
-/// `STREAMS`' length, updated under its lock, read without it ([`any_held`]).
-static HELD: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether tile_py holds a stream (one with work whose tensors are not all released). Takes no
-/// lock: read by the release thread ([`crate::worker`]) to skip attaching when idle.
-pub(crate) fn any_held() -> bool {
-    HELD.load(Ordering::Acquire) > 0
-}
-/// The counters of the streams [`forget_idle`] dropped, so that totals stay totals.
-static GONE: Mutex<Option<Stats>> = Mutex::new(None);
-
-/// Drops the cached streams whose work has been released and that nothing else refers to
-/// ([`Stream::is_forgettable`]: no queued or held guard, no other `Stream` value): their
-/// stream objects are no longer kept alive, their handles (which may be destroyed and reused)
-/// are never touched again, and a later launch on the same handle starts with fresh state.
-/// No driver call. Their counters are kept in [`GONE`].
-fn forget_idle(map: &mut HashMap<(i32, usize), Entry>) -> Vec<Stream> {
-    let mut dropped = Vec::new();
-    map.retain(|_, e| {
-        let forget = e.stream.is_forgettable();
-        if forget {
-            dropped.push(e.stream.clone());
-        }
-        !forget
-    });
-    HELD.store(map.len(), Ordering::Release);
-    if !dropped.is_empty() {
-        let mut gone = GONE.lock().unwrap_or_else(|p| p.into_inner());
-        let sum = dropped
-            .iter()
-            .fold(gone.unwrap_or_default(), |sum, s| sum.plus(&s.stats()));
-        *gone = Some(sum);
-    }
-    dropped
-}
-
-/// [`forget_idle`] on the cache. The forgotten streams (and the stream objects they keep
-/// alive) are dropped after the lock is released: a `__del__` may call into tile_py.
-pub(crate) fn forget_idle_streams() {
-    let dropped = {
-        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-        g.as_mut().map(forget_idle).unwrap_or_default()
-    };
-    drop(dropped);
-}
-
-/// The counters of the streams already forgotten.
-pub(crate) fn forgotten_stats() -> Stats {
-    GONE.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .unwrap_or_default()
-}
-
-/// In a child made by `os.fork()`: the counters of every stream inherited from the parent (the
-/// cached ones and those already forgotten), read without waiting for a lock (one held at the
-/// fork is never let go in the child) and without dropping or forgetting a stream (a stream's
-/// drop makes driver calls, which fail in the child). `None` when a lock was held at the fork.
-pub(crate) fn inherited_stats() -> Option<Stats> {
-    use std::sync::TryLockError;
-    fn taken<T>(r: Result<T, TryLockError<T>>) -> Option<T> {
-        match r {
-            Ok(g) => Some(g),
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => None,
-        }
-    }
-    let gone = taken(GONE.try_lock())?.unwrap_or_default();
-    let g = taken(STREAMS.try_lock())?;
-    Some(
-        g.as_ref()
-            .map(|m| m.values().fold(gone, |sum, e| sum.plus(&e.stream.stats())))
-            .unwrap_or(gone),
-    )
-}
-
-/// The device a raw stream belongs to, or, for the default streams, the current context's
-/// device (0 if none is current).
-fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {
-    // SAFETY: the caller vouches that `raw` is a live stream handle (the launch contract), or it
-    // is one of the default-stream handles.
-    Ok(unsafe { Context::device_of_stream(raw as CUstream) }?.unwrap_or(0))
-}
-
-/// The cached [`Stream`] for `spec`, created on first use, and the address of the object it
-/// keeps alive (0 for none).
-fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stream, usize)> {
-    let to_py = |e| launch_err(py, e, |_| None);
-    let device = match spec.device {
-        Some(d) => d,
-        None => device_of_raw(spec.raw).map_err(to_py)?,
-    };
-    let key = (device, spec.raw);
-    if let Some(hit) = STREAMS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .and_then(|m| m.get(&key))
-        .map(|e| (e.stream.clone(), e.owner))
-    {
-        return Ok(hit);
-    }
-    // A new key: a good time to forget streams whose work is done (stream objects made and
-    // dropped in a loop must not pile up).
-    forget_idle_streams();
-    let owner = spec.owner.as_ref().map_or(0, |o| o.as_ptr() as usize);
-    let ctx = crate::contexts::context(device).map_err(to_py)?;
-    let raw = spec.raw as CUstream;
-    let stream = match spec.owner {
-        // SAFETY: `raw` is the handle of the stream object `owner`, a stream of the device's
-        // primary context (PyTorch, CuPy and cuda.core use primary contexts), which stays
-        // valid while `owner` lives; the cached `Stream` holds `owner`.
-        Some(owner) => unsafe { Stream::from_raw_keeping(&ctx, raw, Box::new(owner)) },
-        // SAFETY: an int handle: the caller promises a live stream of this device while it
-        // launches on it, naming that stream until the work launched finished (documented on
-        // `tile_py.launch`); 0 and 2 are the default streams, always valid. Nothing keeps the
-        // stream alive, so it is named only inside launch calls: its release queue is answered
-        // from markers recorded at each launch, and a stream destroyed once its work is done
-        // is never touched again.
-        None => unsafe { Stream::from_raw_launch_only(&ctx, raw) },
-    }
-    .map_err(to_py)?;
-    let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = g.get_or_insert_with(HashMap::new);
-    let e = map.entry(key).or_insert(Entry { stream, owner });
-    let found = (e.stream.clone(), e.owner);
-    HELD.store(map.len(), Ordering::Release);
-    drop(g);
-    Ok(found)
-}
-
-/// Every cached stream with work tile_py still holds, after forgetting the others
-/// ([`forget_idle`]): callers (`synchronize`, `stats`, exit) never touch a stream with nothing
-/// pending.
-pub(crate) fn all() -> Vec<Stream> {
-    let (busy, dropped) = {
-        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(map) = g.as_mut() else {
-            return Vec::new();
-        };
-        let dropped = forget_idle(map);
-        (
-            map.values().map(|e| e.stream.clone()).collect::<Vec<_>>(),
-            dropped,
-        )
-    };
-    drop(dropped);
-    busy
-}
-
-/// Synchronises every stream with work tile_py still holds (detached from the interpreter),
-/// each even after another failed: a failed wait is counted in that stream's
-/// [`Stats::errors`], and a stream found lost (destroyed, reset, poisoned) has leaked and
-/// counted what it held ([`Stream::synchronize`]), so that [`all`] forgets it next. Never fails.
-pub(crate) fn synchronize_all(py: Python<'_>) {
-    let streams = crate::pytypes::SameThread(all());
-    py.detach(move || {
-        let streams = streams;
-        for s in &streams.0 {
-            // Counted by the stream's release queue; nothing to report to the caller.
-            let _ = s.synchronize();
-        }
-    });
 }

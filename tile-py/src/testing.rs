@@ -1,7 +1,7 @@
-//! Test hooks (`tile_py._check_args`, `tile_py._pack_args`, `tile_py._debug_counters`,
-//! `tile_py._exchange_api_cost`): the conversion and checks of a launch without a device,
-//! tile_py's own counters, and what a producer's export costs. Nothing on the launch path calls
-//! them.
+//! `tile_py._testing`: test and benchmark hooks, kept out of `tile_py`'s namespace. They run a
+//! launch's conversion and checks without a device, read tile_py's own counters and the
+//! release thread's state, queue a release, run the process hooks by hand, and time a
+//! producer's export. Nothing on the launch path calls them.
 
 use std::sync::atomic::Ordering;
 
@@ -10,21 +10,36 @@ use pyo3::types::PyDict;
 use smallvec::SmallVec;
 use tile_launch::{Arg, Param};
 
-use crate::convert::{Converted, Handshake, convert_args, parse_config};
-use crate::errors::launch_err;
-use crate::launch::*;
-use crate::release::{COUNTERS, FORKED, PyGuard, drain};
-use crate::{kernel, release, streams};
+use crate::convert::{Converted, Handshake, convert_args};
+use crate::exceptions::launch_err;
+use crate::release::{self, COUNTERS, PyGuard, drain};
+use crate::request::{arg_list, check_count, parse_config};
+use crate::submit::expected;
+use crate::{kernel, stream_arg};
+
+/// The `_testing` submodule of the extension (re-exported as `tile_py._testing`).
+#[pymodule(submodule)]
+pub(crate) mod _testing {
+    #[pymodule_export]
+    use super::{
+        check_args, debug_counters, exchange_api_cost, pack_args, queue_release, release_thread,
+        shutdown,
+    };
+    #[pymodule_export]
+    use crate::process::after_fork_in_child;
+    #[pymodule_export]
+    use crate::xla::xla_roles;
+}
 
 /// Runs the conversion and the checks of `launch` against `params`, without a device: the
 /// DLPack handshake (producers see `stream`), capsule claims, tile-launch's argument checks
 /// (device `device`), then consumes and releases every tensor (`consume=True`) or rolls back
-/// as a failed launch does (`consume=False`). For tests on machines without a GPU.
+/// as a failed launch does (`consume=False`).
 #[pyfunction]
 #[pyo3(signature = (params, args, *, stream = None, device = 0, sync = true, consume = true,
                     grid = None, block = None))]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn _check_args(
+fn check_args(
     py: Python<'_>,
     params: &Bound<'_, PyAny>,
     args: &Bound<'_, PyAny>,
@@ -36,83 +51,72 @@ pub(crate) fn _check_args(
     block: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
     drain(py);
-    if FORKED.load(Ordering::Acquire) {
-        return Err(forked_err());
-    }
+    crate::process::refuse_in_fork("launch")?;
     let none = py.None().into_bound(py);
-    let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
+    let (spec, _) = stream_arg::parse_stream_cached(stream.unwrap_or(&none))?;
     let one = 1i32.into_pyobject(py)?.into_any();
     parse_config(
         grid.unwrap_or(&one),
-        block.unwrap_or(&one),
+        Some(block.unwrap_or(&one)),
         None,
         None,
-        false,
-        false,
     )?;
-    let (params, hs, converted) =
+    let (params, hs, mut conv) =
         convert_declared(py, "_check_args", &spec, params, args, device, sync, true)?;
-    let Converted {
-        args,
-        claims,
-        owners,
-    } = converted;
     let sig = tile_launch::Signature::new(params.iter().copied());
-    let checked = tile_launch::check_args("_check_args", &sig, &args, hs.device);
-    let mut consumed: SmallVec<[bool; INLINE]> = smallvec::smallvec![false; claims.len()];
-    let r = match checked {
-        Err(e) => {
-            drop(args);
-            Err(launch_err(py, e, expected(&params)))
-        }
-        Ok(()) if !consume => {
-            drop(args);
-            Ok(())
-        }
-        Ok(()) => {
-            let mut r = Ok(());
-            for (index, arg) in args.into_iter().enumerate() {
-                let Arg::Tensor(t) = arg else { continue };
-                // Same consumption as tile-launch's: `Unused::consume` into a guard.
-                match tile_launch::TensorArg::into_source(t) {
-                    tile_launch::TensorSource::Unused(u) => {
-                        consumed[index] = true;
-                        match u.consume() {
-                            Ok(used) => {
-                                COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
-                                drop(PyGuard::tensor(used));
-                            }
-                            Err(source) if r.is_ok() => {
-                                r = Err(launch_err(
-                                    py,
-                                    tile_launch::Error::Descriptor { index, source },
-                                    expected(&params),
-                                ));
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                    tile_launch::TensorSource::Used(used) => drop(PyGuard::tensor(used)),
-                    tile_launch::TensorSource::Borrowed(_) => {}
-                }
-            }
-            r
-        }
+    let r = match tile_launch::check_args("_check_args", &sig, &conv.args, hs.device) {
+        Err(e) => Err(launch_err(py, e, expected(&params))),
+        Ok(()) if !consume => Ok(()),
+        Ok(()) => consume_all(py, &params, &mut conv),
     };
-    let all_consumed = consume && r.is_ok();
-    if !all_consumed {
-        Converted::rollback(claims, owners, &consumed);
+    if consume && r.is_ok() {
+        conv.commit();
     } else {
-        drop(claims);
-        for o in owners {
-            drop(PyGuard::object(o));
-        }
+        conv.abandon(py);
     }
     drain(py);
     r
 }
 
-/// What `_check_args` and `_pack_args` share: the declared parameters parsed, the argument
+/// Consumes every tensor of `conv` into a release guard, as tile-launch's launch does
+/// (`Unused::consume`); each consumed tensor's claim is taken out of `conv`. The first
+/// descriptor error is returned, after every tensor was tried.
+fn consume_all(py: Python<'_>, params: &[Param], conv: &mut Converted) -> PyResult<()> {
+    let mut r = Ok(());
+    let args: SmallVec<[Arg<'static>; crate::convert::INLINE]> = conv.args.drain(..).collect();
+    for (index, arg) in args.into_iter().enumerate() {
+        let Arg::Tensor(t) = arg else { continue };
+        match tile_launch::TensorArg::into_source(t) {
+            tile_launch::TensorSource::Unused(u) => {
+                conv.claims[index] = None;
+                match u.consume() {
+                    Ok(used) => {
+                        COUNTERS.consumed.fetch_add(1, Ordering::Relaxed);
+                        drop(PyGuard::tensor(used));
+                    }
+                    Err(source) if r.is_ok() => {
+                        r = Err(launch_err(
+                            py,
+                            tile_launch::Error::Descriptor { index, source },
+                            expected(params),
+                        ));
+                    }
+                    Err(_) => {}
+                }
+            }
+            tile_launch::TensorSource::Used(used) => drop(PyGuard::tensor(used)),
+            tile_launch::TensorSource::Borrowed(_) => {}
+        }
+    }
+    if r.is_ok() {
+        for o in conv.owners.drain(..) {
+            drop(PyGuard::object(o));
+        }
+    }
+    r
+}
+
+/// What `check_args` and `pack_args` share: the declared parameters parsed, the argument
 /// count checked, and the arguments converted with the handshake a launch on `spec` (device
 /// `device` when the stream does not say) would make; with `count`, the attempt is counted as
 /// a launch's is.
@@ -120,7 +124,7 @@ pub(crate) fn _check_args(
 fn convert_declared(
     py: Python<'_>,
     what: &str,
-    spec: &streams::StreamSpec,
+    spec: &stream_arg::StreamSpec,
     params: &Bound<'_, PyAny>,
     args: &Bound<'_, PyAny>,
     device: i32,
@@ -140,11 +144,11 @@ fn convert_declared(
 
 /// The kernel parameter values a launch with `params` and `args` would pass, one int per
 /// kernel parameter (an array parameter gives its pointer, extents and strides), after the
-/// conversion and checks of `_check_args` (device `device`); nothing is consumed (every claim is
-/// rolled back). For tests on machines without a GPU.
+/// conversion and checks of `check_args` (device `device`); nothing is consumed (every claim is
+/// rolled back).
 #[pyfunction]
 #[pyo3(signature = (params, args, *, stream = None, device = 0))]
-pub(crate) fn _pack_args(
+fn pack_args(
     py: Python<'_>,
     params: &Bound<'_, PyAny>,
     args: &Bound<'_, PyAny>,
@@ -153,26 +157,42 @@ pub(crate) fn _pack_args(
 ) -> PyResult<Vec<u64>> {
     drain(py);
     let none = py.None().into_bound(py);
-    let (spec, _) = streams::parse_stream_cached(stream.unwrap_or(&none))?;
-    let (params, hs, converted) =
+    let (spec, _) = stream_arg::parse_stream_cached(stream.unwrap_or(&none))?;
+    let (params, hs, mut conv) =
         convert_declared(py, "_pack_args", &spec, params, args, device, true, false)?;
-    let Converted {
-        args,
-        claims,
-        owners,
-    } = converted;
     let sig = tile_launch::Signature::new(params.iter().copied());
-    let packed = tile_launch::pack_args("_pack_args", &sig, &args, hs.device);
-    drop(args);
-    Converted::rollback(claims, owners, &[]);
-    drain(py);
+    let packed = tile_launch::pack_args("_pack_args", &sig, &conv.args, hs.device);
+    conv.abandon(py);
     packed.map_err(|e| launch_err(py, e, expected(&params)))
+}
+
+/// The release thread's state: `{"running": bool, "period_ms": int, "cycles": int}`
+/// (`cycles`: wake-ups that attached to poll and drain).
+#[pyfunction]
+fn release_thread(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    crate::worker::describe(py)
+}
+
+/// Queues the release of a reference to `obj` (its decref) as a launch's guard does once its
+/// work is done, and starts the release thread, without draining.
+#[pyfunction]
+fn queue_release(obj: Py<PyAny>) {
+    release::defer_release(release::Release::Object(obj));
+    crate::worker::start();
+}
+
+/// The `atexit` hook, run by hand: waits up to `timeout` seconds for pending work, then stops
+/// releasing for good; returns the tensors leaked.
+#[pyfunction]
+#[pyo3(signature = (timeout = 5.0))]
+fn shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
+    crate::lifecycle::_shutdown(py, timeout)
 }
 
 /// Debug counters of this process: launches attempted and issued, tensors consumed, released
 /// (deleters run), leaked at exit, deleter errors, releases queued.
 #[pyfunction]
-pub(crate) fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+fn debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     let c = &COUNTERS;
     d.set_item(
@@ -196,7 +216,7 @@ pub(crate) fn _debug_counters(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// or queued. `TypeError` if `type(obj)` has no usable exchange API.
 #[pyfunction]
 #[pyo3(signature = (obj, n = 64))]
-pub(crate) fn _exchange_api_cost(obj: &Bound<'_, PyAny>, n: u32) -> PyResult<(f64, f64)> {
+fn exchange_api_cost(obj: &Bound<'_, PyAny>, n: u32) -> PyResult<(f64, f64)> {
     use std::time::Instant;
     use tile_dlpack::ffi::DLManagedTensorVersioned;
 

@@ -14,13 +14,13 @@
 //! Messages start with `argument {i}: ` when one argument is at fault and quote the offending
 //! value.
 
+use pyo3::create_exception;
 use pyo3::exceptions::{
     PyBufferError, PyOSError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::PyType;
-use pyo3::{PyTypeInfo, create_exception};
 use tile_dlpack::DescriptorError;
+use tile_dlpack::ffi::DLDeviceType;
 use tile_launch::Error;
 
 create_exception!(
@@ -40,6 +40,10 @@ create_exception!(
      `TILE_LIBCUDA` names a missing file. A `CudaError` whose `.name` and `.function` are None; \
      the message names the library and the loader's reason."
 );
+
+/// How to fix an argument in host memory, which a kernel cannot read.
+pub(crate) const HOST_MEMORY_FIX: &str = "move it to the device first, e.g. \
+     torch.from_numpy(x).cuda() or cupy.asarray(x)";
 
 /// An error of tile-py's own argument conversion: the exception class and the message.
 #[derive(Debug)]
@@ -110,6 +114,8 @@ pub(crate) fn launch_err(
 ) -> PyErr {
     match e {
         Error::Cuda(c) => cuda_err(py, &c.to_string(), Some(&c)),
+        // The driver's NOT_FOUND, told with the kernel's name and the `extern "C"` hint.
+        Error::KernelNotFound { .. } => cuda_err(py, &e.to_string(), e.cuda()),
         Error::Driver(l) => driver_err(py, &l),
         Error::Descriptor { index, source } => {
             let kind = descriptor_kind(&source);
@@ -125,6 +131,13 @@ pub(crate) fn launch_err(
         | Error::ArgumentKind { .. }
         | Error::DtypeMismatch { .. }
         | Error::NdimMismatch { .. } => PyTypeError::new_err(e.to_string()),
+        Error::DeviceMismatch { tensor, .. } if tensor.device_type == DLDeviceType::CPU => {
+            PyValueError::new_err(format!("{e}; {HOST_MEMORY_FIX}"))
+        }
+        // The Python keyword, not tile-launch's field.
+        Error::InvalidConfig { what, .. } if what.starts_with("shared_mem_bytes") => {
+            PyValueError::new_err(e.to_string().replacen("shared_mem_bytes", "shared_mem", 1))
+        }
         Error::DeviceMismatch { .. }
         | Error::NotDeviceMemory { .. }
         | Error::NotContiguous { .. }
@@ -197,14 +210,13 @@ fn with_cuda_attrs(py: Python<'_>, e: PyErr, call: Option<&cuda_sys::CudaError>)
     e
 }
 
-/// The Python class `tile_py.CudaError`.
-pub(crate) fn cuda_error_type(py: Python<'_>) -> Bound<'_, PyType> {
-    CudaError::type_object(py)
-}
-
-/// The Python class `tile_py.DriverNotFoundError`.
-pub(crate) fn driver_not_found_error_type(py: Python<'_>) -> Bound<'_, PyType> {
-    DriverNotFoundError::type_object(py)
+/// The message a panic carried (`panic!` with a literal or a formatted string), or `default`.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send), default: &str) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| default.to_owned())
 }
 
 /// `text` on one line: each line break, with the indentation around it, becomes one space.

@@ -4,12 +4,11 @@
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::convert::parse_config;
-use crate::errors::launch_err;
-use crate::handle::LaunchHandle;
-use crate::kernel::{Kernel, flag_arg};
-use crate::launch::{Target, arg_list, as_kernel, check_count, check_usable};
-use crate::streams;
+use crate::completion::LaunchHandle;
+use crate::exceptions::launch_err;
+use crate::kernel::Kernel;
+use crate::request::{LaunchRequest, RequestArgs, call_args};
+use crate::submit::{Target, submit};
 
 /// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
 /// `bound(*args, sync=True)`, launches as `tile_py.launch` does and returns a `LaunchHandle`;
@@ -22,6 +21,25 @@ pub(crate) struct BoundLaunch {
     stream_value: i64,
 }
 
+impl BoundLaunch {
+    /// `Kernel.bind` and `BoundLaunch(...)`: reads the request (`a.kernel` given, no
+    /// arguments), and has tile-launch check the configuration against the device and prepare
+    /// the kernel for it, once.
+    pub(crate) fn bind(py: Python<'_>, a: &RequestArgs<'_, '_>) -> PyResult<BoundLaunch> {
+        let r = LaunchRequest::parse(py, a)?;
+        let kernel = r.kernel.expect("a bind request names a kernel");
+        let inner = r
+            .stream
+            .bind(&kernel.get().inner, &r.config)
+            .map_err(|e| launch_err(py, e, |_| None))?;
+        Ok(BoundLaunch {
+            kernel: kernel.clone().unbind(),
+            inner,
+            stream_value: r.stream_value,
+        })
+    }
+}
+
 #[pymethods]
 impl BoundLaunch {
     /// Binds `kernel` to `stream` and a launch configuration; the arguments are as for
@@ -32,7 +50,7 @@ impl BoundLaunch {
            text_signature = "(stream, grid, kernel, *, block, shared_mem=None, cluster=None, \
                              cooperative=False, programmatic_dependent_launch=False)")]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
+    fn new(
         py: Python<'_>,
         stream: &Bound<'_, PyAny>,
         grid: &Bound<'_, PyAny>,
@@ -43,35 +61,22 @@ impl BoundLaunch {
         cooperative: Option<&Bound<'_, PyAny>>,
         programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BoundLaunch> {
-        let cooperative = flag_arg(cooperative, "Kernel.bind", "cooperative", false)?;
-        let programmatic_dependent_launch = flag_arg(
-            programmatic_dependent_launch,
-            "Kernel.bind",
-            "programmatic_dependent_launch",
-            false,
-        )?;
-        let (spec, cached) = crate::launch::prelude(py, stream)?;
-        let config = parse_config(
-            grid,
-            block,
-            shared_mem,
-            cluster,
-            cooperative,
-            programmatic_dependent_launch,
-        )?;
-        let kernel = as_kernel(kernel)?;
-        let stream_value = spec.dlpack_value();
-        let s = streams::resolve(py, stream, spec, cached)?;
-        // tile-launch checks the configuration against the device and prepares the kernel for
-        // it, once.
-        let inner = s
-            .bind(&kernel.get().inner, &config)
-            .map_err(|e| launch_err(py, e, |_| None))?;
-        Ok(BoundLaunch {
-            kernel: kernel.clone().unbind(),
-            inner,
-            stream_value,
-        })
+        BoundLaunch::bind(
+            py,
+            &RequestArgs {
+                func: "Kernel.bind",
+                stream,
+                grid,
+                block: Some(block),
+                shared_mem,
+                cluster,
+                cooperative,
+                programmatic_dependent_launch,
+                sync: None,
+                kernel: Some(kernel),
+                args: None,
+            },
+        )
     }
 
     /// Launches the bound kernel with `args` (one per declared parameter), as
@@ -83,12 +88,9 @@ impl BoundLaunch {
         args: &Bound<'_, PyTuple>,
         sync: bool,
     ) -> PyResult<LaunchHandle> {
-        crate::release::drain(py);
-        check_usable()?;
         let kernel = self.kernel.get();
-        let args = arg_list(args.as_any())?;
-        check_count(kernel.inner.name(), &kernel.params, args.len())?;
-        crate::launch::launch_on(
+        let args = call_args(py, kernel, args.as_any())?;
+        submit(
             py,
             &Target {
                 stream: self.inner.stream(),

@@ -5,10 +5,10 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::errors::launch_err;
+use crate::exceptions::launch_err;
 use crate::pytypes::SameThread;
 use crate::release::drain;
-use crate::streams;
+use crate::stream_cache;
 
 /// The result of `tile_py.launch`: waits for the launch, or asks whether it is done. The
 /// launch's tensors are on its stream's release queue from the moment it is enqueued (released
@@ -43,9 +43,10 @@ impl LaunchHandle {
     /// Blocks until the launched work is done (the GIL is released meanwhile), then runs the
     /// deleters of its tensors (and of every other queued launch known done). Idempotent. In a
     /// child made by `os.fork()`, a handle inherited from the parent returns at once: the work
-    /// is the parent's, its tensors are leaked (counted at the fork).
+    /// is the parent's, its tensors are leaked (counted at the fork). Raises `tile_py.CudaError`
+    /// when the driver reports the wait failed.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        if crate::lifecycle::forked() {
+        if crate::process::forked() {
             self.forget_inherited();
             return Ok(());
         }
@@ -57,16 +58,17 @@ impl LaunchHandle {
             });
             // A barrier: waits for this launch's tensors if another thread is releasing them.
             crate::release::settle(py);
-            streams::forget_idle_streams();
+            stream_cache::forget_idle_streams();
             r.map_err(|e| launch_err(py, e, |_| None))?;
         }
         Ok(())
     }
 
     /// Whether the launched work is done (non-blocking). When it is, the tensors are released.
-    /// In a child made by `os.fork()`: True, the inherited handle retired as in `wait`.
+    /// In a child made by `os.fork()`: True, the inherited handle retired as in `wait`. Raises
+    /// `tile_py.CudaError` as `wait` does.
     fn done(&self, py: Python<'_>) -> PyResult<bool> {
-        if crate::lifecycle::forked() {
+        if crate::process::forked() {
             self.forget_inherited();
             return Ok(true);
         }
@@ -76,7 +78,7 @@ impl LaunchHandle {
         let r = match h.is_complete() {
             Ok(true) => match h.try_retire() {
                 Ok(_) => {
-                    streams::forget_idle_streams();
+                    stream_cache::forget_idle_streams();
                     Ok(true)
                 }
                 Err(h) => {

@@ -1,0 +1,338 @@
+//! A launch request: what `tile_py.launch`, `Kernel.bind` / `BoundLaunch` and the cached cuTile
+//! launch are asked besides the kernel's arguments — the stream, the launch configuration
+//! (grid, block, cluster, dynamic shared memory, cooperative, programmatic dependent launch)
+//! and `sync` — read once, in one order, by [`LaunchRequest::parse`].
+//!
+//! Only what a value cannot be is refused here (not an int, a dimension above `u32::MAX`, an
+//! unusable process, a stream object tile_py cannot read); every limit of a configuration is
+//! tile-launch's to check, once, with the launch (`Stream::check`, `Stream::bind`).
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyTuple};
+use smallvec::SmallVec;
+use tile_launch::{Dim3, LaunchConfig, Param, Stream};
+
+use crate::convert::{INLINE, int_text, is_negative};
+use crate::exceptions::{Kind, err, raised_as_is, show};
+use crate::kernel::Kernel;
+
+/// The keywords of a launch request as the caller passed them (`None`: not given).
+pub(crate) struct RequestArgs<'a, 'py> {
+    /// The Python call, named in flag errors (`launch`, `Kernel.bind`).
+    pub func: &'static str,
+    pub stream: &'a Bound<'py, PyAny>,
+    pub grid: &'a Bound<'py, PyAny>,
+    /// `None`: one thread per block (cuTile kernels take theirs from the compiled code).
+    pub block: Option<&'a Bound<'py, PyAny>>,
+    pub shared_mem: Option<&'a Bound<'py, PyAny>>,
+    pub cluster: Option<&'a Bound<'py, PyAny>>,
+    pub cooperative: Option<&'a Bound<'py, PyAny>>,
+    pub programmatic_dependent_launch: Option<&'a Bound<'py, PyAny>>,
+    pub sync: Option<&'a Bound<'py, PyAny>>,
+    /// The kernel, for a request that names one (checked to be a `tile_py.Kernel`).
+    pub kernel: Option<&'a Bound<'py, PyAny>>,
+    /// The arguments, for a request that launches (a tuple or list, one per parameter of
+    /// `kernel`).
+    pub args: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// A parsed launch request.
+pub(crate) struct LaunchRequest<'a, 'py> {
+    /// The launch stream (cached per `(device, handle)`).
+    pub stream: Stream,
+    /// The value producers are told (`__dlpack__(stream=...)`).
+    pub stream_value: i64,
+    pub config: LaunchConfig,
+    /// Whether producers are asked to order their work before the launch (`sync=True`).
+    pub sync: bool,
+    /// The kernel named, when `RequestArgs::kernel` was given.
+    pub kernel: Option<&'a Bound<'py, Kernel>>,
+    /// A snapshot of the arguments, when `RequestArgs::args` was given (empty otherwise).
+    pub args: ArgList<'py>,
+}
+
+impl<'a, 'py> LaunchRequest<'a, 'py> {
+    /// Reads a request: runs queued releases, refuses an unusable process, then reads the
+    /// flags, the stream argument, the configuration, the kernel and the argument count, in
+    /// that order (an error names the first bad value), and last resolves the stream (which
+    /// may load the driver).
+    ///
+    /// # Errors
+    ///
+    /// `TypeError` / `ValueError` / `OverflowError` for a value of the wrong kind or range,
+    /// `ValueError` in a forked child or during interpreter exit, and, resolving the stream,
+    /// `tile_py.CudaError` / `tile_py.DriverNotFoundError`.
+    #[inline]
+    pub(crate) fn parse(
+        py: Python<'py>,
+        a: &RequestArgs<'a, 'py>,
+    ) -> PyResult<LaunchRequest<'a, 'py>> {
+        let cooperative = flag(a.cooperative, a.func, "cooperative", false)?;
+        let pdl = flag(
+            a.programmatic_dependent_launch,
+            a.func,
+            "programmatic_dependent_launch",
+            false,
+        )?;
+        let sync = flag(a.sync, a.func, "sync", true)?;
+        crate::release::drain(py);
+        crate::process::refuse_launch()?;
+        let (spec, cached) = crate::stream_arg::parse_stream_cached(a.stream)?;
+        let mut config = parse_config(a.grid, a.block, a.shared_mem, a.cluster)?;
+        config.cooperative = cooperative;
+        config.programmatic_dependent_launch = pdl;
+        let kernel = a.kernel.map(as_kernel).transpose()?;
+        let args = match a.args {
+            Some(args) => arg_list(args)?,
+            None => ArgList::new(),
+        };
+        if let (Some(k), Some(_)) = (kernel, a.args) {
+            let k = k.get();
+            check_count(k.inner.name(), &k.params, args.len())?;
+        }
+        let stream_value = spec.dlpack_value();
+        let stream = crate::stream_arg::resolve_spec(py, a.stream, spec, cached)?;
+        Ok(LaunchRequest {
+            stream,
+            stream_value,
+            config,
+            sync,
+            kernel,
+            args,
+        })
+    }
+}
+
+/// The arguments of a call of a bound launch (whose request was read at bind time): runs queued
+/// releases, refuses an unusable process, and checks the argument count.
+pub(crate) fn call_args<'py>(
+    py: Python<'py>,
+    kernel: &Kernel,
+    args: &Bound<'py, PyAny>,
+) -> PyResult<ArgList<'py>> {
+    crate::release::drain(py);
+    crate::process::refuse_launch()?;
+    let args = arg_list(args)?;
+    check_count(kernel.inner.name(), &kernel.params, args.len())?;
+    Ok(args)
+}
+
+/// The optional bool keyword `name` of `func`: `default` when not given; a bool (NumPy's
+/// included); anything else a `TypeError` naming `func: name`.
+#[inline]
+fn flag(v: Option<&Bound<'_, PyAny>>, func: &str, name: &str, default: bool) -> PyResult<bool> {
+    match v {
+        None => Ok(default),
+        Some(v) => v.extract::<bool>().map_err(|_| {
+            err(
+                Kind::Type,
+                format!("{func}: {name} must be True or False, got {}", show(v)),
+            )
+        }),
+    }
+}
+
+/// The launch's arguments, a snapshot of the caller's tuple or list (no allocation for up to
+/// [`INLINE`] arguments).
+pub(crate) type ArgList<'py> = SmallVec<[Bound<'py, PyAny>; INLINE]>;
+
+pub(crate) fn arg_list<'py>(args: &Bound<'py, PyAny>) -> PyResult<ArgList<'py>> {
+    if let Ok(t) = args.cast::<PyTuple>() {
+        Ok(t.iter().collect())
+    } else if let Ok(l) = args.cast::<PyList>() {
+        Ok(l.iter().collect())
+    } else {
+        Err(err(
+            Kind::Type,
+            format!("args must be a tuple or a list, got {}", show(args)),
+        ))
+    }
+}
+
+/// Refuses an argument count other than the kernel's before any argument is converted.
+pub(crate) fn check_count(name: &str, params: &[Param], given: usize) -> PyResult<()> {
+    if params.len() != given {
+        return Err(err(
+            Kind::Type,
+            format!(
+                "kernel `{name}` expects {} arguments but {given} were given",
+                params.len(),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `kernel` as a `tile_py.Kernel`, or a `TypeError`.
+pub(crate) fn as_kernel<'a, 'py>(
+    kernel: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, Kernel>> {
+    kernel.cast::<Kernel>().map_err(|_| {
+        err(
+            Kind::Type,
+            format!("kernel must be a tile_py.Kernel, got {}", show(kernel)),
+        )
+    })
+}
+
+/// `v` as a Python int when it is one (not a bool), or when it converts through `__index__`
+/// (NumPy's integer scalars, for dimensions computed with NumPy); `None` for anything else (a
+/// float, a bool, an `__index__` that refuses). An interrupt or a memory error raised by
+/// `__index__` propagates.
+fn dimension_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if v.cast::<PyBool>().is_ok() {
+        return Ok(None);
+    }
+    if v.cast::<PyInt>().is_ok() {
+        return Ok(Some(v.clone()));
+    }
+    // SAFETY: `v` is a live object; `PyIndex_Check` only reads its type.
+    if v.cast::<PyFloat>().is_ok() || unsafe { ffi::PyIndex_Check(v.as_ptr()) } == 0 {
+        return Ok(None);
+    }
+    // NumPy's bool is not an int, although NumPy before 2.3 still converts it through
+    // `__index__` (with a DeprecationWarning).
+    let ty = v.get_type();
+    if ty.name().is_ok_and(|n| n == "bool" || n == "bool_")
+        && ty.module().is_ok_and(|m| m == "numpy")
+    {
+        return Ok(None);
+    }
+    // SAFETY: as above; a new reference, or null with an exception set.
+    match unsafe { Bound::from_owned_ptr_or_err(v.py(), ffi::PyNumber_Index(v.as_ptr())) } {
+        Ok(i) => Ok(Some(i)),
+        Err(e) if raised_as_is(v.py(), &e) => Err(e),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Converts a `grid`, `block` or `cluster` argument (an int, or a tuple or list of 1 to 3 ints; missing
+/// dimensions are 1; NumPy integer scalars count as ints) into a [`Dim3`]. Only what a `Dim3` cannot hold is refused here (not an
+/// int, below 0, above `u32::MAX`): every limit a dimension has (at least 1, the device's
+/// maxima, the block's thread count) is tile-launch's to check, once, when the launch is
+/// checked (`Stream::check`, `Stream::bind`).
+#[inline]
+pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
+    // The common case, an exact int: no tuple, no allocation.
+    if obj.is_exact_instance_of::<PyInt>()
+        && let Ok(v) = obj.extract::<u32>()
+    {
+        return Ok(Dim3::new(v, 1, 1));
+    }
+    parse_dims_other(what, obj)
+}
+
+/// [`parse_dims`] for anything but an exact int that fits (tuples, NumPy integers, errors);
+/// out of line, so that the exact-int case stays small where it is inlined.
+#[inline(never)]
+fn parse_dims_other(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
+    let one;
+    let tuple;
+    let items: &[Bound<'_, PyAny>] = if obj.cast::<PyTuple>().is_err()
+        && obj.cast::<PyList>().is_err()
+        && let Some(i) = dimension_int(obj)?
+    {
+        one = [i];
+        &one
+    } else if let Ok(t) = obj.cast::<PyTuple>() {
+        tuple = t.iter().collect::<SmallVec<[Bound<'_, PyAny>; 3]>>();
+        &tuple
+    } else if let Ok(l) = obj.cast::<PyList>() {
+        tuple = l.iter().collect::<SmallVec<[Bound<'_, PyAny>; 3]>>();
+        &tuple
+    } else {
+        return Err(err(
+            Kind::Type,
+            format!(
+                "{what} must be an int or a tuple or list of 1 to 3 ints, got {}",
+                show(obj)
+            ),
+        ));
+    };
+    if items.is_empty() || items.len() > 3 {
+        return Err(err(
+            Kind::Value,
+            format!(
+                "{what} has {} dimensions, {}; 1 to 3 are allowed",
+                items.len(),
+                show(obj)
+            ),
+        ));
+    }
+    let mut dims = [1u32; 3];
+    for (i, item) in items.iter().enumerate() {
+        let Some(item) = dimension_int(item)? else {
+            return Err(err(
+                Kind::Type,
+                format!("{what}[{i}] must be an int, got {}", show(item)),
+            ));
+        };
+        let item = &item;
+        dims[i] = item.extract::<u32>().map_err(|_| {
+            err(
+                Kind::Value,
+                format!(
+                    "{what}[{i}] is {}, outside 0..={}, what a 32-bit unsigned CUDA dimension \
+                     can hold (a dimension of 0 and the device's limits are refused when the \
+                     launch is checked)",
+                    int_text(item),
+                    u32::MAX
+                ),
+            )
+        })?;
+    }
+    Ok(Dim3::new(dims[0], dims[1], dims[2]))
+}
+
+/// Converts the launch configuration's arguments into a [`LaunchConfig`] (see [`parse_dims`]:
+/// tile-launch checks it against the device); `block` `None` is one thread.
+pub(crate) fn parse_config(
+    grid: &Bound<'_, PyAny>,
+    block: Option<&Bound<'_, PyAny>>,
+    shared_mem: Option<&Bound<'_, PyAny>>,
+    cluster: Option<&Bound<'_, PyAny>>,
+) -> PyResult<LaunchConfig> {
+    let grid = parse_dims("grid", grid)?;
+    let block = match block {
+        Some(b) => parse_dims("block", b)?,
+        None => Dim3::new(1, 1, 1),
+    };
+    let sm: u32 = match shared_mem {
+        None => 0,
+        Some(shared_mem) => {
+            if shared_mem.cast::<PyInt>().is_err() || shared_mem.cast::<PyBool>().is_ok() {
+                return Err(err(
+                    Kind::Type,
+                    format!(
+                        "shared_mem must be an int (bytes), got {}",
+                        show(shared_mem)
+                    ),
+                ));
+            }
+            shared_mem.extract::<u32>().map_err(|_| {
+                let side = if is_negative(shared_mem) {
+                    "below the minimum 0"
+                } else {
+                    "above the limit"
+                };
+                err(
+                    Kind::Value,
+                    format!(
+                        "shared_mem is {} bytes, {side} (0..={})",
+                        int_text(shared_mem),
+                        u32::MAX
+                    ),
+                )
+            })?
+        }
+    };
+    let cluster = match cluster {
+        Some(c) if !c.is_none() => Some(parse_dims("cluster", c)?),
+        _ => None,
+    };
+    let mut cfg = LaunchConfig::new(grid, block);
+    cfg.shared_mem_bytes = sm;
+    cfg.cluster = cluster;
+    Ok(cfg)
+}
