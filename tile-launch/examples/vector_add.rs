@@ -7,7 +7,7 @@
 
 use std::error::Error;
 
-use tile_launch::cudarc_interop::{self, cudarc::driver::CudaContext};
+use tile_launch::cudarc_interop;
 use tile_launch::tile_dlpack::DType;
 use tile_launch::{Context, LaunchConfig, Library, Param, ScalarType, Signature, Stream};
 
@@ -52,7 +52,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     )?; // checked against the compiled kernel's parameters
 
     // The producer: cudarc, on a stream of its own; the launch is ordered after its uploads.
-    let producer = CudaContext::new(0)?.new_stream()?;
+    let producer = cudarc_interop::context(0)?.new_stream()?;
     let ha: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.5).collect();
     let hb: Vec<f32> = (0..n).map(|i| (i % 7) as f32 - 3.0).collect();
     let a = producer.clone_htod(&ha)?;

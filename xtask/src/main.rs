@@ -19,6 +19,8 @@
 //! Before it starts, a task checks what it needs from the machine (libclang for codegen, a Python
 //! with pip and venv for codegen and the wheel) and stops with one line naming what to install.
 
+#[cfg(test)]
+mod architecture;
 mod bundle;
 mod codegen;
 mod doc;
