@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cuda_sys::{CUcontext, CUdevice, CUdevice_attribute, CuResultExt, CudaError, Driver, driver};
 
 use crate::error::Result;
+use crate::timeline::LaunchInProgress;
 
 /// Limits of a device that launch configurations are checked against, read once with
 /// `cuDeviceGetAttribute` (and its memory with `cuDeviceTotalMem`) when the context is created.
@@ -378,6 +379,12 @@ pub(crate) struct SavedContext {
 }
 
 impl SavedContext {
+    /// Saves `ctx`, which the caller knows to be the calling thread's current context, without
+    /// asking the driver.
+    fn known(d: &'static Driver, ctx: CUcontext) -> Self {
+        Self { d, saved: ctx }
+    }
+
     /// Saves the calling thread's current context (`cuCtxGetCurrent`; null if none).
     pub(crate) fn save(d: &'static Driver) -> Result<Self, CudaError> {
         let mut saved: CUcontext = std::ptr::null_mut();
@@ -426,7 +433,18 @@ pub(crate) fn releasing_in<R>(
     ctx: CUcontext,
     release: impl FnOnce() -> R,
 ) -> R {
-    let saved = match SavedContext::save(d) {
+    // Inside a launch call that bound `ctx`, it is current: no need to ask. The deleters about
+    // to run are foreign code, so the launch forgets what it knew (see `LaunchInProgress`);
+    // whatever they change is asked about afterwards (the context right after them, below).
+    let saved = if LaunchInProgress::knows_current(ctx) {
+        Ok(SavedContext::known(d, ctx))
+    } else {
+        SavedContext::save(d)
+    };
+    // A launch that relaxed the capture mode puts it back when it ends, after these deleters.
+    let relaxed_by_launch = LaunchInProgress::knows_relaxed();
+    LaunchInProgress::forget();
+    let saved = match saved {
         Ok(saved) => Some(saved),
         Err(e) => {
             log::warn!("releasing without saving the current context: {e}");
@@ -439,6 +457,11 @@ pub(crate) fn releasing_in<R>(
         if let Err(e) = unsafe { saved.switch_to(ctx) } {
             log::warn!("releasing without the stream's context current: {e}");
         }
+    }
+    if relaxed_by_launch {
+        let out = release();
+        drop(saved);
+        return out;
     }
     let mut release = Some(release);
     let mut out = None;

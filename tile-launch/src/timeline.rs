@@ -1,13 +1,157 @@
 //! The CUDA side of a stream's release queue ([`CudaTimeline`]): completion markers
 //! ([`Event`]) recorded on the stream, queried and waited on.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use cuda_sys::{CUevent, CUevent_flags, CUresult, CUstream, CuResultExt, CudaError, Driver};
+use cuda_sys::{
+    CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstreamCaptureMode, CuResultExt,
+    CudaError, Driver,
+};
 
-use crate::context::{Context, HandleKind};
+use crate::context::{Context, ContextGuard, HandleKind};
 use crate::release::Timeline;
+
+thread_local! {
+    /// What the launch call in progress on this thread knows ([`LaunchInProgress`]).
+    static IN_LAUNCH: Cell<InLaunch> = const {
+        Cell::new(InLaunch {
+            known: None,
+            relaxed_from: None,
+        })
+    };
+}
+
+/// The state behind [`LaunchInProgress`], per thread.
+#[derive(Clone, Copy)]
+struct InLaunch {
+    /// The context and stream of the launch call in progress, past its check; `None` outside
+    /// one, and from the moment foreign code runs in it.
+    known: Option<(CUcontext, CUstream)>,
+    /// The stream-capture mode this thread had before the launch call relaxed it (for its
+    /// release queue's queries and releases), put back when the call ends; `None` while the
+    /// call has not relaxed it.
+    relaxed_from: Option<CUstreamCaptureMode>,
+}
+
+/// What a launch call knows of its stream from its own check, for the release queue's calls
+/// that follow in the same call (the amortised marker, the poll, the release of completed
+/// work): the stream's context is current on this thread, and the stream is not capturing.
+/// While it is known, [`CudaTimeline`] asks neither again: no `cuCtxGetCurrent` (nor push and
+/// pop) around its marker, query and release, no `cuStreamIsCapturing` before recording. And
+/// the thread's stream-capture mode, relaxed for the first query of the call, stays relaxed
+/// until the call ends: one `cuThreadExchangeStreamCaptureMode` pair per launch call instead of
+/// one per query and one per release.
+///
+/// Why that is sound. The check bound the context ([`ContextGuard`], held until the launch
+/// call returns) and asked `cuStreamGetCaptureInfo` once; the launch went on only because the
+/// stream was not capturing. From the check to the end of the call only tile's own code runs
+/// on this thread, until a deleter does: every deleter runs inside
+/// [`releasing_in`](crate::context::releasing_in), which ends what is known for the rest of
+/// the call ([`LaunchInProgress::forget`]), so that a deleter that changes the current context,
+/// the capture mode or begins a capture is asked about again. Another thread cannot change this
+/// thread's current context or capture mode. Another thread can begin a capture on the stream
+/// meanwhile, but then the launch itself (enqueued, or about to be, with its tensors in the
+/// release queue) was taken for an uncaptured one: asking again before the marker would not
+/// make that race sound, so it buys nothing; the race is the caller's (CUDA does not order a
+/// capture begun on one thread against work enqueued on the same stream from another). What
+/// the check found must hold until the launch, which [`Checked`](crate::Checked) states.
+#[must_use = "what the launch knows lasts only while this value lives"]
+pub(crate) struct LaunchInProgress {
+    d: &'static Driver,
+    previous: InLaunch,
+    // Tied to this thread, where the knowledge holds.
+    _thread: PhantomData<*const ()>,
+}
+
+impl LaunchInProgress {
+    /// Records, until the value is dropped, that stream `stream` of context `ctx` is known not
+    /// to be capturing and `ctx` current on this thread. Call it only in a launch call past its
+    /// check that found the stream not capturing, with the check's binding of the context
+    /// (`_bound`) alive for as long as this value.
+    pub(crate) fn enter(
+        d: &'static Driver,
+        ctx: CUcontext,
+        stream: CUstream,
+        _bound: &ContextGuard<'_>,
+    ) -> Self {
+        let previous = IN_LAUNCH.with(|k| {
+            k.replace(InLaunch {
+                known: Some((ctx, stream)),
+                relaxed_from: None,
+            })
+        });
+        LaunchInProgress {
+            d,
+            previous,
+            _thread: PhantomData,
+        }
+    }
+
+    /// Whether a launch in progress on this thread knows stream `stream` of context `ctx`.
+    fn knows(ctx: CUcontext, stream: CUstream) -> bool {
+        IN_LAUNCH.with(|k| k.get()).known == Some((ctx, stream))
+    }
+
+    /// Whether a launch in progress on this thread knows `ctx` to be current.
+    pub(crate) fn knows_current(ctx: CUcontext) -> bool {
+        IN_LAUNCH
+            .with(|k| k.get())
+            .known
+            .is_some_and(|(c, _)| c == ctx)
+    }
+
+    /// Whether the launch in progress on this thread relaxed its capture mode, and no foreign
+    /// code ran since (the mode is still relaxed).
+    pub(crate) fn knows_relaxed() -> bool {
+        let now = IN_LAUNCH.with(|k| k.get());
+        now.known.is_some() && now.relaxed_from.is_some()
+    }
+
+    /// Relaxes the thread's capture mode for the rest of the launch call in progress, which
+    /// knows stream `stream` of `ctx` (`cuThreadExchangeStreamCaptureMode`, the first time
+    /// only; put back when the call ends).
+    fn relax(d: &Driver) -> Result<(), CudaError> {
+        let now = IN_LAUNCH.with(|k| k.get());
+        if now.relaxed_from.is_some() {
+            return Ok(());
+        }
+        let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let previous = crate::capture_state::exchange_mode(d, relaxed)?;
+        IN_LAUNCH.with(|k| {
+            k.set(InLaunch {
+                relaxed_from: Some(previous),
+                ..now
+            })
+        });
+        Ok(())
+    }
+
+    /// Forgets what the launch in progress on this thread knows, for the rest of the call:
+    /// foreign code (a deleter) is about to run. A relaxed capture mode is still put back
+    /// when the call ends.
+    pub(crate) fn forget() {
+        IN_LAUNCH.with(|k| {
+            let now = k.get();
+            k.set(InLaunch { known: None, ..now })
+        });
+    }
+}
+
+impl Drop for LaunchInProgress {
+    fn drop(&mut self) {
+        if let Some(mode) = IN_LAUNCH.with(|k| k.get()).relaxed_from
+            && let Err(e) = crate::capture_state::exchange_mode(self.d, mode)
+        {
+            log::error!("restoring the caller's stream-capture mode: {e}");
+        }
+        // A launch made from inside a deleter leaves its caller's state as it found it
+        // (forgotten, since the deleter runs).
+        IN_LAUNCH.with(|k| k.set(self.previous));
+    }
+}
 
 /// A CUDA event used as a completion marker (`CU_EVENT_DISABLE_TIMING`).
 #[derive(Debug)]
@@ -128,8 +272,16 @@ impl CudaTimeline {
                 RECORD_REFUSED,
             ));
         }
-        let _bound = self.ctx.bind_with(d)?;
-        self.refuse_if_capturing("cuEventRecord")?;
+        // Inside a launch call, its check bound the context and found the stream not capturing
+        // ([`LaunchInProgress`]): neither is asked again.
+        let known = self.known_in_launch();
+        let _bound = if known {
+            None
+        } else {
+            let bound = self.ctx.bind_with(d)?;
+            self.refuse_if_capturing("cuEventRecord")?;
+            Some(bound)
+        };
         let ev = self.event()?;
         // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
         match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
@@ -139,6 +291,12 @@ impl CudaTimeline {
                 Err(e)
             }
         }
+    }
+
+    /// Whether the launch call in progress on this thread knows this stream not capturing and
+    /// its context current ([`LaunchInProgress`]).
+    fn known_in_launch(&self) -> bool {
+        LaunchInProgress::knows(self.ctx.raw(), self.raw)
     }
 
     /// Refuses, without making the call `call` names, on a thread where the handle names
@@ -256,15 +414,22 @@ impl Timeline for CudaTimeline {
 
     fn query(&self, marker: &Event) -> Result<bool, Self::Error> {
         let d = self.d;
-        let _bound = self.ctx.bind_with(d)?;
-        crate::capture_state::relaxed(d, || {
+        let query = || {
             // SAFETY: `marker` is a live event.
             let r = unsafe { (d.cuEventQuery)(marker.0) };
             if r == CUresult::CUDA_ERROR_NOT_READY {
                 return Ok(false);
             }
             r.check("cuEventQuery").map(|()| true)
-        })
+        };
+        // Inside a launch call the context is bound already, and the capture mode stays
+        // relaxed until the call ends ([`LaunchInProgress`]).
+        if self.known_in_launch() {
+            LaunchInProgress::relax(d)?;
+            return query();
+        }
+        let _bound = self.ctx.bind_with(d)?;
+        crate::capture_state::relaxed(d, query)
     }
 
     fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
@@ -297,6 +462,9 @@ impl Timeline for CudaTimeline {
     fn can_record_now(&self) -> bool {
         if !self.reachable_here() {
             return true; // `record` reports that itself
+        }
+        if self.known_in_launch() {
+            return true; // the launch's own check found it not capturing
         }
         let Ok(_bound) = self.ctx.bind_with(self.d) else {
             return true;

@@ -16,6 +16,7 @@ use crate::args::{Arg, INLINE_ARGS, TensorSource};
 use crate::config::LaunchConfig;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, HandOff, spare_guards};
+use crate::timeline::LaunchInProgress;
 
 impl<'a> Checked<'_, 'a> {
     /// Option: `owners` are held with the launch's tensors until its work is done (e.g. the
@@ -221,6 +222,9 @@ impl<'a> Checked<'_, 'a> {
                 inner: HandleInner::Captured { guards },
             }));
         }
+        // Not capturing, the context bound by the check: the release queue's calls below (the
+        // amortised marker, the poll, the release) need not ask either again.
+        let _known = LaunchInProgress::enter(d, ctx.raw(), raw, &self._bound);
         match keep {
             // Nothing to hold (scalars and borrowed tensors only) and no handle: no release
             // queue, no completion marker.
