@@ -305,7 +305,7 @@ impl Context {
         let Ok(d) = driver() else {
             return release();
         };
-        releasing_in(d, self.raw, release)
+        releasing_in(d, self.raw, None, release)
     }
 
     /// Whether the context is still usable: not destroyed since it was retained, as a reset of
@@ -427,22 +427,25 @@ impl Drop for SavedContext {
     }
 }
 
-/// [`Context::releasing`] for context `ctx` (kept alive by the caller).
+/// [`Context::releasing`] for context `ctx` (kept alive by the caller). `in_launch` is
+/// `Some(relaxed)` inside a launch call that bound `ctx` and knows it current
+/// ([`LaunchInProgress`]), `relaxed` when that call has relaxed the capture mode already.
 pub(crate) fn releasing_in<R>(
     d: &'static Driver,
     ctx: CUcontext,
+    in_launch: Option<bool>,
     release: impl FnOnce() -> R,
 ) -> R {
     // Inside a launch call that bound `ctx`, it is current: no need to ask. The deleters about
-    // to run are foreign code, so the launch forgets what it knew (see `LaunchInProgress`);
-    // whatever they change is asked about afterwards (the context right after them, below).
-    let saved = if LaunchInProgress::knows_current(ctx) {
+    // to run are foreign code, so the launch forgets what it knew; whatever they change is
+    // asked about afterwards (the context right after them, below).
+    let saved = if in_launch.is_some() {
         Ok(SavedContext::known(d, ctx))
     } else {
         SavedContext::save(d)
     };
     // A launch that relaxed the capture mode puts it back when it ends, after these deleters.
-    let relaxed_by_launch = LaunchInProgress::knows_relaxed();
+    let relaxed_by_launch = in_launch == Some(true);
     LaunchInProgress::forget();
     let saved = match saved {
         Ok(saved) => Some(saved),

@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use cuda_sys::{
-    CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstreamCaptureMode, CuResultExt,
-    CudaError, Driver,
+    CUevent, CUevent_flags, CUresult, CUstream, CUstreamCaptureMode, CuResultExt, CudaError, Driver,
 };
 
 use crate::context::{Context, ContextGuard, HandleKind};
@@ -18,8 +17,8 @@ thread_local! {
     /// What the launch call in progress on this thread knows ([`LaunchInProgress`]).
     static IN_LAUNCH: Cell<InLaunch> = const {
         Cell::new(InLaunch {
-            known: None,
-            relaxed_from: None,
+            known: std::ptr::null(),
+            relaxed_from: NOT_RELAXED,
         })
     };
 }
@@ -27,14 +26,17 @@ thread_local! {
 /// The state behind [`LaunchInProgress`], per thread.
 #[derive(Clone, Copy)]
 struct InLaunch {
-    /// The context and stream of the launch call in progress, past its check; `None` outside
-    /// one, and from the moment foreign code runs in it.
-    known: Option<(CUcontext, CUstream)>,
+    /// The timeline (stream and context) of the launch call in progress, past its check; null
+    /// outside one, and from the moment foreign code runs in it. Kept alive by the launch.
+    known: *const CudaTimeline,
     /// The stream-capture mode this thread had before the launch call relaxed it (for its
-    /// release queue's queries and releases), put back when the call ends; `None` while the
-    /// call has not relaxed it.
-    relaxed_from: Option<CUstreamCaptureMode>,
+    /// release queue's queries and releases), put back when the call ends; [`NOT_RELAXED`]
+    /// while the call has not relaxed it.
+    relaxed_from: u32,
 }
+
+/// [`InLaunch::relaxed_from`] of a launch call that has not relaxed the capture mode.
+const NOT_RELAXED: u32 = u32::MAX;
 
 /// What a launch call knows of its stream from its own check, for the release queue's calls
 /// that follow in the same call (the amortised marker, the poll, the release of completed
@@ -67,62 +69,50 @@ pub(crate) struct LaunchInProgress {
 }
 
 impl LaunchInProgress {
-    /// Records, until the value is dropped, that stream `stream` of context `ctx` is known not
-    /// to be capturing and `ctx` current on this thread. Call it only in a launch call past its
-    /// check that found the stream not capturing, with the check's binding of the context
-    /// (`_bound`) alive for as long as this value.
-    pub(crate) fn enter(
-        d: &'static Driver,
-        ctx: CUcontext,
-        stream: CUstream,
-        _bound: &ContextGuard<'_>,
-    ) -> Self {
+    /// Records, until the value is dropped, that the stream of `timeline` is known not to be
+    /// capturing and its context current on this thread. Call it only in a launch call past
+    /// its check that found the stream not capturing, with the check's binding of the context
+    /// (`_bound`) alive, and `timeline` kept alive, for as long as this value.
+    #[inline]
+    pub(crate) fn enter(timeline: &CudaTimeline, _bound: &ContextGuard<'_>) -> Self {
         let previous = IN_LAUNCH.with(|k| {
             k.replace(InLaunch {
-                known: Some((ctx, stream)),
-                relaxed_from: None,
+                known: timeline,
+                relaxed_from: NOT_RELAXED,
             })
         });
         LaunchInProgress {
-            d,
+            d: timeline.d,
             previous,
             _thread: PhantomData,
         }
     }
 
-    /// Whether a launch in progress on this thread knows stream `stream` of context `ctx`.
-    fn knows(ctx: CUcontext, stream: CUstream) -> bool {
-        IN_LAUNCH.with(|k| k.get()).known == Some((ctx, stream))
-    }
-
-    /// Whether a launch in progress on this thread knows `ctx` to be current.
-    pub(crate) fn knows_current(ctx: CUcontext) -> bool {
-        IN_LAUNCH
-            .with(|k| k.get())
-            .known
-            .is_some_and(|(c, _)| c == ctx)
+    /// Whether a launch in progress on this thread knows the stream of `timeline`.
+    #[inline]
+    fn knows(timeline: &CudaTimeline) -> bool {
+        std::ptr::eq(IN_LAUNCH.with(|k| k.get()).known, timeline)
     }
 
     /// Whether the launch in progress on this thread relaxed its capture mode, and no foreign
     /// code ran since (the mode is still relaxed).
-    pub(crate) fn knows_relaxed() -> bool {
+    fn knows_relaxed() -> bool {
         let now = IN_LAUNCH.with(|k| k.get());
-        now.known.is_some() && now.relaxed_from.is_some()
+        !now.known.is_null() && now.relaxed_from != NOT_RELAXED
     }
 
-    /// Relaxes the thread's capture mode for the rest of the launch call in progress, which
-    /// knows stream `stream` of `ctx` (`cuThreadExchangeStreamCaptureMode`, the first time
-    /// only; put back when the call ends).
+    /// Relaxes the thread's capture mode for the rest of the launch call in progress
+    /// (`cuThreadExchangeStreamCaptureMode`, the first time only; put back when the call ends).
     fn relax(d: &Driver) -> Result<(), CudaError> {
         let now = IN_LAUNCH.with(|k| k.get());
-        if now.relaxed_from.is_some() {
+        if now.relaxed_from != NOT_RELAXED {
             return Ok(());
         }
         let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         let previous = crate::capture_state::exchange_mode(d, relaxed)?;
         IN_LAUNCH.with(|k| {
             k.set(InLaunch {
-                relaxed_from: Some(previous),
+                relaxed_from: previous.0,
                 ..now
             })
         });
@@ -135,21 +125,26 @@ impl LaunchInProgress {
     pub(crate) fn forget() {
         IN_LAUNCH.with(|k| {
             let now = k.get();
-            k.set(InLaunch { known: None, ..now })
+            k.set(InLaunch {
+                known: std::ptr::null(),
+                ..now
+            })
         });
     }
 }
 
 impl Drop for LaunchInProgress {
+    #[inline]
     fn drop(&mut self) {
-        if let Some(mode) = IN_LAUNCH.with(|k| k.get()).relaxed_from
-            && let Err(e) = crate::capture_state::exchange_mode(self.d, mode)
-        {
-            log::error!("restoring the caller's stream-capture mode: {e}");
-        }
+        let relaxed_from = IN_LAUNCH.with(|k| k.replace(self.previous)).relaxed_from;
         // A launch made from inside a deleter leaves its caller's state as it found it
-        // (forgotten, since the deleter runs).
-        IN_LAUNCH.with(|k| k.set(self.previous));
+        // (forgotten, since the deleter runs); its own relaxed mode goes back first.
+        if relaxed_from != NOT_RELAXED {
+            let mode = CUstreamCaptureMode(relaxed_from);
+            if let Err(e) = crate::capture_state::exchange_mode(self.d, mode) {
+                log::error!("restoring the caller's stream-capture mode: {e}");
+            }
+        }
     }
 }
 
@@ -296,7 +291,7 @@ impl CudaTimeline {
     /// Whether the launch call in progress on this thread knows this stream not capturing and
     /// its context current ([`LaunchInProgress`]).
     fn known_in_launch(&self) -> bool {
-        LaunchInProgress::knows(self.ctx.raw(), self.raw)
+        LaunchInProgress::knows(self)
     }
 
     /// Refuses, without making the call `call` names, on a thread where the handle names
@@ -490,7 +485,8 @@ impl Timeline for CudaTimeline {
         // needs its context, and the releasing thread may never have used CUDA), and may change
         // the calling thread's current context themselves (`cudarc` binds its own): the caller's
         // is put back afterwards.
-        crate::context::releasing_in(self.d, self.ctx.raw(), release);
+        let in_launch = self.known_in_launch().then(LaunchInProgress::knows_relaxed);
+        crate::context::releasing_in(self.d, self.ctx.raw(), in_launch, release);
     }
 }
 

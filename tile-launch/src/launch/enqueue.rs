@@ -222,17 +222,17 @@ impl<'a> Checked<'_, 'a> {
                 inner: HandleInner::Captured { guards },
             }));
         }
+        // Nothing to hold (scalars and borrowed tensors only) and no handle: no release queue,
+        // no completion marker.
+        if keep == Keep::Deferred && guards.is_empty() {
+            drop(guards);
+            enqueue()?;
+            return Ok(None);
+        }
         // Not capturing, the context bound by the check: the release queue's calls below (the
         // amortised marker, the poll, the release) need not ask either again.
-        let _known = LaunchInProgress::enter(d, ctx.raw(), raw, &self._bound);
+        let _known = LaunchInProgress::enter(tracker.timeline(), &self._bound);
         match keep {
-            // Nothing to hold (scalars and borrowed tensors only) and no handle: no release
-            // queue, no completion marker.
-            Keep::Deferred if guards.is_empty() => {
-                drop(guards);
-                enqueue()?;
-                Ok(None)
-            }
             Keep::Deferred => {
                 tracker.launch_deferred(guards, bytes, enqueue)?;
                 Ok(None)
