@@ -230,8 +230,12 @@ impl<'a> Checked<'_, 'a> {
             return Ok(None);
         }
         // Not capturing, the context bound by the check: the release queue's calls below (the
-        // amortised marker, the poll, the release) need not ask either again.
-        let _known = LaunchInProgress::enter(tracker.timeline(), &self._bound);
+        // amortised marker, the poll, the release) need not ask either again. A launch that
+        // holds nothing does not pay for the scope (a thread-local's two accesses, which cost
+        // most in a shared library): the release queue's calls it happens to make ask as they
+        // do outside a launch.
+        let _known =
+            (!guards.is_empty()).then(|| LaunchInProgress::enter(tracker.timeline(), &self._bound));
         match keep {
             Keep::Deferred => {
                 tracker.launch_deferred(guards, bytes, enqueue)?;
