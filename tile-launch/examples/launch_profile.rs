@@ -11,8 +11,10 @@
 //! `PATH` is one of `raw` (`cuLaunchKernel` with the parameters packed by hand), `export`
 //! (three DLPack tensors made and released, nothing launched), `deferred` (three tensors,
 //! `Stream::launch_queued`), `scalars` (seven scalars, `launch_queued`), `bound` (three
-//! tensors, `BoundLaunch::launch_queued`) and `queued` (three tensors,
-//! `Checked::queue_guards` then `launch`, the handle dropped). The measured loop is the function
+//! tensors, `BoundLaunch::launch_queued`), `queued` (three tensors,
+//! `Checked::queue_guards` then `launch`, the handle dropped) and `int` (three tensors,
+//! `launch_queued` on a launch-only stream, as an int handle from another library is wrapped:
+//! a marker per launch). The measured loop is the function
 //! `measured_loop`, which callgrind is told to count alone (`--toggle-collect`).
 //!
 //! Against the stub, which counts the driver calls it answers, it prints the driver calls the
@@ -42,7 +44,7 @@ fn measured_loop(n: u64, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [path, n] = args.as_slice() else {
-        bail!("usage: launch_profile raw|export|deferred|scalars|bound|queued N");
+        bail!("usage: launch_profile raw|export|deferred|scalars|bound|queued|int N");
     };
     let n: u64 = n.parse().context("N must be a count")?;
     let d = driver()?;
@@ -72,6 +74,8 @@ fn main() -> Result<()> {
         ])
     };
     let bound = stream.bind(&add, &cfg)?;
+    // SAFETY: the handle of `stream`, alive until the end of `main`.
+    let int_stream = unsafe { Stream::from_raw_launch_only(&ctx, stream.raw()) }?;
     let (mut pa, mut pb, mut pc, mut one, mut len) = (a, b, c, 1i64, N as u64);
     let mut params: [*mut c_void; 7] = [
         (&raw mut pa).cast(),
@@ -123,6 +127,7 @@ fn main() -> Result<()> {
             Ok(stream.launch_queued(&add_raw_ptrs, &cfg, args)?)
         }),
         "bound" => Box::new(|| Ok(bound.launch_queued(tensors()?)?)),
+        "int" => Box::new(|| Ok(int_stream.launch_queued(&add, &cfg, tensors()?)?)),
         "queued" => Box::new(|| {
             let mut checked = stream.check(&add, &cfg, tensors()?)?;
             checked.queue_guards();
@@ -145,6 +150,7 @@ fn main() -> Result<()> {
         c.print(n);
     }
     drop(body);
+    int_stream.synchronize()?;
     stream.synchronize()?;
     Ok(())
 }

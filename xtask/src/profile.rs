@@ -38,6 +38,10 @@ const PATHS: &[(&str, &str)] = &[
         "queued",
         "tile-launch queued handle, 3 DLPack tensors (export included)",
     ),
+    (
+        "int",
+        "tile-launch deferred, 3 DLPack tensors, launch-only stream (an int handle's)",
+    ),
 ];
 
 /// Frames at or above the measured loop.
