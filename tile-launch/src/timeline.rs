@@ -326,8 +326,8 @@ impl CudaTimeline {
     /// Refuses, without calling `function`, while the stream captures a graph: recording an
     /// event there would add a node to the graph, and synchronising would invalidate the capture.
     /// One `cuStreamIsCapturing`, never asked inside a launch call, whose check asked already
-    /// ([`LaunchInProgress`]). The stream's context must be current (a default-stream handle names that context's
-    /// stream).
+    /// ([`LaunchInProgress`]). The stream's context must be current (a default-stream handle
+    /// names that context's stream).
     fn refuse_if_capturing(&self, function: &'static str) -> Result<(), CudaError> {
         if crate::capture_state::is_capturing(self.d, self.raw)? {
             return Err(CudaError::new(
