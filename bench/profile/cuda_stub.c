@@ -11,6 +11,12 @@
  *
  * Its costs are not the driver's: callgrind's counts for these functions only say how often
  * tile-launch calls them. Instruction counts of tile-launch's own code are what it is for.
+ *
+ * It counts the driver calls it answers, per entry point, for the tests that assert how many
+ * calls a launch makes and for the driver-call column of `cargo xtask profile`:
+ * `stub_driver_calls(name)` is the count of one entry point (`"other"`: every entry point it
+ * does not name in `ENTRIES`, together; NULL: all calls), `stub_driver_call_name(i)` names
+ * counter i (NULL past the last), `stub_driver_calls_reset()` sets every count to zero. The counts are process-wide (relaxed atomics, a few instructions per call).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +26,100 @@ typedef int CUresult;
 #define SUCCESS 0
 #define INVALID_VALUE 1
 
-static CUresult generic(void) { return SUCCESS; }
+/* Every entry point the stub answers by name: X(driver name, stub function). */
+#define ENTRIES(X) \
+    X(cuInit, cuInit) \
+    X(cuDriverGetVersion, driver_version) \
+    X(cuDeviceGetCount, device_count) \
+    X(cuDeviceGet, device_get) \
+    X(cuDeviceGetName, device_name) \
+    X(cuDeviceTotalMem, device_total_mem) \
+    X(cuDeviceGetAttribute, device_attribute) \
+    X(cuDevicePrimaryCtxRetain, primary_retain) \
+    X(cuCtxGetCurrent, ctx_get_current) \
+    X(cuCtxSetCurrent, ctx_set_current) \
+    X(cuCtxPushCurrent, ctx_push) \
+    X(cuCtxPopCurrent, ctx_pop) \
+    X(cuCtxGetDevice, ctx_get_device) \
+    X(cuCtxGetId, ctx_get_id) \
+    X(cuStreamGetCtx, stream_get_ctx) \
+    X(cuStreamCreate, stream_create) \
+    X(cuStreamCreateWithPriority, make_handle_flags_priority) \
+    X(cuEventCreate, event_create) \
+    X(cuStreamGetCaptureInfo, capture_info) \
+    X(cuStreamIsCapturing, is_capturing) \
+    X(cuThreadExchangeStreamCaptureMode, exchange_capture_mode) \
+    X(cuLibraryLoadData, library_load) \
+    X(cuLibraryGetKernel, library_kernel) \
+    X(cuKernelGetFunction, kernel_function) \
+    X(cuKernelGetParamInfo, kernel_param_info) \
+    X(cuKernelGetAttribute, kernel_attribute) \
+    X(cuFuncGetAttribute, func_attribute) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, occupancy) \
+    X(cuPointerGetAttributes, pointer_attributes) \
+    X(cuPointerGetAttribute, pointer_attribute) \
+    X(cuMemAlloc, mem_alloc) \
+    X(cuGetErrorName, error_name) \
+    X(cuGetErrorString, error_string) \
+    X(cuLaunchKernel, launch_kernel) \
+    X(cuLaunchKernelEx, launch_kernel_ex) \
+    X(cuEventRecord, event_record) \
+    X(cuEventQuery, event_query) \
+    X(cuEventSynchronize, event_synchronize) \
+    X(cuEventDestroy, event_destroy) \
+    X(cuStreamWaitEvent, stream_wait_event) \
+    X(cuStreamSynchronize, stream_synchronize) \
+    X(cuStreamDestroy, stream_destroy)
+
+enum {
+#define AS_INDEX(name, fn) AT_##name,
+    ENTRIES(AS_INDEX)
+#undef AS_INDEX
+    AT_other,
+    COUNTED
+};
+static const char *const counted_names[COUNTED] = {
+#define AS_NAME(name, fn) #name,
+    ENTRIES(AS_NAME)
+#undef AS_NAME
+    "other",
+};
+static unsigned long long counts[COUNTED];
+#define COUNT(name) __atomic_fetch_add(&counts[AT_##name], 1, __ATOMIC_RELAXED)
+
+unsigned long long stub_driver_calls(const char *name) {
+    unsigned long long n = 0;
+    for (int i = 0; i < COUNTED; i++) {
+        if (name == NULL || strcmp(name, counted_names[i]) == 0) {
+            n += __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+        }
+    }
+    return n;
+}
+
+/* The name of counter `i` (0, 1, ... until NULL), for listing every count. */
+const char *stub_driver_call_name(int i) {
+    return i >= 0 && i < COUNTED ? counted_names[i] : NULL;
+}
+
+void stub_driver_calls_reset(void) {
+    for (int i = 0; i < COUNTED; i++) __atomic_store_n(&counts[i], 0, __ATOMIC_RELAXED);
+}
+
+/* Every entry point the stub does not name: success, counted as "other". */
+static CUresult generic(void) { COUNT(other); return SUCCESS; }
+
+/* Entry points the launch path calls whose out-parameters nobody reads: success, counted. */
+#define COUNTED_SUCCESS(name, fn) static CUresult fn(void) { COUNT(name); return SUCCESS; }
+COUNTED_SUCCESS(cuLaunchKernel, launch_kernel)
+COUNTED_SUCCESS(cuLaunchKernelEx, launch_kernel_ex)
+COUNTED_SUCCESS(cuEventRecord, event_record)
+COUNTED_SUCCESS(cuEventQuery, event_query)
+COUNTED_SUCCESS(cuEventSynchronize, event_synchronize)
+COUNTED_SUCCESS(cuEventDestroy, event_destroy)
+COUNTED_SUCCESS(cuStreamWaitEvent, stream_wait_event)
+COUNTED_SUCCESS(cuStreamSynchronize, stream_synchronize)
+COUNTED_SUCCESS(cuStreamDestroy, stream_destroy)
 
 static int context_storage;
 static __thread void *ctx_stack[64];
@@ -31,18 +130,20 @@ static void *fresh(void) {
     return malloc(16);
 }
 
-CUresult cuInit(unsigned flags) { (void)flags; return SUCCESS; }
-static CUresult driver_version(int *v) { *v = 13000; return SUCCESS; }
-static CUresult device_count(int *n) { *n = 1; return SUCCESS; }
-static CUresult device_get(int *d, int ordinal) { *d = ordinal; return ordinal == 0 ? SUCCESS : INVALID_VALUE; }
+CUresult cuInit(unsigned flags) { COUNT(cuInit); (void)flags; return SUCCESS; }
+static CUresult driver_version(int *v) { COUNT(cuDriverGetVersion); *v = 13000; return SUCCESS; }
+static CUresult device_count(int *n) { COUNT(cuDeviceGetCount); *n = 1; return SUCCESS; }
+static CUresult device_get(int *d, int ordinal) { COUNT(cuDeviceGet); *d = ordinal; return ordinal == 0 ? SUCCESS : INVALID_VALUE; }
 static CUresult device_name(char *name, int len, int dev) {
+    COUNT(cuDeviceGetName);
     (void)dev;
     strncpy(name, "cuda_stub", (size_t)len);
     return SUCCESS;
 }
-static CUresult device_total_mem(size_t *bytes, int dev) { (void)dev; *bytes = (size_t)141 << 30; return SUCCESS; }
+static CUresult device_total_mem(size_t *bytes, int dev) { COUNT(cuDeviceTotalMem); (void)dev; *bytes = (size_t)141 << 30; return SUCCESS; }
 
 static CUresult device_attribute(int *v, int attribute, int dev) {
+    COUNT(cuDeviceGetAttribute);
     (void)dev;
     switch (attribute) {
     case 1: *v = 1024; break;                        /* max threads per block */
@@ -61,36 +162,41 @@ static CUresult device_attribute(int *v, int attribute, int dev) {
     return SUCCESS;
 }
 
-static CUresult primary_retain(void **ctx, int dev) { (void)dev; *ctx = primary; return SUCCESS; }
-static CUresult ctx_get_current(void **ctx) { *ctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; return SUCCESS; }
+static CUresult primary_retain(void **ctx, int dev) { COUNT(cuDevicePrimaryCtxRetain); (void)dev; *ctx = primary; return SUCCESS; }
+static CUresult ctx_get_current(void **ctx) { COUNT(cuCtxGetCurrent); *ctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; return SUCCESS; }
 static CUresult ctx_set_current(void *ctx) {
+    COUNT(cuCtxSetCurrent);
     if (ctx_depth == 0) ctx_depth = 1;
     ctx_stack[ctx_depth - 1] = ctx;
     return SUCCESS;
 }
 static CUresult ctx_push(void *ctx) {
+    COUNT(cuCtxPushCurrent);
     if (ctx_depth >= 64) return INVALID_VALUE;
     ctx_stack[ctx_depth++] = ctx;
     return SUCCESS;
 }
 static CUresult ctx_pop(void **ctx) {
+    COUNT(cuCtxPopCurrent);
     if (ctx_depth == 0) return INVALID_VALUE;
     void *c = ctx_stack[--ctx_depth];
     if (ctx) *ctx = c;
     return SUCCESS;
 }
-static CUresult ctx_get_device(int *d) { *d = 0; return SUCCESS; }
-static CUresult ctx_get_id(void *ctx, unsigned long long *id) { (void)ctx; *id = 1; return SUCCESS; }
-static CUresult stream_get_ctx(void *s, void **ctx) { (void)s; *ctx = primary; return SUCCESS; }
+static CUresult ctx_get_device(int *d) { COUNT(cuCtxGetDevice); *d = 0; return SUCCESS; }
+static CUresult ctx_get_id(void *ctx, unsigned long long *id) { COUNT(cuCtxGetId); (void)ctx; *id = 1; return SUCCESS; }
+static CUresult stream_get_ctx(void *s, void **ctx) { COUNT(cuStreamGetCtx); (void)s; *ctx = primary; return SUCCESS; }
 
 static CUresult make_handle(void **out) { *out = fresh(); return SUCCESS; }
-static CUresult make_handle_flags(void **out, unsigned flags) { (void)flags; return make_handle(out); }
+static CUresult stream_create(void **out, unsigned flags) { COUNT(cuStreamCreate); (void)flags; return make_handle(out); }
+static CUresult event_create(void **out, unsigned flags) { COUNT(cuEventCreate); (void)flags; return make_handle(out); }
 static CUresult make_handle_flags_priority(void **out, unsigned flags, int priority) {
-    (void)flags; (void)priority; return make_handle(out);
+    COUNT(cuStreamCreateWithPriority); (void)flags; (void)priority; return make_handle(out);
 }
 
 static CUresult capture_info(void *stream, int *status, uint64_t *id, void **graph,
                              const void **deps, const void **edges, size_t *n) {
+    COUNT(cuStreamGetCaptureInfo);
     (void)stream;
     if (status) *status = 0;
     if (id) *id = 0;
@@ -100,27 +206,29 @@ static CUresult capture_info(void *stream, int *status, uint64_t *id, void **gra
     if (n) *n = 0;
     return SUCCESS;
 }
-static CUresult is_capturing(void *stream, int *status) { (void)stream; *status = 0; return SUCCESS; }
-static CUresult exchange_capture_mode(int *mode) { *mode = 0; return SUCCESS; }
+static CUresult is_capturing(void *stream, int *status) { COUNT(cuStreamIsCapturing); (void)stream; *status = 0; return SUCCESS; }
+static CUresult exchange_capture_mode(int *mode) { COUNT(cuThreadExchangeStreamCaptureMode); *mode = 0; return SUCCESS; }
 
 static CUresult library_load(void **lib, const void *code, void *jo, void **jv, unsigned nj,
                              void *lo, void **lv, unsigned nl) {
+    COUNT(cuLibraryLoadData);
     (void)code; (void)jo; (void)jv; (void)nj; (void)lo; (void)lv; (void)nl;
     return make_handle(lib);
 }
 static CUresult library_kernel(void **kernel, void *lib, const char *name) {
+    COUNT(cuLibraryGetKernel);
     (void)lib; (void)name; return make_handle(kernel);
 }
-static CUresult kernel_function(void **f, void *kernel) { (void)kernel; return make_handle(f); }
+static CUresult kernel_function(void **f, void *kernel) { COUNT(cuKernelGetFunction); (void)kernel; return make_handle(f); }
 static CUresult kernel_param_info(void *kernel, size_t index, size_t *offset, size_t *size) {
+    COUNT(cuKernelGetParamInfo);
     (void)kernel;
     if (index >= 7) return INVALID_VALUE;
     if (offset) *offset = 8 * index;
     if (size) *size = 8;
     return SUCCESS;
 }
-static CUresult kernel_attribute(int *v, int attribute, void *kernel, int dev) {
-    (void)kernel; (void)dev;
+static CUresult attribute_answer(int *v, int attribute) {
     switch (attribute) {
     case 0: *v = 1024; break;     /* max threads per block */
     case 4: *v = 16; break;       /* registers */
@@ -130,12 +238,18 @@ static CUresult kernel_attribute(int *v, int attribute, void *kernel, int dev) {
     }
     return SUCCESS;
 }
-static CUresult func_attribute(int *v, int attribute, void *f) { return kernel_attribute(v, attribute, f, 0); }
+static CUresult kernel_attribute(int *v, int attribute, void *kernel, int dev) {
+    COUNT(cuKernelGetAttribute); (void)kernel; (void)dev; return attribute_answer(v, attribute);
+}
+static CUresult func_attribute(int *v, int attribute, void *f) {
+    COUNT(cuFuncGetAttribute); (void)f; return attribute_answer(v, attribute);
+}
 static CUresult occupancy(int *blocks, void *f, int threads, size_t shared) {
+    COUNT(cuOccupancyMaxActiveBlocksPerMultiprocessor);
     (void)f; (void)threads; (void)shared; *blocks = 1; return SUCCESS;
 }
 
-static CUresult pointer_attributes(unsigned n, int *attributes, void **data, uint64_t ptr) {
+static CUresult pointer_answer(unsigned n, int *attributes, void **data, uint64_t ptr) {
     (void)ptr;
     for (unsigned i = 0; i < n; i++) {
         switch (attributes[i]) {
@@ -147,56 +261,33 @@ static CUresult pointer_attributes(unsigned n, int *attributes, void **data, uin
     }
     return SUCCESS;
 }
+static CUresult pointer_attributes(unsigned n, int *attributes, void **data, uint64_t ptr) {
+    COUNT(cuPointerGetAttributes);
+    return pointer_answer(n, attributes, data, ptr);
+}
 static CUresult pointer_attribute(void *data, int attribute, uint64_t ptr) {
+    COUNT(cuPointerGetAttribute);
     int a = attribute;
     void *d = data;
-    return pointer_attributes(1, &a, &d, ptr);
+    return pointer_answer(1, &a, &d, ptr);
 }
 
 static uint64_t next_address = 0x7f0000000000ull;
 static CUresult mem_alloc(uint64_t *ptr, size_t bytes) {
+    COUNT(cuMemAlloc);
     *ptr = next_address;
     next_address += (bytes + 0xffff) & ~(size_t)0xffff;
     return SUCCESS;
 }
 
-static CUresult error_text(CUresult e, const char **s) { (void)e; *s = "stub"; return SUCCESS; }
+static CUresult error_name(CUresult e, const char **s) { COUNT(cuGetErrorName); (void)e; *s = "stub"; return SUCCESS; }
+static CUresult error_string(CUresult e, const char **s) { COUNT(cuGetErrorString); (void)e; *s = "stub"; return SUCCESS; }
 
 struct entry { const char *name; void *fn; };
 static const struct entry entries[] = {
-    {"cuInit", (void *)cuInit},
-    {"cuDriverGetVersion", (void *)driver_version},
-    {"cuDeviceGetCount", (void *)device_count},
-    {"cuDeviceGet", (void *)device_get},
-    {"cuDeviceGetName", (void *)device_name},
-    {"cuDeviceTotalMem", (void *)device_total_mem},
-    {"cuDeviceGetAttribute", (void *)device_attribute},
-    {"cuDevicePrimaryCtxRetain", (void *)primary_retain},
-    {"cuCtxGetCurrent", (void *)ctx_get_current},
-    {"cuCtxSetCurrent", (void *)ctx_set_current},
-    {"cuCtxPushCurrent", (void *)ctx_push},
-    {"cuCtxPopCurrent", (void *)ctx_pop},
-    {"cuCtxGetDevice", (void *)ctx_get_device},
-    {"cuCtxGetId", (void *)ctx_get_id},
-    {"cuStreamGetCtx", (void *)stream_get_ctx},
-    {"cuStreamCreate", (void *)make_handle_flags},
-    {"cuStreamCreateWithPriority", (void *)make_handle_flags_priority},
-    {"cuEventCreate", (void *)make_handle_flags},
-    {"cuStreamGetCaptureInfo", (void *)capture_info},
-    {"cuStreamIsCapturing", (void *)is_capturing},
-    {"cuThreadExchangeStreamCaptureMode", (void *)exchange_capture_mode},
-    {"cuLibraryLoadData", (void *)library_load},
-    {"cuLibraryGetKernel", (void *)library_kernel},
-    {"cuKernelGetFunction", (void *)kernel_function},
-    {"cuKernelGetParamInfo", (void *)kernel_param_info},
-    {"cuKernelGetAttribute", (void *)kernel_attribute},
-    {"cuFuncGetAttribute", (void *)func_attribute},
-    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", (void *)occupancy},
-    {"cuPointerGetAttributes", (void *)pointer_attributes},
-    {"cuPointerGetAttribute", (void *)pointer_attribute},
-    {"cuMemAlloc", (void *)mem_alloc},
-    {"cuGetErrorName", (void *)error_text},
-    {"cuGetErrorString", (void *)error_text},
+#define AS_ENTRY(name, fn) {#name, (void *)fn},
+    ENTRIES(AS_ENTRY)
+#undef AS_ENTRY
 };
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {

@@ -12,9 +12,15 @@ capsule (3 arrays of a generic producer whose C `__dlpack__` returns a capsule, 
 cutile and cutile-capsule (the torch and capsule paths' arguments through tile_py.cutile.launch, a
 cuTile kernel's cached launch: its one compile, at the first launch, registers the stub's kernel
 in place of cuTile's compiler, so every measured launch is a hit; needs cuda-tile).
+
+Against the stub, which counts the driver calls it answers, it prints the driver calls the
+measured loop made per launch: a line `driver calls per launch: TOTAL`, then one line per entry
+point called (`  NAME PER_LAUNCH`).
 """
 
+import ctypes
 import gc
+import os
 import sys
 
 import tile_py
@@ -82,9 +88,38 @@ def main():
     for _ in range(300):  # warm-up: caches, first-use paths
         launch()
     gc.disable()
+    counts = driver_counts()
+    if counts:
+        counts.stub_driver_calls_reset()
     for _ in range(n):
         launch()
+    if counts:
+        print_counts(counts, n)
     tile_py.synchronize()
+
+
+def driver_counts():
+    """The stub driver's call counters, or None for a driver without them."""
+    try:
+        lib = ctypes.CDLL(os.environ["TILE_LIBCUDA"])
+        lib.stub_driver_calls_reset
+    except (KeyError, OSError, AttributeError):
+        return None
+    lib.stub_driver_calls.restype = ctypes.c_ulonglong
+    lib.stub_driver_calls.argtypes = [ctypes.c_char_p]
+    lib.stub_driver_call_name.restype = ctypes.c_char_p
+    lib.stub_driver_call_name.argtypes = [ctypes.c_int]
+    return lib
+
+
+def print_counts(lib, n):
+    print(f"driver calls per launch: {lib.stub_driver_calls(None) / n:.3f}")
+    i = 0
+    while (name := lib.stub_driver_call_name(i)) is not None:
+        calls = lib.stub_driver_calls(name)
+        if calls:
+            print(f"  {name.decode()} {calls / n:.3f}")
+        i += 1
 
 
 if __name__ == "__main__":

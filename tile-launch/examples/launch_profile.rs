@@ -11,9 +11,15 @@
 //! `PATH` is one of `raw` (`cuLaunchKernel` with the parameters packed by hand), `export`
 //! (three DLPack tensors made and released, nothing launched), `deferred` (three tensors,
 //! `Stream::launch_queued`), `scalars` (seven scalars, `launch_queued`), `bound` (three
-//! tensors, `BoundLaunch::launch_queued`) and `queued` (three tensors,
-//! `Checked::queue_guards` then `launch`, the handle dropped). The measured loop is the function
+//! tensors, `BoundLaunch::launch_queued`), `queued` (three tensors,
+//! `Checked::queue_guards` then `launch`, the handle dropped) and `int` (three tensors,
+//! `launch_queued` on a launch-only stream, as an int handle from another library is wrapped:
+//! a marker per launch). The measured loop is the function
 //! `measured_loop`, which callgrind is told to count alone (`--toggle-collect`).
+//!
+//! Against the stub, which counts the driver calls it answers, it prints the driver calls the
+//! measured loop made per launch: a line `driver calls per launch: TOTAL`, then one line per
+//! entry point called (`  NAME PER_LAUNCH`).
 
 use std::ffi::c_void;
 use std::hint::black_box;
@@ -38,7 +44,7 @@ fn measured_loop(n: u64, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [path, n] = args.as_slice() else {
-        bail!("usage: launch_profile raw|export|deferred|scalars|bound|queued N");
+        bail!("usage: launch_profile raw|export|deferred|scalars|bound|queued|int N");
     };
     let n: u64 = n.parse().context("N must be a count")?;
     let d = driver()?;
@@ -68,6 +74,8 @@ fn main() -> Result<()> {
         ])
     };
     let bound = stream.bind(&add, &cfg)?;
+    // SAFETY: the handle of `stream`, alive until the end of `main`.
+    let int_stream = unsafe { Stream::from_raw_launch_only(&ctx, stream.raw()) }?;
     let (mut pa, mut pb, mut pc, mut one, mut len) = (a, b, c, 1i64, N as u64);
     let mut params: [*mut c_void; 7] = [
         (&raw mut pa).cast(),
@@ -119,6 +127,7 @@ fn main() -> Result<()> {
             Ok(stream.launch_queued(&add_raw_ptrs, &cfg, args)?)
         }),
         "bound" => Box::new(|| Ok(bound.launch_queued(tensors()?)?)),
+        "int" => Box::new(|| Ok(int_stream.launch_queued(&add, &cfg, tensors()?)?)),
         "queued" => Box::new(|| {
             let mut checked = stream.check(&add, &cfg, tensors()?)?;
             checked.queue_guards();
@@ -132,8 +141,77 @@ fn main() -> Result<()> {
     for _ in 0..256 {
         body()?;
     }
+    let counts = DriverCounts::open();
+    if let Some(c) = &counts {
+        c.reset();
+    }
     measured_loop(n, &mut *body)?;
+    if let Some(c) = &counts {
+        c.print(n);
+    }
     drop(body);
+    int_stream.synchronize()?;
     stream.synchronize()?;
     Ok(())
+}
+
+/// The stub driver's call counters (`stub_driver_calls` and its siblings in
+/// `bench/profile/cuda_stub.c`), found in the library `TILE_LIBCUDA` names; `None` for a real
+/// driver.
+struct DriverCounts {
+    lib: libloading::Library,
+}
+
+impl DriverCounts {
+    fn open() -> Option<Self> {
+        let path = std::env::var_os("TILE_LIBCUDA")?;
+        // SAFETY: the driver the launches already use: loading it again runs no initialiser.
+        let lib = unsafe { libloading::Library::new(path) }.ok()?;
+        // SAFETY: looked up only to see whether the stub's counters are there.
+        let present = unsafe { lib.get::<unsafe extern "C" fn()>(b"stub_driver_calls_reset\0") };
+        present.is_ok().then_some(Self { lib })
+    }
+
+    fn reset(&self) {
+        // SAFETY: `void stub_driver_calls_reset(void)`, present (checked in `open`).
+        unsafe {
+            let f = self
+                .lib
+                .get::<unsafe extern "C" fn()>(b"stub_driver_calls_reset\0")
+                .expect("checked in `open`");
+            f()
+        }
+    }
+
+    fn print(&self, launches: u64) {
+        type Calls = unsafe extern "C" fn(*const std::ffi::c_char) -> u64;
+        type Name = unsafe extern "C" fn(std::ffi::c_int) -> *const std::ffi::c_char;
+        // SAFETY: the stub's `unsigned long long stub_driver_calls(const char *)` and
+        // `const char *stub_driver_call_name(int)`.
+        let (calls, name) = unsafe {
+            let (Ok(calls), Ok(name)) = (
+                self.lib.get::<Calls>(b"stub_driver_calls\0"),
+                self.lib.get::<Name>(b"stub_driver_call_name\0"),
+            ) else {
+                return;
+            };
+            (calls, name)
+        };
+        let per = |n: u64| n as f64 / launches as f64;
+        // SAFETY: null asks for the total.
+        let total = unsafe { calls(std::ptr::null()) };
+        println!("driver calls per launch: {:.3}", per(total));
+        for i in 0.. {
+            // SAFETY: any index is accepted; null past the last.
+            let p = unsafe { name(i) };
+            if p.is_null() {
+                break;
+            }
+            // SAFETY: a NUL-terminated static string of the stub; `calls` reads it.
+            let (n, text) = unsafe { (calls(p), std::ffi::CStr::from_ptr(p)) };
+            if n > 0 {
+                println!("  {} {:.3}", text.to_string_lossy(), per(n));
+            }
+        }
+    }
 }

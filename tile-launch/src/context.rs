@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cuda_sys::{CUcontext, CUdevice, CUdevice_attribute, CuResultExt, CudaError, Driver, driver};
 
 use crate::error::Result;
+use crate::timeline::LaunchInProgress;
 
 /// Limits of a device that launch configurations are checked against, read once with
 /// `cuDeviceGetAttribute` (and its memory with `cuDeviceTotalMem`) when the context is created.
@@ -304,7 +305,7 @@ impl Context {
         let Ok(d) = driver() else {
             return release();
         };
-        releasing_in(d, self.raw, release)
+        releasing_in(d, self.raw, None, release)
     }
 
     /// Whether the context is still usable: not destroyed since it was retained, as a reset of
@@ -378,6 +379,12 @@ pub(crate) struct SavedContext {
 }
 
 impl SavedContext {
+    /// Saves `ctx`, which the caller knows to be the calling thread's current context, without
+    /// asking the driver.
+    fn known(d: &'static Driver, ctx: CUcontext) -> Self {
+        Self { d, saved: ctx }
+    }
+
     /// Saves the calling thread's current context (`cuCtxGetCurrent`; null if none).
     pub(crate) fn save(d: &'static Driver) -> Result<Self, CudaError> {
         let mut saved: CUcontext = std::ptr::null_mut();
@@ -420,13 +427,27 @@ impl Drop for SavedContext {
     }
 }
 
-/// [`Context::releasing`] for context `ctx` (kept alive by the caller).
+/// [`Context::releasing`] for context `ctx` (kept alive by the caller). `in_launch` is
+/// `Some(relaxed)` inside a launch call that bound `ctx` and knows it current
+/// ([`LaunchInProgress`]), `relaxed` when that call has relaxed the capture mode already.
 pub(crate) fn releasing_in<R>(
     d: &'static Driver,
     ctx: CUcontext,
+    in_launch: Option<bool>,
     release: impl FnOnce() -> R,
 ) -> R {
-    let saved = match SavedContext::save(d) {
+    // Inside a launch call that bound `ctx`, it is current: no need to ask. The deleters about
+    // to run are foreign code, so the launch forgets what it knew; whatever they change is
+    // asked about afterwards (the context right after them, below).
+    let saved = if in_launch.is_some() {
+        Ok(SavedContext::known(d, ctx))
+    } else {
+        SavedContext::save(d)
+    };
+    // A launch that relaxed the capture mode puts it back when it ends, after these deleters.
+    let relaxed_by_launch = in_launch == Some(true);
+    LaunchInProgress::forget();
+    let saved = match saved {
         Ok(saved) => Some(saved),
         Err(e) => {
             log::warn!("releasing without saving the current context: {e}");
@@ -439,6 +460,11 @@ pub(crate) fn releasing_in<R>(
         if let Err(e) = unsafe { saved.switch_to(ctx) } {
             log::warn!("releasing without the stream's context current: {e}");
         }
+    }
+    if relaxed_by_launch {
+        let out = release();
+        drop(saved);
+        return out;
     }
     let mut release = Some(release);
     let mut out = None;

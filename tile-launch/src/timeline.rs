@@ -1,13 +1,152 @@
 //! The CUDA side of a stream's release queue ([`CudaTimeline`]): completion markers
 //! ([`Event`]) recorded on the stream, queried and waited on.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use cuda_sys::{CUevent, CUevent_flags, CUresult, CUstream, CuResultExt, CudaError, Driver};
+use cuda_sys::{
+    CUevent, CUevent_flags, CUresult, CUstream, CUstreamCaptureMode, CuResultExt, CudaError, Driver,
+};
 
-use crate::context::{Context, HandleKind};
+use crate::context::{Context, ContextGuard, HandleKind};
 use crate::release::Timeline;
+
+thread_local! {
+    /// What the launch call in progress on this thread knows ([`LaunchInProgress`]).
+    static IN_LAUNCH: Cell<InLaunch> = const {
+        Cell::new(InLaunch {
+            known: std::ptr::null(),
+            relaxed_from: NOT_RELAXED,
+        })
+    };
+}
+
+/// The state behind [`LaunchInProgress`], per thread.
+#[derive(Clone, Copy)]
+struct InLaunch {
+    /// The timeline (stream and context) of the launch call in progress, past its check; null
+    /// outside one, and from the moment foreign code runs in it. Kept alive by the launch.
+    known: *const CudaTimeline,
+    /// The stream-capture mode this thread had before the launch call relaxed it (for its
+    /// release queue's queries and releases), put back when the call ends; [`NOT_RELAXED`]
+    /// while the call has not relaxed it.
+    relaxed_from: u32,
+}
+
+/// [`InLaunch::relaxed_from`] of a launch call that has not relaxed the capture mode.
+const NOT_RELAXED: u32 = u32::MAX;
+
+/// What a launch call knows of its stream from its own check, for the release queue's calls
+/// that follow in the same call (the amortised marker, the poll, the release of completed
+/// work): the stream's context is current on this thread, and the stream is not capturing.
+/// While it is known, [`CudaTimeline`] asks neither again: no `cuCtxGetCurrent` (nor push and
+/// pop) around its marker, query and release, no `cuStreamIsCapturing` before recording. And
+/// the thread's stream-capture mode, relaxed for the first query of the call, stays relaxed
+/// until the call ends: one `cuThreadExchangeStreamCaptureMode` pair per launch call instead of
+/// one per query and one per release.
+///
+/// Why that is sound. The check bound the context ([`ContextGuard`], held until the launch
+/// call returns) and asked `cuStreamGetCaptureInfo` once; the launch went on only because the
+/// stream was not capturing. From the check to the end of the call only tile's own code runs
+/// on this thread, until a deleter does: every deleter runs inside
+/// [`releasing_in`](crate::context::releasing_in), which ends what is known for the rest of
+/// the call ([`LaunchInProgress::forget`]), so that a deleter that changes the current context,
+/// the capture mode or begins a capture is asked about again. Another thread cannot change this
+/// thread's current context or capture mode. Another thread can begin a capture on the stream
+/// meanwhile, but then the launch itself (enqueued, or about to be, with its tensors in the
+/// release queue) was taken for an uncaptured one: asking again before the marker would not
+/// make that race sound, so it buys nothing; the race is the caller's (CUDA does not order a
+/// capture begun on one thread against work enqueued on the same stream from another). What
+/// the check found must hold until the launch, which [`Checked`](crate::Checked) states.
+#[must_use = "what the launch knows lasts only while this value lives"]
+pub(crate) struct LaunchInProgress {
+    d: &'static Driver,
+    previous: InLaunch,
+    // Tied to this thread, where the knowledge holds.
+    _thread: PhantomData<*const ()>,
+}
+
+impl LaunchInProgress {
+    /// Records, until the value is dropped, that the stream of `timeline` is known not to be
+    /// capturing and its context current on this thread. Call it only in a launch call past
+    /// its check that found the stream not capturing, with the check's binding of the context
+    /// (`_bound`) alive, and `timeline` kept alive, for as long as this value.
+    #[inline]
+    pub(crate) fn enter(timeline: &CudaTimeline, _bound: &ContextGuard<'_>) -> Self {
+        let previous = IN_LAUNCH.with(|k| {
+            k.replace(InLaunch {
+                known: timeline,
+                relaxed_from: NOT_RELAXED,
+            })
+        });
+        LaunchInProgress {
+            d: timeline.d,
+            previous,
+            _thread: PhantomData,
+        }
+    }
+
+    /// Whether a launch in progress on this thread knows the stream of `timeline`.
+    #[inline]
+    fn knows(timeline: &CudaTimeline) -> bool {
+        std::ptr::eq(IN_LAUNCH.with(|k| k.get()).known, timeline)
+    }
+
+    /// Whether the launch in progress on this thread relaxed its capture mode, and no foreign
+    /// code ran since (the mode is still relaxed).
+    fn knows_relaxed() -> bool {
+        let now = IN_LAUNCH.with(|k| k.get());
+        !now.known.is_null() && now.relaxed_from != NOT_RELAXED
+    }
+
+    /// Relaxes the thread's capture mode for the rest of the launch call in progress
+    /// (`cuThreadExchangeStreamCaptureMode`, the first time only; put back when the call ends).
+    fn relax(d: &Driver) -> Result<(), CudaError> {
+        let now = IN_LAUNCH.with(|k| k.get());
+        if now.relaxed_from != NOT_RELAXED {
+            return Ok(());
+        }
+        let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let previous = crate::capture_state::exchange_mode(d, relaxed)?;
+        IN_LAUNCH.with(|k| {
+            k.set(InLaunch {
+                relaxed_from: previous.0,
+                ..now
+            })
+        });
+        Ok(())
+    }
+
+    /// Forgets what the launch in progress on this thread knows, for the rest of the call:
+    /// foreign code (a deleter) is about to run. A relaxed capture mode is still put back
+    /// when the call ends.
+    pub(crate) fn forget() {
+        IN_LAUNCH.with(|k| {
+            let now = k.get();
+            k.set(InLaunch {
+                known: std::ptr::null(),
+                ..now
+            })
+        });
+    }
+}
+
+impl Drop for LaunchInProgress {
+    #[inline]
+    fn drop(&mut self) {
+        let relaxed_from = IN_LAUNCH.with(|k| k.replace(self.previous)).relaxed_from;
+        // A launch made from inside a deleter leaves its caller's state as it found it
+        // (forgotten, since the deleter runs); its own relaxed mode goes back first.
+        if relaxed_from != NOT_RELAXED {
+            let mode = CUstreamCaptureMode(relaxed_from);
+            if let Err(e) = crate::capture_state::exchange_mode(self.d, mode) {
+                log::error!("restoring the caller's stream-capture mode: {e}");
+            }
+        }
+    }
+}
 
 /// A CUDA event used as a completion marker (`CU_EVENT_DISABLE_TIMING`).
 #[derive(Debug)]
@@ -128,8 +267,16 @@ impl CudaTimeline {
                 RECORD_REFUSED,
             ));
         }
-        let _bound = self.ctx.bind_with(d)?;
-        self.refuse_if_capturing("cuEventRecord")?;
+        // Inside a launch call, its check bound the context and found the stream not capturing
+        // ([`LaunchInProgress`]): neither is asked again.
+        let known = self.known_in_launch();
+        let _bound = if known {
+            None
+        } else {
+            let bound = self.ctx.bind_with(d)?;
+            self.refuse_if_capturing("cuEventRecord")?;
+            Some(bound)
+        };
         let ev = self.event()?;
         // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
         match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
@@ -139,6 +286,12 @@ impl CudaTimeline {
                 Err(e)
             }
         }
+    }
+
+    /// Whether the launch call in progress on this thread knows this stream not capturing and
+    /// its context current ([`LaunchInProgress`]).
+    fn known_in_launch(&self) -> bool {
+        LaunchInProgress::knows(self)
     }
 
     /// Refuses, without making the call `call` names, on a thread where the handle names
@@ -172,10 +325,9 @@ impl CudaTimeline {
 
     /// Refuses, without calling `function`, while the stream captures a graph: recording an
     /// event there would add a node to the graph, and synchronising would invalidate the capture.
-    /// One `cuStreamIsCapturing`; the release queue records markers sparingly, so this stays off
-    /// the per-launch path.
-    /// The stream's context must be current (a default-stream handle names that context's
-    /// stream).
+    /// One `cuStreamIsCapturing`, never asked inside a launch call, whose check asked already
+    /// ([`LaunchInProgress`]). The stream's context must be current (a default-stream handle
+    /// names that context's stream).
     fn refuse_if_capturing(&self, function: &'static str) -> Result<(), CudaError> {
         if crate::capture_state::is_capturing(self.d, self.raw)? {
             return Err(CudaError::new(
@@ -256,15 +408,22 @@ impl Timeline for CudaTimeline {
 
     fn query(&self, marker: &Event) -> Result<bool, Self::Error> {
         let d = self.d;
-        let _bound = self.ctx.bind_with(d)?;
-        crate::capture_state::relaxed(d, || {
+        let query = || {
             // SAFETY: `marker` is a live event.
             let r = unsafe { (d.cuEventQuery)(marker.0) };
             if r == CUresult::CUDA_ERROR_NOT_READY {
                 return Ok(false);
             }
             r.check("cuEventQuery").map(|()| true)
-        })
+        };
+        // Inside a launch call the context is bound already, and the capture mode stays
+        // relaxed until the call ends ([`LaunchInProgress`]).
+        if self.known_in_launch() {
+            LaunchInProgress::relax(d)?;
+            return query();
+        }
+        let _bound = self.ctx.bind_with(d)?;
+        crate::capture_state::relaxed(d, query)
     }
 
     fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
@@ -298,6 +457,9 @@ impl Timeline for CudaTimeline {
         if !self.reachable_here() {
             return true; // `record` reports that itself
         }
+        if self.known_in_launch() {
+            return true; // the launch's own check found it not capturing
+        }
         let Ok(_bound) = self.ctx.bind_with(self.d) else {
             return true;
         };
@@ -322,7 +484,8 @@ impl Timeline for CudaTimeline {
         // needs its context, and the releasing thread may never have used CUDA), and may change
         // the calling thread's current context themselves (`cudarc` binds its own): the caller's
         // is put back afterwards.
-        crate::context::releasing_in(self.d, self.ctx.raw(), release);
+        let in_launch = self.known_in_launch().then(LaunchInProgress::knows_relaxed);
+        crate::context::releasing_in(self.d, self.ctx.raw(), in_launch, release);
     }
 }
 

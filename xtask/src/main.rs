@@ -123,10 +123,11 @@ tasks:
                       (DIR defaults to ./bench-results)
   profile [--launches=N]
                       host instructions per launch of tile-launch's launch paths (raw, export,
-                      scalars, deferred, bound, queued; N launches each, default 2000), counted
-                      by callgrind against a stub driver (bench/profile/cuda_stub.c; no GPU
-                      needed; needs valgrind and cc), then where the deferred path's go;
-                      then tile_py.launch's paths when target/py-venv has tile_py
+                      scalars, deferred, bound, queued, int; N launches each, default 2000),
+                      counted by callgrind against a stub driver (bench/profile/cuda_stub.c; no
+                      GPU needed; needs valgrind and cc), and the driver calls per launch the
+                      stub counts, then where the deferred path's instructions go; then
+                      tile_py.launch's paths when target/py-venv has tile_py
   doc [--open]        the library crates' API docs with the features docs.rs documents
                       ([package.metadata.docs.rs]; a plain `cargo doc` leaves them out)
 

@@ -5,7 +5,9 @@
 //! its measured loop, and prints instructions per launch; then, for the three-tensor deferred
 //! path, the functions that cost the most per launch (inclusive). Needs `valgrind` and a C
 //! compiler (`cc`). The stub's own functions cost next to nothing, so the counts are
-//! tile-launch's (and the test's DLPack exports'), never the driver's.
+//! tile-launch's (and the test's DLPack exports'), never the driver's. Beside each count it
+//! prints the driver calls per launch, which the stub counts and the measured loop reports, and
+//! then which entry points they were.
 
 use std::path::Path;
 use std::process::Command;
@@ -35,6 +37,10 @@ const PATHS: &[(&str, &str)] = &[
     (
         "queued",
         "tile-launch queued handle, 3 DLPack tensors (export included)",
+    ),
+    (
+        "int",
+        "tile-launch deferred, 3 DLPack tensors, launch-only stream (an int handle's)",
     ),
 ];
 
@@ -81,12 +87,18 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         "host instructions per launch (callgrind, stub driver, {launches} launches after 256 \
          warm-up ones)"
     );
-    println!("{:<8} {:>12}  what", "path", "instr/launch");
+    println!(
+        "{:<8} {:>12} {:>12}  what",
+        "path", "instr/launch", "calls/launch"
+    );
+    let mut breakdowns = Vec::new();
     for (path, what) in PATHS {
         let file = out.join(format!("callgrind.{path}"));
-        let per = count(&exe, &stub, &file, path, launches)?;
-        println!("{path:<8} {per:>12.0}  {what}");
+        let (per, calls) = count(&exe, &stub, &file, path, launches)?;
+        println!("{path:<8} {per:>12.0} {:>12}  {what}", calls.total());
+        breakdowns.push((*path, calls));
     }
+    print_breakdowns("", &breakdowns);
     let file = out.join("callgrind.deferred");
     let annotated = Command::new("callgrind_annotate")
         .args(["--inclusive=yes".as_ref(), file.as_os_str()])
@@ -198,20 +210,24 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         3 * launches,
         2 * launches
     );
-    println!("{:<14} {:>12}  what", "path", "instr/launch");
+    println!(
+        "{:<14} {:>12} {:>12}  what",
+        "path", "instr/launch", "calls/launch"
+    );
     let has_cutile = Command::new(&py)
         .args(["-c", "import cuda.tile"])
         .output()
         .is_ok_and(|o| o.status.success());
+    let mut breakdowns = Vec::new();
     for (path, what) in PY_PATHS {
         if path.starts_with("cutile") && !has_cutile {
             println!(
-                "{path:<14} {:>12}  skipped: cuda-tile is not installed",
-                "-"
+                "{path:<14} {:>12} {:>12}  skipped: cuda-tile is not installed",
+                "-", "-"
             );
             continue;
         }
-        let total = |n: u64| -> Result<u64> {
+        let total = |n: u64| -> Result<(u64, DriverCalls)> {
             let file = out.join(format!("callgrind.py-{path}.{n}"));
             let o = Command::new("valgrind")
                 .arg("--tool=callgrind")
@@ -230,23 +246,76 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
                 );
             }
             let text = std::fs::read_to_string(&file)?;
-            text.lines()
+            let total = text
+                .lines()
                 .find_map(|l| {
                     l.strip_prefix("summary:")
                         .or_else(|| l.strip_prefix("totals:"))
                 })
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                .with_context(|| format!("no total in {}", file.display()))
+                .with_context(|| format!("no total in {}", file.display()))?;
+            Ok((
+                total,
+                DriverCalls::parse(&String::from_utf8_lossy(&o.stdout)),
+            ))
         };
-        let (a, b) = (total(launches)?, total(3 * launches)?);
+        let ((a, _), (b, calls)) = (total(launches)?, total(3 * launches)?);
         let per = b.saturating_sub(a) as f64 / (2 * launches) as f64;
-        println!("{path:<14} {per:>12.0}  {what}");
+        println!("{path:<14} {per:>12.0} {:>12}  {what}", calls.total());
+        breakdowns.push((*path, calls));
     }
+    print_breakdowns("tile_py ", &breakdowns);
     Ok(())
 }
 
-/// Instructions per launch of `path`: callgrind's count of the measured loop over `launches`.
-fn count(exe: &Path, stub: &Path, file: &Path, path: &str, launches: u64) -> Result<f64> {
+/// The driver calls per launch that a measured loop reported (the stub counts them): the
+/// line `driver calls per launch: TOTAL`, then `  NAME PER_LAUNCH` per entry point. Empty for
+/// a driver that does not count.
+#[derive(Default)]
+struct DriverCalls {
+    total: Option<String>,
+    by_entry_point: Vec<String>,
+}
+
+impl DriverCalls {
+    fn parse(stdout: &str) -> DriverCalls {
+        let mut calls = DriverCalls::default();
+        let mut lines = stdout.lines();
+        for line in lines.by_ref() {
+            if let Some(total) = line.strip_prefix("driver calls per launch: ") {
+                calls.total = Some(total.trim().to_owned());
+                break;
+            }
+        }
+        calls.by_entry_point = lines
+            .map_while(|l| l.strip_prefix("  "))
+            .map(|l| l.trim().to_owned())
+            .collect();
+        calls
+    }
+
+    fn total(&self) -> &str {
+        self.total.as_deref().unwrap_or("-")
+    }
+}
+
+/// Which entry points each path's driver calls were, per launch.
+fn print_breakdowns(title: &str, paths: &[(&str, DriverCalls)]) {
+    println!("\n{title}driver calls per launch, by entry point (stub driver, measured loop):");
+    for (path, calls) in paths {
+        println!("{path:<8} {}", calls.by_entry_point.join(", "));
+    }
+}
+
+/// Instructions per launch of `path` (callgrind's count of the measured loop over `launches`),
+/// and the driver calls per launch the loop reported.
+fn count(
+    exe: &Path,
+    stub: &Path,
+    file: &Path,
+    path: &str,
+    launches: u64,
+) -> Result<(f64, DriverCalls)> {
     let status = Command::new("valgrind")
         .args(["--tool=callgrind", "--toggle-collect=*measured_loop*"])
         .arg(format!("--callgrind-out-file={}", file.display()))
@@ -270,5 +339,6 @@ fn count(exe: &Path, stub: &Path, file: &Path, path: &str, launches: u64) -> Res
         })
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .with_context(|| format!("no total in {}", file.display()))?;
-    Ok(total as f64 / launches as f64)
+    let calls = DriverCalls::parse(&String::from_utf8_lossy(&status.stdout));
+    Ok((total as f64 / launches as f64, calls))
 }

@@ -24,6 +24,12 @@ use crate::stream::{LaunchSite, Stream};
 /// [`Checked::queue_guards`]). Dropping a `Checked` launches nothing: `Unused` tensors go back to
 /// their producers untouched; tensors handed over already consumed, and held owners, are
 /// released.
+///
+/// The launch trusts what the check found on this thread: between the check and the launch,
+/// the calling thread keeps the stream's context current (the `Checked` binds it) and nobody
+/// begins a capture on the stream, or the kernel would be launched in another context, or
+/// captured with its tensors in the release queue. The release queue's calls made inside the
+/// launch call trust the same findings (`timeline::LaunchInProgress`).
 #[must_use = "a checked launch does nothing until it is launched"]
 pub struct Checked<'s, 'a> {
     pub(super) site: LaunchSite<'s>,

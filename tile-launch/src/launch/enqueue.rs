@@ -16,6 +16,7 @@ use crate::args::{Arg, INLINE_ARGS, TensorSource};
 use crate::config::LaunchConfig;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, HandOff, spare_guards};
+use crate::timeline::LaunchInProgress;
 
 impl<'a> Checked<'_, 'a> {
     /// Option: `owners` are held with the launch's tensors until its work is done (e.g. the
@@ -221,14 +222,21 @@ impl<'a> Checked<'_, 'a> {
                 inner: HandleInner::Captured { guards },
             }));
         }
+        // Nothing to hold (scalars and borrowed tensors only) and no handle: no release queue,
+        // no completion marker.
+        if keep == Keep::Deferred && guards.is_empty() {
+            drop(guards);
+            enqueue()?;
+            return Ok(None);
+        }
+        // Not capturing, the context bound by the check: the release queue's calls below (the
+        // amortised marker, the poll, the release) need not ask either again. A launch that
+        // holds nothing does not pay for the scope (a thread-local's two accesses, which cost
+        // most in a shared library): the release queue's calls it happens to make ask as they
+        // do outside a launch.
+        let _known =
+            (!guards.is_empty()).then(|| LaunchInProgress::enter(tracker.timeline(), &self._bound));
         match keep {
-            // Nothing to hold (scalars and borrowed tensors only) and no handle: no release
-            // queue, no completion marker.
-            Keep::Deferred if guards.is_empty() => {
-                drop(guards);
-                enqueue()?;
-                Ok(None)
-            }
             Keep::Deferred => {
                 tracker.launch_deferred(guards, bytes, enqueue)?;
                 Ok(None)

@@ -13,9 +13,12 @@ pub fn in_child() -> bool {
     std::env::var_os(CHILD).is_some()
 }
 
-/// Builds the stub with `cc` into a fresh directory and returns its path.
+/// Builds the stub with `cc` into a fresh directory (one per call: tests of one binary run in
+/// parallel) and returns its path.
 pub fn build() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tile-stub-driver-{}", std::process::id()));
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("tile-stub-driver-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     // Read from the workspace (not compiled in: the packaged crate does not ship it).
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/profile/cuda_stub.c");
