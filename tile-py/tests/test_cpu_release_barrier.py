@@ -244,7 +244,7 @@ lib = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
 k = lib.kernel("k", [In("float32"), In("float32"), Out("float32")] + [Scalar("u64")] * 4)
 
 def launch(stream):
-    # Distinct memory for each (an output overlapping an input is refused).
+    # Distinct memory for each, so that every deleter counts one tensor.
     ps = [Producer(shape=(16,), data=0x100000 * (i + 1)) for i in range(3)]
     h = tile_py.launch(stream, 1, k, (*ps, 1, 2, 3, 4), block=16)
     return h, ps

@@ -272,7 +272,7 @@ def launch(
 
     Raises `TypeError` (parameter kinds, dtypes, counts, a `__dlpack__` that takes no stream),
     `ValueError` (devices, host memory, host memory labelled as device memory, read-only,
-    copied or overlapping outputs, tensors that are not dense row-major for plain pointer
+    copied or self-overlapping outputs, tensors that are not dense row-major for plain pointer
     parameters, lazy conjugate / negative torch views, outputs that require grad or are JAX
     arrays, grid/block/cluster/shared memory limits; a launch in a child made by `os.fork()`
     or during interpreter exit), `BufferError` (DLPack version), `OverflowError` (sizes,
