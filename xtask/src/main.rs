@@ -275,6 +275,12 @@ fn cargo_test_counted(cmd: &mut Command) -> Result<RustTotals> {
     drop(out);
     let status = child.wait()?;
     if !status.success() {
+        if totals == RustTotals::default() {
+            bail!(
+                "cargo test failed with {status} before any test ran: the build failed (its first \
+                 `error:` line is above)"
+            );
+        }
         bail!(
             "{line} failed with {status} ({} passed, {} failed, {} ignored)",
             totals.passed,
