@@ -16,6 +16,7 @@ use tile_launch::{Dim3, LaunchConfig, Param, Stream};
 use crate::convert::{INLINE, int_text, is_negative};
 use crate::exceptions::{Kind, err, raised_as_is, show};
 use crate::kernel::Kernel;
+use crate::stream_arg::StreamArg;
 
 /// The keywords of a launch request as the caller passed them (`None`: not given).
 pub(crate) struct RequestArgs<'a, 'py> {
@@ -78,7 +79,7 @@ impl<'a, 'py> LaunchRequest<'a, 'py> {
         let sync = flag(a.sync, a.func, "sync", true)?;
         crate::release::drain(py);
         crate::process::refuse_launch()?;
-        let (spec, cached) = crate::stream_arg::parse_stream_cached(a.stream)?;
+        let stream = StreamArg::parse(a.stream)?;
         let mut config = parse_config(a.grid, a.block, a.shared_mem, a.cluster)?;
         config.cooperative = cooperative;
         config.programmatic_dependent_launch = pdl;
@@ -91,8 +92,8 @@ impl<'a, 'py> LaunchRequest<'a, 'py> {
             let k = k.get();
             check_count(k.inner.name(), &k.params, args.len())?;
         }
-        let stream_value = spec.dlpack_value();
-        let stream = crate::stream_arg::resolve_spec(py, a.stream, spec, cached)?;
+        let stream_value = stream.spec.dlpack_value();
+        let stream = stream.resolve(py)?;
         Ok(LaunchRequest {
             stream,
             stream_value,

@@ -53,7 +53,7 @@ fn check_args(
     drain(py);
     crate::process::refuse_in_fork("launch")?;
     let none = py.None().into_bound(py);
-    let (spec, _) = stream_arg::parse_stream_cached(stream.unwrap_or(&none))?;
+    let spec = stream_arg::StreamArg::parse(stream.unwrap_or(&none))?.spec;
     let one = 1i32.into_pyobject(py)?.into_any();
     parse_config(
         grid.unwrap_or(&one),
@@ -157,7 +157,7 @@ fn pack_args(
 ) -> PyResult<Vec<u64>> {
     drain(py);
     let none = py.None().into_bound(py);
-    let (spec, _) = stream_arg::parse_stream_cached(stream.unwrap_or(&none))?;
+    let spec = stream_arg::StreamArg::parse(stream.unwrap_or(&none))?.spec;
     let (params, hs, mut conv) =
         convert_declared(py, "_pack_args", &spec, params, args, device, true, false)?;
     let sig = tile_launch::Signature::new(params.iter().copied());
