@@ -48,17 +48,17 @@ impl BoundLaunch {
                 func: "Kernel.bind",
                 stream,
                 grid,
-                block: Some(block),
+                block,
                 shared_mem,
                 cluster,
                 cooperative,
                 programmatic_dependent_launch,
                 sync: None,
-                kernel: Some(kernel),
+                kernel,
                 args: None,
             },
         )?;
-        let kernel = r.kernel.expect("a bind request names a kernel");
+        let kernel = r.kernel;
         // The configuration is checked against the device, and the kernel prepared for it,
         // once, here.
         let inner = r

@@ -76,17 +76,17 @@ pub(crate) fn launch(
             func: "launch",
             stream,
             grid,
-            block: Some(block),
+            block,
             shared_mem,
             cluster,
             cooperative,
             programmatic_dependent_launch,
             sync,
-            kernel: Some(kernel),
+            kernel,
             args: Some(args),
         },
     )?;
-    let kernel = r.kernel.expect("the request names a kernel").get();
+    let kernel = r.kernel.get();
     submit(
         py,
         &Target {

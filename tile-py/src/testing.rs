@@ -55,12 +55,7 @@ fn check_args(
     let none = py.None().into_bound(py);
     let spec = stream_arg::StreamArg::parse(stream.unwrap_or(&none))?.spec;
     let one = 1i32.into_pyobject(py)?.into_any();
-    parse_config(
-        grid.unwrap_or(&one),
-        Some(block.unwrap_or(&one)),
-        None,
-        None,
-    )?;
+    parse_config(grid.unwrap_or(&one), block.unwrap_or(&one), None, None)?;
     let (params, hs, mut conv) =
         convert_declared(py, "_check_args", &spec, params, args, device, sync, true)?;
     let sig = tile_launch::Signature::new(params.iter().copied());
