@@ -6,7 +6,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::exceptions::launch_err;
-use crate::pytypes::SameThread;
 use crate::release::drain;
 use crate::stream_cache;
 
@@ -51,11 +50,7 @@ impl LaunchHandle {
             return Ok(());
         }
         if let Some(h) = self.take() {
-            let h = SameThread(h);
-            let r = py.detach(move || {
-                let h = h;
-                h.0.retire().map(drop)
-            });
+            let r = py.detach(move || h.retire().map(drop));
             // A barrier: waits for this launch's tensors if another thread is releasing them.
             crate::release::settle(py);
             stream_cache::forget_idle_streams();

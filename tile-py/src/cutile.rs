@@ -33,7 +33,9 @@ use tile_launch::{Dim3, LaunchConfig, Param};
 
 use crate::completion::LaunchHandle;
 use crate::convert::INLINE;
-use crate::convert::{Converted, Handshake, Tensor, convert_array, convert_scalar, parse_typestr};
+use crate::convert::{
+    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, parse_typestr,
+};
 use crate::exceptions::{Kind, err, launch_err};
 use crate::kernel::Kernel;
 use crate::pytypes::TypeCache;
@@ -436,7 +438,7 @@ impl<'py> Walk<'_, 'py> {
                 self.leaves.push(Leaf::Scalar(obj.clone()));
                 return Ok(());
             };
-            let t = convert_array(py, index, obj, hs)?;
+            let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
             let at = self.spans.len();
             let read = t.view().map(|view| {
                 let dt = view.dtype();
@@ -1060,5 +1062,5 @@ fn stage<'a>(
     }
     let staged = call_module(py, "_stage", (arg,))?;
     let n = convert_scalar(i, &len.into_pyobject(py)?.into_any(), *ty)?;
-    Ok((convert_array(py, i, &staged, hs)?, n))
+    Ok((convert_tensor(py, i, &staged, &ANY_INPUT, hs)?, n))
 }

@@ -45,13 +45,11 @@ pub(crate) fn _export<'py>(
     let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
         (obj.clone(), None)
     } else {
-        let (spec, cached) = crate::stream_arg::parse_stream_cached(stream)?;
-        let dlpack_stream = spec.dlpack_value();
+        let stream = crate::stream_arg::StreamArg::parse(stream)?;
+        let dlpack_stream = stream.spec.dlpack_value();
         let device = match device {
             Some(d) => d,
-            None => crate::stream_arg::resolve_spec(py, stream, spec, cached)?
-                .context()
-                .ordinal(),
+            None => stream.resolve(py)?.context().ordinal(),
         };
         let hs = Handshake::new(dlpack_stream, true, device);
         let no_dlpack = || {

@@ -14,7 +14,6 @@ use tile_launch::{
 
 use crate::exceptions::{Kind, err, launch_err, reraise_or, show};
 use crate::prepared::BoundLaunch;
-use crate::request::RequestArgs;
 
 /// One declared kernel parameter (made by `In`, `Out`, `InOut` or `Scalar`).
 #[pyclass(frozen, name = "Param", module = "tile_py")]
@@ -655,21 +654,16 @@ impl Kernel {
         cooperative: Option<&Bound<'_, PyAny>>,
         programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BoundLaunch> {
-        BoundLaunch::bind(
+        BoundLaunch::new(
             slf.py(),
-            &RequestArgs {
-                func: "Kernel.bind",
-                stream,
-                grid,
-                block: Some(block),
-                shared_mem,
-                cluster,
-                cooperative,
-                programmatic_dependent_launch,
-                sync: None,
-                kernel: Some(slf.as_any()),
-                args: None,
-            },
+            stream,
+            grid,
+            slf.as_any(),
+            block,
+            shared_mem,
+            cluster,
+            cooperative,
+            programmatic_dependent_launch,
         )
     }
 }

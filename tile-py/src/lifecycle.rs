@@ -9,7 +9,6 @@ use pyo3::types::PyDict;
 
 use crate::exceptions::{Kind, err};
 use crate::process::{FINALIZING, forked, refuse_in_fork};
-use crate::pytypes::SameThread;
 use crate::release::{COUNTERS, drain};
 use crate::{release, stream_cache, worker};
 
@@ -161,11 +160,9 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         .ok()
         .and_then(|d| std::time::Instant::now().checked_add(d));
     loop {
-        let streams = SameThread(stream_cache::all());
+        let streams = stream_cache::all();
         let busy = py.detach(move || {
-            let streams = streams;
             streams
-                .0
                 .iter()
                 .map(|s| {
                     s.poll();

@@ -21,25 +21,6 @@ pub(crate) struct BoundLaunch {
     stream_value: i64,
 }
 
-impl BoundLaunch {
-    /// `Kernel.bind` and `BoundLaunch(...)`: reads the request (`a.kernel` given, no
-    /// arguments), and has tile-launch check the configuration against the device and prepare
-    /// the kernel for it, once.
-    pub(crate) fn bind(py: Python<'_>, a: &RequestArgs<'_, '_>) -> PyResult<BoundLaunch> {
-        let r = LaunchRequest::parse(py, a)?;
-        let kernel = r.kernel.expect("a bind request names a kernel");
-        let inner = r
-            .stream
-            .bind(&kernel.get().inner, &r.config)
-            .map_err(|e| launch_err(py, e, |_| None))?;
-        Ok(BoundLaunch {
-            kernel: kernel.clone().unbind(),
-            inner,
-            stream_value: r.stream_value,
-        })
-    }
-}
-
 #[pymethods]
 impl BoundLaunch {
     /// Binds `kernel` to `stream` and a launch configuration; the arguments are as for
@@ -50,7 +31,7 @@ impl BoundLaunch {
            text_signature = "(stream, grid, kernel, *, block, shared_mem=None, cluster=None, \
                              cooperative=False, programmatic_dependent_launch=False)")]
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    pub(crate) fn new(
         py: Python<'_>,
         stream: &Bound<'_, PyAny>,
         grid: &Bound<'_, PyAny>,
@@ -61,22 +42,34 @@ impl BoundLaunch {
         cooperative: Option<&Bound<'_, PyAny>>,
         programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<BoundLaunch> {
-        BoundLaunch::bind(
+        let r = LaunchRequest::parse(
             py,
             &RequestArgs {
                 func: "Kernel.bind",
                 stream,
                 grid,
-                block: Some(block),
+                block,
                 shared_mem,
                 cluster,
                 cooperative,
                 programmatic_dependent_launch,
                 sync: None,
-                kernel: Some(kernel),
+                kernel,
                 args: None,
             },
-        )
+        )?;
+        let kernel = r.kernel;
+        // The configuration is checked against the device, and the kernel prepared for it,
+        // once, here.
+        let inner = r
+            .stream
+            .bind(&kernel.get().inner, &r.config)
+            .map_err(|e| launch_err(py, e, |_| None))?;
+        Ok(BoundLaunch {
+            kernel: kernel.clone().unbind(),
+            inner,
+            stream_value: r.stream_value,
+        })
     }
 
     /// Launches the bound kernel with `args` (one per declared parameter), as

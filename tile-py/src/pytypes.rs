@@ -212,9 +212,3 @@ pub(crate) fn call_method_keywords<'py, const N: usize>(
     // SAFETY: a new reference, or null with an exception set.
     Some(unsafe { Bound::from_owned_ptr_or_err(py, r) })
 }
-
-/// Moves a value into a `py.detach` closure, which runs on the same thread.
-pub(crate) struct SameThread<T>(pub(crate) T);
-// SAFETY: `Python::detach` runs its closure on the calling thread, so the value never changes
-// threads; the bound only keeps GIL-bound references out, and none is inside.
-unsafe impl<T> Send for SameThread<T> {}

@@ -1,7 +1,8 @@
-//! A launch request: what `tile_py.launch`, `Kernel.bind` / `BoundLaunch` and the cached cuTile
-//! launch are asked besides the kernel's arguments — the stream, the launch configuration
-//! (grid, block, cluster, dynamic shared memory, cooperative, programmatic dependent launch)
-//! and `sync` — read once, in one order, by [`LaunchRequest::parse`].
+//! A launch request: what `tile_py.launch` and `Kernel.bind` / `BoundLaunch` are asked besides
+//! the kernel's arguments — the stream, the launch configuration (grid, block, cluster, dynamic
+//! shared memory, cooperative, programmatic dependent launch) and `sync` — read once, in one
+//! order, by [`LaunchRequest::parse`]. The cached cuTile launch reads its own (cuTile's rules
+//! and messages come first there) and shares the argument snapshot ([`arg_list`]).
 //!
 //! Only what a value cannot be is refused here (not an int, a dimension above `u32::MAX`, an
 //! unusable process, a stream object tile_py cannot read); every limit of a configuration is
@@ -16,6 +17,7 @@ use tile_launch::{Dim3, LaunchConfig, Param, Stream};
 use crate::convert::{INLINE, int_text, is_negative};
 use crate::exceptions::{Kind, err, raised_as_is, show};
 use crate::kernel::Kernel;
+use crate::stream_arg::StreamArg;
 
 /// The keywords of a launch request as the caller passed them (`None`: not given).
 pub(crate) struct RequestArgs<'a, 'py> {
@@ -23,15 +25,14 @@ pub(crate) struct RequestArgs<'a, 'py> {
     pub func: &'static str,
     pub stream: &'a Bound<'py, PyAny>,
     pub grid: &'a Bound<'py, PyAny>,
-    /// `None`: one thread per block (cuTile kernels take theirs from the compiled code).
-    pub block: Option<&'a Bound<'py, PyAny>>,
+    pub block: &'a Bound<'py, PyAny>,
     pub shared_mem: Option<&'a Bound<'py, PyAny>>,
     pub cluster: Option<&'a Bound<'py, PyAny>>,
     pub cooperative: Option<&'a Bound<'py, PyAny>>,
     pub programmatic_dependent_launch: Option<&'a Bound<'py, PyAny>>,
     pub sync: Option<&'a Bound<'py, PyAny>>,
-    /// The kernel, for a request that names one (checked to be a `tile_py.Kernel`).
-    pub kernel: Option<&'a Bound<'py, PyAny>>,
+    /// The kernel (checked to be a `tile_py.Kernel`).
+    pub kernel: &'a Bound<'py, PyAny>,
     /// The arguments, for a request that launches (a tuple or list, one per parameter of
     /// `kernel`).
     pub args: Option<&'a Bound<'py, PyAny>>,
@@ -46,8 +47,7 @@ pub(crate) struct LaunchRequest<'a, 'py> {
     pub config: LaunchConfig,
     /// Whether producers are asked to order their work before the launch (`sync=True`).
     pub sync: bool,
-    /// The kernel named, when `RequestArgs::kernel` was given.
-    pub kernel: Option<&'a Bound<'py, Kernel>>,
+    pub kernel: &'a Bound<'py, Kernel>,
     /// A snapshot of the arguments, when `RequestArgs::args` was given (empty otherwise).
     pub args: ArgList<'py>,
 }
@@ -78,21 +78,21 @@ impl<'a, 'py> LaunchRequest<'a, 'py> {
         let sync = flag(a.sync, a.func, "sync", true)?;
         crate::release::drain(py);
         crate::process::refuse_launch()?;
-        let (spec, cached) = crate::stream_arg::parse_stream_cached(a.stream)?;
+        let stream = StreamArg::parse(a.stream)?;
         let mut config = parse_config(a.grid, a.block, a.shared_mem, a.cluster)?;
         config.cooperative = cooperative;
         config.programmatic_dependent_launch = pdl;
-        let kernel = a.kernel.map(as_kernel).transpose()?;
+        let kernel = as_kernel(a.kernel)?;
         let args = match a.args {
             Some(args) => arg_list(args)?,
             None => ArgList::new(),
         };
-        if let (Some(k), Some(_)) = (kernel, a.args) {
-            let k = k.get();
+        if a.args.is_some() {
+            let k = kernel.get();
             check_count(k.inner.name(), &k.params, args.len())?;
         }
-        let stream_value = spec.dlpack_value();
-        let stream = crate::stream_arg::resolve_spec(py, a.stream, spec, cached)?;
+        let stream_value = stream.spec.dlpack_value();
+        let stream = stream.resolve(py)?;
         Ok(LaunchRequest {
             stream,
             stream_value,
@@ -207,11 +207,11 @@ fn dimension_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny
     }
 }
 
-/// Converts a `grid`, `block` or `cluster` argument (an int, or a tuple or list of 1 to 3 ints; missing
-/// dimensions are 1; NumPy integer scalars count as ints) into a [`Dim3`]. Only what a `Dim3` cannot hold is refused here (not an
-/// int, below 0, above `u32::MAX`): every limit a dimension has (at least 1, the device's
-/// maxima, the block's thread count) is tile-launch's to check, once, when the launch is
-/// checked (`Stream::check`, `Stream::bind`).
+/// Converts a `grid`, `block` or `cluster` argument (an int, or a tuple or list of 1 to 3 ints;
+/// missing dimensions are 1; NumPy integer scalars count as ints) into a [`Dim3`]. Only what a
+/// `Dim3` cannot hold is refused here (not an int, below 0, above `u32::MAX`): every limit a
+/// dimension has (at least 1, the device's maxima, the block's thread count) is tile-launch's
+/// to check, once, when the launch is checked (`Stream::check`, `Stream::bind`).
 #[inline]
 pub(crate) fn parse_dims(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     // The common case, an exact int: no tuple, no allocation.
@@ -286,18 +286,15 @@ fn parse_dims_other(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
 }
 
 /// Converts the launch configuration's arguments into a [`LaunchConfig`] (see [`parse_dims`]:
-/// tile-launch checks it against the device); `block` `None` is one thread.
+/// tile-launch checks it against the device).
 pub(crate) fn parse_config(
     grid: &Bound<'_, PyAny>,
-    block: Option<&Bound<'_, PyAny>>,
+    block: &Bound<'_, PyAny>,
     shared_mem: Option<&Bound<'_, PyAny>>,
     cluster: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<LaunchConfig> {
     let grid = parse_dims("grid", grid)?;
-    let block = match block {
-        Some(b) => parse_dims("block", b)?,
-        None => Dim3::new(1, 1, 1),
-    };
+    let block = parse_dims("block", block)?;
     let sm: u32 = match shared_mem {
         None => 0,
         Some(shared_mem) => {

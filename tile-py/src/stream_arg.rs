@@ -164,58 +164,91 @@ fn learn_type(obj: &Bound<'_, PyAny>, spec: &StreamSpec) {
     STREAM_TYPES.insert(&ty, fast);
 }
 
-/// [`parse_stream`], answered from the per-thread caches: when `obj` is the stream object this
-/// thread used last (no Python call, no attribute lookup), or, for a [`Fast`] stream type, from
-/// two attribute reads, with the cached [`Stream`] when they name the `(device, handle)` this
-/// thread resolved last. Int streams are not cached (parsing one is cheap). Returns the spec
-/// and, when a cache knows it, the stream.
-pub(crate) fn parse_stream_cached(
-    obj: &Bound<'_, PyAny>,
-) -> PyResult<(StreamSpec, Option<Stream>)> {
-    let hit = LAST.with(|l| {
-        let l = l.borrow();
-        let e = l.as_ref().filter(|e| e.obj == obj.as_ptr() as usize)?;
-        Some((e.raw, e.device, e.stream.upgrade()?))
-    });
-    if let Some((raw, device, stream)) = hit {
-        let spec = StreamSpec {
-            raw,
-            device,
-            // Needed only to make the `Stream`, which the hit knows.
-            owner: None,
-        };
-        return Ok((spec, Some(stream)));
-    }
-    let known = if obj.cast::<PyInt>().is_ok() {
-        Some(Fast::No)
-    } else {
-        fast_kind(&obj.get_type())
-    };
-    if known == Some(Fast::Torch)
-        && let Some((raw, device)) = torch_read(obj)
-    {
-        let stream = LAST_RESOLVED.with(|r| {
-            r.borrow()
-                .as_ref()
-                .filter(|(key, _)| *key == (device, raw))
-                .and_then(|(_, s)| s.upgrade())
-        });
-        let spec = StreamSpec {
-            raw,
-            device: Some(device),
-            owner: Some(obj.clone().unbind()),
-        };
-        return Ok((spec, stream));
-    }
-    let spec = parse_stream(obj)?;
-    if spec.owner.is_some() && known.is_none() {
-        learn_type(obj, &spec);
-    }
-    Ok((spec, None))
+/// A `stream` argument read, not yet resolved to its [`Stream`]: resolving may load the
+/// driver, so a request reads its other values between [`StreamArg::parse`] and
+/// [`StreamArg::resolve`], and a bad value is reported before the driver is needed.
+pub(crate) struct StreamArg<'a, 'py> {
+    obj: &'a Bound<'py, PyAny>,
+    pub(crate) spec: StreamSpec,
+    /// The stream, when a per-thread cache knew it.
+    cached: Option<Stream>,
 }
 
-/// [`crate::stream_cache::get_with_owner`], remembering the stream in the per-thread caches: for `obj` when it is the object
-/// [`parse_stream_cached`] cached, and by `(device, handle)` for a [`Fast`] stream type.
+impl<'a, 'py> StreamArg<'a, 'py> {
+    /// Reads `obj` ([`parse_stream`]), answered from the per-thread caches where they know it:
+    /// when `obj` is the stream object this thread used last (no Python call, no attribute
+    /// lookup), or, for a [`Fast`] stream type, from two attribute reads, with the cached
+    /// [`Stream`] when they name the `(device, handle)` this thread resolved last. Int streams
+    /// are not cached (parsing one is cheap).
+    pub(crate) fn parse(obj: &'a Bound<'py, PyAny>) -> PyResult<Self> {
+        let hit = LAST.with(|l| {
+            let l = l.borrow();
+            let e = l.as_ref().filter(|e| e.obj == obj.as_ptr() as usize)?;
+            Some((e.raw, e.device, e.stream.upgrade()?))
+        });
+        if let Some((raw, device, stream)) = hit {
+            let spec = StreamSpec {
+                raw,
+                device,
+                // Needed only to make the `Stream`, which the hit knows.
+                owner: None,
+            };
+            return Ok(StreamArg {
+                obj,
+                spec,
+                cached: Some(stream),
+            });
+        }
+        let known = if obj.cast::<PyInt>().is_ok() {
+            Some(Fast::No)
+        } else {
+            fast_kind(&obj.get_type())
+        };
+        if known == Some(Fast::Torch)
+            && let Some((raw, device)) = torch_read(obj)
+        {
+            let stream = LAST_RESOLVED.with(|r| {
+                r.borrow()
+                    .as_ref()
+                    .filter(|(key, _)| *key == (device, raw))
+                    .and_then(|(_, s)| s.upgrade())
+            });
+            let spec = StreamSpec {
+                raw,
+                device: Some(device),
+                owner: Some(obj.clone().unbind()),
+            };
+            return Ok(StreamArg {
+                obj,
+                spec,
+                cached: stream,
+            });
+        }
+        let spec = parse_stream(obj)?;
+        if spec.owner.is_some() && known.is_none() {
+            learn_type(obj, &spec);
+        }
+        Ok(StreamArg {
+            obj,
+            spec,
+            cached: None,
+        })
+    }
+
+    /// The cached [`Stream`] the argument names: the one a per-thread cache found, else made
+    /// or found in [`crate::stream_cache`] (which may load the driver).
+    #[inline]
+    pub(crate) fn resolve(self, py: Python<'py>) -> PyResult<Stream> {
+        match self.cached {
+            Some(s) => Ok(s),
+            None => get_and_cache(py, self.obj, self.spec),
+        }
+    }
+}
+
+/// [`crate::stream_cache::get_with_owner`], remembering the stream in the per-thread caches:
+/// for `obj` when it is the object [`StreamArg::parse`] cached, and by `(device, handle)` for a
+/// [`Fast`] stream type.
 fn get_and_cache(py: Python<'_>, obj: &Bound<'_, PyAny>, spec: StreamSpec) -> PyResult<Stream> {
     let cacheable = spec.owner.is_some();
     let (raw, device) = (spec.raw, spec.device);
@@ -242,24 +275,9 @@ fn get_and_cache(py: Python<'_>, obj: &Bound<'_, PyAny>, spec: StreamSpec) -> Py
 /// The launch stream `obj` names: its cached [`Stream`] (made on first use) and the value
 /// producers are told (`__dlpack__(stream=...)`, [`StreamSpec::dlpack_value`]).
 pub(crate) fn launch_stream(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<(Stream, i64)> {
-    let (spec, cached) = parse_stream_cached(obj)?;
-    let value = spec.dlpack_value();
-    Ok((resolve_spec(py, obj, spec, cached)?, value))
-}
-
-/// The cached [`Stream`] for a stream argument `obj` parsed into `spec`: the one
-/// [`parse_stream_cached`] found (`cached`), else made or found in [`crate::stream_cache`].
-#[inline]
-pub(crate) fn resolve_spec(
-    py: Python<'_>,
-    obj: &Bound<'_, PyAny>,
-    spec: StreamSpec,
-    cached: Option<Stream>,
-) -> PyResult<Stream> {
-    match cached {
-        Some(s) => Ok(s),
-        None => get_and_cache(py, obj, spec),
-    }
+    let arg = StreamArg::parse(obj)?;
+    let value = arg.spec.dlpack_value();
+    Ok((arg.resolve(py)?, value))
 }
 
 /// Parses the `stream` argument of `launch`.

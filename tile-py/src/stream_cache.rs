@@ -173,10 +173,9 @@ pub(crate) fn all() -> Vec<Stream> {
 /// [`Stats::errors`], and a stream found lost (destroyed, reset, poisoned) has leaked and
 /// counted what it held ([`Stream::synchronize`]), so that [`all`] forgets it next. Never fails.
 pub(crate) fn synchronize_all(py: Python<'_>) {
-    let streams = crate::pytypes::SameThread(all());
+    let streams = all();
     py.detach(move || {
-        let streams = streams;
-        for s in &streams.0 {
+        for s in &streams {
             // Counted by the stream's release queue; nothing to report to the caller.
             let _ = s.synchronize();
         }

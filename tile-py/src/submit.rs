@@ -13,7 +13,6 @@ use crate::completion::LaunchHandle;
 use crate::convert::{Converted, Handshake, convert_args_into};
 use crate::exceptions::launch_err;
 use crate::kernel::Kernel;
-use crate::pytypes::SameThread;
 use crate::release::{self, COUNTERS, PyGuard, drain};
 use crate::request::{ArgList, LaunchRequest, RequestArgs};
 
@@ -77,17 +76,17 @@ pub(crate) fn launch(
             func: "launch",
             stream,
             grid,
-            block: Some(block),
+            block,
             shared_mem,
             cluster,
             cooperative,
             programmatic_dependent_launch,
             sync,
-            kernel: Some(kernel),
+            kernel,
             args: Some(args),
         },
     )?;
-    let kernel = r.kernel.expect("the request names a kernel").get();
+    let kernel = r.kernel.get();
     submit(
         py,
         &Target {
@@ -168,11 +167,12 @@ pub(crate) fn submit_converted(
     // costs about as much and hands the interpreter to a waiting thread. Only a launch that may
     // wait for older work (the release queue near its bound) is made detached.
     let r = if checked.may_wait() {
-        let work = SameThread(checked);
-        py.detach(move || {
-            let work = work;
-            work.0.launch()
-        })
+        // SAFETY: `detach` runs the closure on this thread, where the checked launch's context
+        // is bound; what the launch drops there needs no interpreter: its owners are
+        // `PyGuard`s and its consumed tensors go to `release_tensor` (both queue the release
+        // for a thread that holds the GIL), and an `Unused` never runs its deleter.
+        let work = unsafe { SameThread::new(checked) };
+        py.detach(move || work.into_inner().launch())
     } else {
         checked.launch()
     };
@@ -196,3 +196,28 @@ pub(crate) fn submit_converted(
     drain(py);
     r
 }
+
+/// A value that is not `Send`, moved into a [`Python::detach`] closure: `detach` runs the
+/// closure on the calling thread, so the value never changes threads.
+struct SameThread<T>(T);
+
+impl<T> SameThread<T> {
+    /// Wraps `value` for a `detach` closure.
+    ///
+    /// # Safety
+    ///
+    /// The wrapper must not leave the calling thread: it may only be moved into a closure that
+    /// runs on this thread (as `Python::detach` runs its closure), and there `value` is used
+    /// and dropped without the interpreter lock, so nothing in it may need that lock.
+    unsafe fn new(value: T) -> Self {
+        SameThread(value)
+    }
+
+    fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+// SAFETY: `SameThread::new`'s caller promises that the value stays on the thread that wrapped
+// it and needs no interpreter lock there; the bound is only what `detach` asks of a closure.
+unsafe impl<T> Send for SameThread<T> {}

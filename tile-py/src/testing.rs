@@ -53,14 +53,9 @@ fn check_args(
     drain(py);
     crate::process::refuse_in_fork("launch")?;
     let none = py.None().into_bound(py);
-    let (spec, _) = stream_arg::parse_stream_cached(stream.unwrap_or(&none))?;
+    let spec = stream_arg::StreamArg::parse(stream.unwrap_or(&none))?.spec;
     let one = 1i32.into_pyobject(py)?.into_any();
-    parse_config(
-        grid.unwrap_or(&one),
-        Some(block.unwrap_or(&one)),
-        None,
-        None,
-    )?;
+    parse_config(grid.unwrap_or(&one), block.unwrap_or(&one), None, None)?;
     let (params, hs, mut conv) =
         convert_declared(py, "_check_args", &spec, params, args, device, sync, true)?;
     let sig = tile_launch::Signature::new(params.iter().copied());
@@ -157,7 +152,7 @@ fn pack_args(
 ) -> PyResult<Vec<u64>> {
     drain(py);
     let none = py.None().into_bound(py);
-    let (spec, _) = stream_arg::parse_stream_cached(stream.unwrap_or(&none))?;
+    let spec = stream_arg::StreamArg::parse(stream.unwrap_or(&none))?.spec;
     let (params, hs, mut conv) =
         convert_declared(py, "_pack_args", &spec, params, args, device, true, false)?;
     let sig = tile_launch::Signature::new(params.iter().copied());

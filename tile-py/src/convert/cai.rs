@@ -74,41 +74,83 @@ pub(crate) fn parse_typestr(index: usize, s: &str, what: &str) -> PyResult<DType
     })
 }
 
-/// A field of an array description (`what`, e.g. `__cuda_array_interface__: 'shape' ...`) that
-/// did not extract: a `TypeError` or `ValueError` becomes `kind` with `what` (the extraction
-/// error its cause), an `OverflowError` (an integer that does not fit) stays an
-/// `OverflowError` with `what`; anything else (`KeyboardInterrupt`, `MemoryError`, ...) is
-/// returned as it was raised.
-fn field_err(py: Python<'_>, index: usize, kind: Kind, what: String, e: PyErr) -> PyErr {
-    let kind = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-        Kind::Overflow
-    } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
-        || e.is_instance_of::<pyo3::exceptions::PyValueError>(py)
-    {
-        kind
-    } else {
-        return e;
-    };
-    let r = arg_err(kind, index, what);
-    r.set_cause(py, Some(e));
-    r
+/// The `__cuda_array_interface__` dict of argument `index`, read entry by entry; every error
+/// names the argument and the protocol.
+struct Entries<'a, 'py> {
+    dict: &'a Bound<'py, PyDict>,
+    index: usize,
 }
 
-/// Refuses a bool (Python's bools are ints) where an array description holds an int or a
-/// tuple of ints: no extent, stride, pointer, device or stream is a bool.
-fn no_bool(index: usize, what: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
-    let is_bool = |x: &Bound<'_, PyAny>| x.cast::<PyBool>().is_ok();
-    let inner = v
-        .cast::<PyTuple>()
-        .is_ok_and(|t| t.iter().any(|x| is_bool(&x)));
-    if is_bool(v) || inner {
-        return Err(arg_err(
+impl<'py> Entries<'_, 'py> {
+    /// A `ValueError`: `__cuda_array_interface__: {what}`.
+    fn bad(&self, what: impl std::fmt::Display) -> PyErr {
+        arg_err(
             Kind::Value,
-            index,
-            format!("{what} holds a bool ({}); ints expected", show(v)),
-        ));
+            self.index,
+            format!("__cuda_array_interface__: {what}"),
+        )
     }
-    Ok(())
+
+    /// The entry `key`, which the protocol requires.
+    fn required(&self, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.dict
+            .get_item(key)?
+            .ok_or_else(|| self.bad(format_args!("no '{key}' entry")))
+    }
+
+    /// The entry `key`, unless it is missing or None.
+    fn optional(&self, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        Ok(self.dict.get_item(key)?.filter(|v| !v.is_none()))
+    }
+
+    /// Refuses a bool (Python's bools are ints) in `v`, the entry `key`, or among its items: no
+    /// extent, stride, pointer or stream of the protocol is a bool.
+    fn no_bool(&self, key: &str, v: &Bound<'_, PyAny>) -> PyResult<()> {
+        let is_bool = |x: &Bound<'_, PyAny>| x.cast::<PyBool>().is_ok();
+        let inner = v
+            .cast::<PyTuple>()
+            .is_ok_and(|t| t.iter().any(|x| is_bool(&x)));
+        if is_bool(v) || inner {
+            return Err(self.bad(format_args!(
+                "'{key}' holds a bool ({}); ints expected",
+                show(v)
+            )));
+        }
+        Ok(())
+    }
+
+    /// An entry's value `v` as `T`. One that does not extract is a `kind` error saying what the
+    /// entry must be, `what(overflowed)`, with the extraction error as its cause; an int that
+    /// does not fit (an `OverflowError`) stays an `OverflowError`, and anything else
+    /// (`KeyboardInterrupt`, `MemoryError`, ...) is returned as it was raised.
+    fn extract<T: pyo3::conversion::FromPyObjectOwned<'py>>(
+        &self,
+        v: &Bound<'py, PyAny>,
+        kind: Kind,
+        what: impl FnOnce(bool) -> String,
+    ) -> PyResult<T> {
+        let py = v.py();
+        v.extract::<T>().map_err(|e| {
+            let e: PyErr = e.into();
+            let overflowed = e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py);
+            let kind = if overflowed {
+                Kind::Overflow
+            } else if e.is_instance_of::<pyo3::exceptions::PyTypeError>(py)
+                || e.is_instance_of::<pyo3::exceptions::PyValueError>(py)
+            {
+                kind
+            } else {
+                return e;
+            };
+            let r = arg_err(
+                kind,
+                self.index,
+                format!("__cuda_array_interface__: {}", what(overflowed)),
+            );
+            r.set_cause(py, Some(e));
+            r
+        })
+    }
 }
 
 pub(crate) fn cai_device(ptr: u64, fallback: i32) -> i32 {
@@ -121,97 +163,68 @@ pub(crate) fn from_cai(
     obj: &Bound<'_, PyAny>,
     hs: &Handshake,
 ) -> PyResult<Tensor> {
-    let bad = |what: String| {
-        arg_err(
-            Kind::Value,
-            index,
-            format!("__cuda_array_interface__: {what}"),
-        )
-    };
-    let bad_field = |kind: Kind, what: String, e: PyErr| {
-        field_err(
-            py,
-            index,
-            kind,
-            format!("__cuda_array_interface__: {what}"),
-            e,
-        )
-    };
     let cai = obj.getattr(intern!(py, "__cuda_array_interface__"))?;
-    let cai = cai
-        .cast::<PyDict>()
-        .map_err(|_| bad(format!("expected a dict, got {}", show(&cai))))?;
-    let get = |k: &str| cai.get_item(k);
-    let version: i64 = match get("version")? {
-        Some(v) => v.extract().map_err(|e| {
-            let r = bad(format!(
+    let cai = Entries {
+        dict: cai.cast::<PyDict>().map_err(|_| {
+            arg_err(
+                Kind::Value,
+                index,
+                format!(
+                    "__cuda_array_interface__: expected a dict, got {}",
+                    show(&cai)
+                ),
+            )
+        })?,
+        index,
+    };
+    let version = cai.required("version")?;
+    let version = match version.extract::<i64>() {
+        Ok(v) if (2..=3).contains(&v) => v,
+        Ok(v) => return Err(cai.bad(format_args!("unsupported version {v} (2 or 3 expected)"))),
+        Err(e) => {
+            let r = cai.bad(format_args!(
                 "unsupported version {} (2 or 3 expected)",
-                show(&v)
+                show(&version)
             ));
             r.set_cause(py, Some(e));
-            r
-        })?,
-        None => return Err(bad("no 'version' entry".into())),
+            return Err(r);
+        }
     };
-    if !(2..=3).contains(&version) {
-        return Err(bad(format!(
-            "unsupported version {version} (2 or 3 expected)"
-        )));
-    }
-    // Python's bools are ints, but no extent, stride, pointer or stream of the protocol.
-    let no_bool = |field: &str, v: &Bound<'_, PyAny>| {
-        no_bool(index, &format!("__cuda_array_interface__: '{field}'"), v)
-    };
-    let shape_obj = get("shape")?.ok_or_else(|| bad("no 'shape' entry".into()))?;
-    no_bool("shape", &shape_obj)?;
-    let shape: Vec<i64> = shape_obj.extract().map_err(|e| {
-        bad_field(
-            Kind::Value,
-            "'shape' must be a tuple of ints, each below 2**63".into(),
-            e,
-        )
+    let shape = cai.required("shape")?;
+    cai.no_bool("shape", &shape)?;
+    let shape: Vec<i64> = cai.extract(&shape, Kind::Value, |_| {
+        "'shape' must be a tuple of ints, each below 2**63".into()
     })?;
-    let typestr = get("typestr")?.ok_or_else(|| bad("no 'typestr' entry".into()))?;
-    let typestr: String = typestr.extract().map_err(|e| {
-        bad_field(
-            Kind::Type,
-            format!("'typestr' must be a str, got {}", show(&typestr)),
-            e,
-        )
+    let typestr = cai.required("typestr")?;
+    let typestr: String = cai.extract(&typestr, Kind::Type, |_| {
+        format!("'typestr' must be a str, got {}", show(&typestr))
     })?;
     let dtype = parse_typestr(index, &typestr, "__cuda_array_interface__ typestr")?;
-    let data_obj = get("data")?.ok_or_else(|| bad("no 'data' entry".into()))?;
+    let data_obj = cai.required("data")?;
     if let Ok(t) = data_obj.cast::<PyTuple>()
         && let Ok(first) = t.get_item(0)
     {
-        no_bool("data[0]", &first)?;
+        cai.no_bool("data[0]", &first)?;
     }
-    let (data, readonly): (u64, bool) = data_obj.extract().map_err(|e: PyErr| {
-        let what = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+    let (data, readonly): (u64, bool) = cai.extract(&data_obj, Kind::Value, |overflowed| {
+        if overflowed {
             format!("'data' pointer of {} is outside 0..2**64", show(&data_obj))
         } else {
             "'data' must be a (pointer, read_only) tuple".into()
-        };
-        bad_field(Kind::Value, what, e)
+        }
     })?;
-    if let Some(mask) = get("mask")?
-        && !mask.is_none()
-    {
-        return Err(bad("masked arrays are not supported".into()));
+    if cai.optional("mask")?.is_some() {
+        return Err(cai.bad("masked arrays are not supported"));
     }
     let itemsize = dtype.itemsize() as i64;
-    let strides: Vec<i64> = match get("strides")? {
-        Some(s) if !s.is_none() => {
-            no_bool("strides", &s)?;
-            let bytes: Vec<i64> = s.extract().map_err(|e| {
-                bad_field(
-                    Kind::Value,
-                    "'strides' must be None or a tuple of ints, each in -2**63..2**63".into(),
-                    e,
-                )
+    let strides: Vec<i64> = match cai.optional("strides")? {
+        Some(s) => {
+            cai.no_bool("strides", &s)?;
+            let bytes: Vec<i64> = cai.extract(&s, Kind::Value, |_| {
+                "'strides' must be None or a tuple of ints, each in -2**63..2**63".into()
             })?;
             if bytes.len() != shape.len() {
-                return Err(bad(format!(
+                return Err(cai.bad(format_args!(
                     "{} strides for {} dimensions",
                     bytes.len(),
                     shape.len()
@@ -220,7 +233,7 @@ pub(crate) fn from_cai(
             let mut elems = Vec::with_capacity(bytes.len());
             for (axis, b) in bytes.iter().enumerate() {
                 if b % itemsize != 0 {
-                    return Err(bad(format!(
+                    return Err(cai.bad(format_args!(
                         "strides[{axis}] = {b} bytes is not a multiple of the item size {itemsize}"
                     )));
                 }
@@ -228,27 +241,26 @@ pub(crate) fn from_cai(
             }
             elems
         }
-        _ => Vec::new(),
+        None => Vec::new(),
     };
-    let ready_on = match get("stream")? {
-        Some(s) if !s.is_none() && version >= 3 => {
-            no_bool("stream", &s)?;
-            let n: i64 = s.extract().map_err(|e: PyErr| {
-                let what = if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+    let ready_on = match cai.optional("stream")? {
+        Some(s) if version >= 3 => {
+            cai.no_bool("stream", &s)?;
+            let n: i64 = cai.extract(&s, Kind::Value, |overflowed| {
+                if overflowed {
                     format!(
                         "'stream' is {}, outside what a stream handle can be",
                         show(&s)
                     )
                 } else {
                     format!("'stream' must be an int, got {}", show(&s))
-                };
-                bad_field(Kind::Value, what, e)
+                }
             })?;
             if n == 0 {
-                return Err(bad("'stream' is 0, which the protocol disallows".into()));
+                return Err(cai.bad("'stream' is 0, which the protocol disallows"));
             }
             if n < 0 {
-                return Err(bad(format!("'stream' is {n}")));
+                return Err(cai.bad(format_args!("'stream' is {n}")));
             }
             hs.sync.then_some(crate::stream_numbers::to_raw(n as u64))
         }

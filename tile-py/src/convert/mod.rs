@@ -347,22 +347,12 @@ impl Converted {
 /// The parameter a tensor is converted for when its kernel is not known yet (`tile_py.cutile`
 /// picks the kernel from the exported layout): an input, as every cuTile array is declared.
 /// Its dtype is not looked at while converting (tile-launch checks it against the kernel's).
-static ANY_INPUT: Param = Param::Tensor {
+/// The launch path converts against the declared parameter instead.
+pub(crate) static ANY_INPUT: Param = Param::Tensor {
     dtype: DType::F32,
     intent: tile_launch::Intent::Read,
     strided: true,
 };
-
-/// Converts (and claims) the tensor argument `obj` for a launch whose kernel is not known yet;
-/// see [`ANY_INPUT`]. The launch path converts against the declared parameter instead.
-pub(crate) fn convert_array(
-    py: Python<'_>,
-    index: usize,
-    obj: &Bound<'_, PyAny>,
-    hs: &Handshake,
-) -> PyResult<Tensor> {
-    convert_tensor(py, index, obj, &ANY_INPUT, hs)
-}
 
 /// What a producer type is: its family, its DLPack C exchange API, if any, and whether the
 /// type defines `__dlpack__` (then called by name, [`DlpackMethod::OnType`]).
@@ -429,7 +419,9 @@ fn expected_tensor(param: &Param) -> String {
     format!("a tensor ({param})")
 }
 
-fn convert_tensor(
+/// Converts and claims the tensor argument `obj` (argument `index`) for `param`: a capsule, a
+/// producer's export (its exchange API or `__dlpack__`), or a `__cuda_array_interface__`.
+pub(crate) fn convert_tensor(
     py: Python<'_>,
     index: usize,
     obj: &Bound<'_, PyAny>,

@@ -151,28 +151,13 @@ impl<'a> Frame<'a> {
         Ok(args.stream)
     }
 
-    /// The call's operands, in order.
-    pub(crate) fn args(&self) -> Result<Buffers<'a>, FfiError> {
-        let a = &self.raw.args;
-        buffers(
-            "operand",
-            a.size,
-            a.types.cast(),
-            a.args,
-            sys::XLA_FFI_ArgType::XLA_FFI_ArgType_BUFFER.0,
-        )
-    }
-
-    /// The call's results, in order.
-    pub(crate) fn rets(&self) -> Result<Buffers<'a>, FfiError> {
-        let r = &self.raw.rets;
-        buffers(
-            "result",
-            r.size,
-            r.types.cast(),
-            r.rets,
-            sys::XLA_FFI_RetType::XLA_FFI_RetType_BUFFER.0,
-        )
+    /// The call's operands and its results, each in order.
+    pub(crate) fn buffers(&self) -> Result<(Buffers<'a>, Buffers<'a>), FfiError> {
+        let (a, r) = (&self.raw.args, &self.raw.rets);
+        Ok((
+            buffers("operand", a.size, a.types.cast(), a.args, OPERAND_BUFFER)?,
+            buffers("result", r.size, r.types.cast(), r.rets, RESULT_BUFFER)?,
+        ))
     }
 
     /// The call's attributes, in XLA's order (sorted by name).
@@ -344,6 +329,12 @@ pub(crate) type Buffers<'a> = Vec<Buffer<'a>>;
 /// tile makes, and a bound on what a malformed count makes the handler allocate.
 const MAX_ENTRIES: usize = 1 << 16;
 
+/// The type tags of a buffer among a call's operands and among its results.
+const OPERAND_BUFFER: u32 = sys::XLA_FFI_ArgType::XLA_FFI_ArgType_BUFFER.0;
+const RESULT_BUFFER: u32 = sys::XLA_FFI_RetType::XLA_FFI_RetType_BUFFER.0;
+
+/// One of XLA's buffer arrays (`what`: `operand` or `result`): `size` entries, each tagged in
+/// `types` and pointed to by `items`; every entry must be a buffer (tag `buffer`).
 fn buffers<'a>(
     what: &str,
     size: i64,

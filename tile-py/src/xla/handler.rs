@@ -362,7 +362,7 @@ fn execute(frame: &Frame<'_>) -> Result<(), FfiError> {
         ))
     })?;
     let config = config(&attrs)?;
-    let (args, rets) = (frame.args()?, frame.rets()?);
+    let (args, rets) = frame.buffers()?;
     let name = entry.kernel.name();
     // Buffers and scalars by the call site's roles, before XLA's stream is touched.
     let bound = entry

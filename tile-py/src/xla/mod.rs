@@ -167,7 +167,7 @@ pub(crate) fn _xla_config(
     block: &Bound<'_, PyAny>,
     shared_mem: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<((i64, i64, i64), (i64, i64, i64), i64)> {
-    let c = parse_config(grid, Some(block), shared_mem, None)?;
+    let c = parse_config(grid, block, shared_mem, None)?;
     let d = |d: tile_launch::Dim3| (i64::from(d.x), i64::from(d.y), i64::from(d.z));
     Ok((d(c.grid), d(c.block), i64::from(c.shared_mem_bytes)))
 }
