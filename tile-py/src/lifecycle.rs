@@ -141,9 +141,10 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     totals(py)
 }
 
-/// The `atexit` hook: waits up to `timeout` seconds for pending work (polling, detached) and for
-/// releases other threads are running, releases what completed, then stops releasing: whatever
-/// is still pending is leaked and counted, with one warning on stderr.
+/// The `atexit` hook: waits up to `timeout` seconds in all for pending work (polling, detached)
+/// and for releases other threads are running (the release thread's included, even one whose
+/// deleter blocks), releases what completed, then stops releasing: whatever is still pending
+/// or still being released is leaked and counted, with one warning on stderr.
 #[pyfunction]
 #[pyo3(signature = (timeout = 5.0))]
 pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
@@ -184,7 +185,9 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
     }
     FINALIZING.store(true, Ordering::Release);
-    worker::stop(py);
+    // The same deadline: a deleter blocking on the release thread does not hold exit up; its
+    // batch is counted below (`release::releasing()`) as leaked.
+    worker::stop(py, deadline);
     let pending: u64 = stream_cache::all()
         .iter()
         .map(|s| {
@@ -195,7 +198,7 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         + (release::queued() + release::releasing()) as u64;
     if pending > 0 {
         eprintln!(
-            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work had not finished)"
+            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work or their release had not finished)"
         );
     }
     Ok(pending)
