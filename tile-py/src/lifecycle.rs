@@ -144,12 +144,18 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// The `atexit` hook: waits up to `timeout` seconds in all for pending work (polling, detached)
 /// and for releases other threads are running (the release thread's included, even one whose
 /// deleter blocks), releases what completed, then stops releasing: whatever is still pending
-/// or still being released is leaked and counted, with one warning on stderr.
+/// or still being released is leaked and counted, with one warning on stderr. A second call
+/// returns 0 at once.
 #[pyfunction]
 #[pyo3(signature = (timeout = 5.0))]
 pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
     if timeout.is_nan() {
         return Err(err(Kind::Value, "timeout is nan; seconds expected"));
+    }
+    if FINALIZING.load(Ordering::Acquire) {
+        // Run already (by hand, then at exit): what was left then is leaked and counted, and
+        // nothing is released any more; no second wait, no second warning.
+        return Ok(0);
     }
     if forked() {
         // Nothing of the child's own is pending; the parent's was counted at the fork.

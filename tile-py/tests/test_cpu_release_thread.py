@@ -190,7 +190,9 @@ def test_shutdown_returns_by_its_timeout_while_a_release_thread_deleter_blocks()
     leaked = _testing.shutdown(1.0)
     print(f"RESULT {leaked} {time.monotonic() - t0:.3f}", flush=True)
     time.sleep(0.3)  # the release thread would run the notes now, if it went on
-    os._exit(0)  # the exit hook itself: the next test
+    t0 = time.monotonic()
+    again = _testing.shutdown(1.0)  # and once more at exit: no second wait, no second warning
+    print(f"AGAIN {again} {time.monotonic() - t0:.3f}", flush=True)
     """,
         timeout=30,
     )
@@ -202,6 +204,10 @@ def test_shutdown_returns_by_its_timeout_while_a_release_thread_deleter_blocks()
     assert 0.9 <= float(took) < 3.0, f"shutdown(1.0) returned after {took} s"
     assert "note deleter ran" not in r.stdout, r.stdout
     assert "4 DLPack tensor(s) leaked at exit" in r.stderr, r.stderr[-2000:]
+    (line,) = [l for l in r.stdout.splitlines() if l.startswith("AGAIN")]
+    _, again, took = line.split()
+    assert int(again) == 0 and float(took) < 0.5, line
+    assert r.stderr.count("leaked at exit") == 1, r.stderr[-2000:]
 
 
 def test_exit_is_bounded_while_a_release_thread_deleter_blocks_forever():
