@@ -140,14 +140,21 @@ pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     totals(py)
 }
 
-/// The `atexit` hook: waits up to `timeout` seconds for pending work (polling, detached) and for
-/// releases other threads are running, releases what completed, then stops releasing: whatever
-/// is still pending is leaked and counted, with one warning on stderr.
+/// The `atexit` hook: waits up to `timeout` seconds in all for pending work (polling, detached)
+/// and for releases other threads are running (the release thread's included, even one whose
+/// deleter blocks), releases what completed, then stops releasing: whatever is still pending
+/// or still being released is leaked and counted, with one warning on stderr. A second call
+/// returns 0 at once.
 #[pyfunction]
 #[pyo3(signature = (timeout = 5.0))]
 pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
     if timeout.is_nan() {
         return Err(err(Kind::Value, "timeout is nan; seconds expected"));
+    }
+    if FINALIZING.load(Ordering::Acquire) {
+        // Run already (by hand, then at exit): what was left then is leaked and counted, and
+        // nothing is released any more; no second wait, no second warning.
+        return Ok(0);
     }
     if forked() {
         // Nothing of the child's own is pending; the parent's was counted at the fork.
@@ -181,7 +188,9 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
     }
     FINALIZING.store(true, Ordering::Release);
-    worker::stop(py);
+    // The same deadline: a deleter blocking on the release thread does not hold exit up; its
+    // batch is counted below (`release::releasing()`) as leaked.
+    worker::stop(py, deadline);
     let pending: u64 = stream_cache::all()
         .iter()
         .map(|s| {
@@ -192,7 +201,7 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         + (release::queued() + release::releasing()) as u64;
     if pending > 0 {
         eprintln!(
-            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work had not finished)"
+            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work or their release had not finished)"
         );
     }
     Ok(pending)

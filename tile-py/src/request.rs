@@ -178,9 +178,14 @@ pub(crate) fn as_kernel<'a, 'py>(
 
 /// `v` as a Python int when it is one (not a bool), or when it converts through `__index__`
 /// (NumPy's integer scalars, for dimensions computed with NumPy); `None` for anything else (a
-/// float, a bool, an `__index__` that refuses). An interrupt or a memory error raised by
-/// `__index__` propagates.
-fn dimension_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+/// float, a bool, an `__index__` that returns something other than an int), which the caller
+/// refuses with its own `TypeError`. What the user's `__index__` raises keeps its object and
+/// type, with the note `{label}: raised while converting this argument` (an interrupt, a
+/// `MemoryError` or a `RecursionError` as it is), as a scalar argument's does.
+fn dimension_int<'py>(
+    v: &Bound<'py, PyAny>,
+    label: impl FnOnce() -> String,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
     if v.cast::<PyBool>().is_ok() {
         return Ok(None);
     }
@@ -199,12 +204,24 @@ fn dimension_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny
     {
         return Ok(None);
     }
-    // SAFETY: as above; a new reference, or null with an exception set.
-    match unsafe { Bound::from_owned_ptr_or_err(v.py(), ffi::PyNumber_Index(v.as_ptr())) } {
-        Ok(i) => Ok(Some(i)),
-        Err(e) if raised_as_is(v.py(), &e) => Err(e),
-        Err(_) => Ok(None),
-    }
+    // Looked up on the type and called, as `PyNumber_Index` does through the type's slot, so
+    // that what `__index__` raises is told apart from a result that is not an int.
+    let py = v.py();
+    let i = ty
+        .getattr(pyo3::intern!(py, "__index__"))?
+        .call1((v,))
+        .map_err(|e| {
+            if raised_as_is(py, &e) {
+                e
+            } else {
+                crate::exceptions::with_note(
+                    py,
+                    e,
+                    format!("{}: raised while converting this argument", label()),
+                )
+            }
+        })?;
+    Ok(i.cast::<PyInt>().is_ok().then_some(i))
 }
 
 /// Converts a `grid`, `block` or `cluster` argument (an int, or a tuple or list of 1 to 3 ints;
@@ -231,7 +248,7 @@ fn parse_dims_other(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     let tuple;
     let items: &[Bound<'_, PyAny>] = if obj.cast::<PyTuple>().is_err()
         && obj.cast::<PyList>().is_err()
-        && let Some(i) = dimension_int(obj)?
+        && let Some(i) = dimension_int(obj, || what.to_string())?
     {
         one = [i];
         &one
@@ -262,7 +279,7 @@ fn parse_dims_other(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     }
     let mut dims = [1u32; 3];
     for (i, item) in items.iter().enumerate() {
-        let Some(item) = dimension_int(item)? else {
+        let Some(item) = dimension_int(item, || format!("{what}[{i}]"))? else {
             return Err(err(
                 Kind::Type,
                 format!("{what}[{i}] must be an int, got {}", show(item)),
@@ -298,7 +315,9 @@ pub(crate) fn parse_config(
     let sm: u32 = match shared_mem {
         None => 0,
         Some(shared_mem) => {
-            if shared_mem.cast::<PyInt>().is_err() || shared_mem.cast::<PyBool>().is_ok() {
+            // The same integers as a dimension: ints and what converts through `__index__`
+            // (NumPy's integer scalars), never a bool.
+            let Some(v) = dimension_int(shared_mem, || "shared_mem".to_string())? else {
                 return Err(err(
                     Kind::Type,
                     format!(
@@ -306,9 +325,9 @@ pub(crate) fn parse_config(
                         show(shared_mem)
                     ),
                 ));
-            }
-            shared_mem.extract::<u32>().map_err(|_| {
-                let side = if is_negative(shared_mem) {
+            };
+            v.extract::<u32>().map_err(|_| {
+                let side = if is_negative(&v) {
                     "below the minimum 0"
                 } else {
                     "above the limit"
@@ -317,7 +336,7 @@ pub(crate) fn parse_config(
                     Kind::Value,
                     format!(
                         "shared_mem is {} bytes, {side} (0..={})",
-                        int_text(shared_mem),
+                        int_text(&v),
                         u32::MAX
                     ),
                 )

@@ -27,7 +27,8 @@ use crate::request::{ArgList, LaunchRequest, RequestArgs};
 ///   ints (x, y, z).
 /// - `args`: one per declared parameter: DLPack producers, capsules,
 ///   `__cuda_array_interface__` objects, Python or NumPy scalars.
-/// - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
+/// - `shared_mem`: dynamic shared memory per block, in bytes: an int, NumPy integer scalars
+///   included, never a bool (above 48 KiB is opted into).
 /// - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
 /// - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
 /// - `programmatic_dependent_launch`: may start before the previous kernel on the stream ends.
@@ -49,8 +50,10 @@ use crate::request::{ArgList, LaunchRequest, RequestArgs};
 /// scalar ranges), `RuntimeError` (tensor memory on another device than its descriptor says,
 /// a producer outside a graph capture in progress), `tile_py.CudaError` (a failed driver
 /// call), and its subclass `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
-/// An exception a producer raises (its `__dlpack__`, `__index__`, ...) propagates with a note
-/// naming the argument.
+/// An exception a producer raises (its `__dlpack__`, `__index__`, `__float__`, ...) keeps its
+/// object and type, with a note naming the argument (`argument i: raised while converting this
+/// argument`; `grid[0]: ...` for a configuration value's `__index__`); only a value that
+/// converts but does not fit is tile_py's own error.
 #[pyfunction]
 #[pyo3(signature = (stream, grid, kernel, args, *, block, shared_mem = None, cluster = None,
                     cooperative = None, programmatic_dependent_launch = None, sync = None),

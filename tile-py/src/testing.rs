@@ -176,8 +176,9 @@ fn queue_release(obj: Py<PyAny>) {
     crate::worker::start();
 }
 
-/// The `atexit` hook, run by hand: waits up to `timeout` seconds for pending work, then stops
-/// releasing for good; returns the tensors leaked.
+/// The `atexit` hook, run by hand: waits up to `timeout` seconds in all for pending work and
+/// releases under way, then stops releasing for good; returns the tensors leaked (0, at once,
+/// when it has run already; the hook at exit then does nothing more).
 #[pyfunction]
 #[pyo3(signature = (timeout = 5.0))]
 fn shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {

@@ -26,11 +26,13 @@
 //!   joins it. It stops once the `atexit` hook has run ([`crate::process::FINALIZING`]), and it
 //!   attaches only through [`Python::try_attach`], never while the interpreter is finalising;
 //!   the hook waits, detached, for an attach in progress to end before it returns
-//!   ([`stop`]), so the thread is never inside the interpreter when finalisation begins.
+//!   ([`stop`]), up to its deadline: past it (a deleter here that blocks) the hook returns and
+//!   counts the batch as leaked, and the thread is left to the interpreter's finalisation (why
+//!   that is sound: [`stop`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -118,18 +120,55 @@ fn run() {
 
 /// Called by the `atexit` hook once [`crate::process::FINALIZING`] is set: waits (detached, so
 /// that the thread can take the interpreter and see the flag) until the thread is not inside
-/// an attach; it stops at its next wake-up.
-pub(crate) fn stop(py: Python<'_>) {
+/// an attach, or until `deadline` (`None`: no deadline), whichever comes first; the thread
+/// stops at its next wake-up. Returns whether the thread left its attach (or was not in one).
+///
+/// Past the deadline the thread is still inside a deleter of the batch it is running (one that
+/// blocks, or lets the interpreter go to another thread and waits): the hook returns anyway,
+/// and the batch counts as leaked in its warning (`release::releasing()`). Leaving that thread
+/// to the interpreter's finalisation is sound:
+/// - it is not a Python thread (the interpreter neither joins nor waits for it), attached through
+///   pyo3's `Python::try_attach` (`PyGILState_Ensure`), and it holds no lock of tile-py or
+///   tile-launch that the main thread needs to finish exiting: while a deleter runs it holds
+///   only its batch's bookkeeping, which nothing at exit waits for any longer;
+/// - while its deleter keeps blocking, finalisation and process exit proceed without it and the
+///   exit ends it, as with any daemon thread;
+/// - if the deleter returns before finalisation begins, the thread takes the interpreter like
+///   any daemon thread and runs nothing more of tile_py's: the rest of its batch is leaked, not
+///   run ([`crate::release`] checks [`crate::process::leaking`] between releases), and it never
+///   attaches again;
+/// - if it returns once finalisation has begun, CPython does not let it run Python code: a
+///   thread re-taking the interpreter then never gets it (`take_gil` sees the interpreter
+///   finalising): CPython 3.14 blocks it forever, and process exit ends it; CPython up to 3.13
+///   ends it with `PyThread_exit_thread` (`pthread_exit`), whose forced unwind through the
+///   release thread's Rust frames may abort the process at that point instead of a clean exit
+///   (`try_attach`'s own finalisation check, `Py_IsFinalizing`, only guards a new attach, and
+///   only on 3.13+). That needs a deleter that outlasts the timeout and returns within the few
+///   milliseconds finalisation takes; the alternative, waiting for the deleter, is the unbounded
+///   exit this deadline exists to prevent.
+pub(crate) fn stop(py: Python<'_>, deadline: Option<Instant>) -> bool {
     if crate::process::FORKED.load(Ordering::Acquire) {
         // A forked child has no release thread (and may have inherited the lock held).
-        return;
+        return true;
     }
     py.detach(|| {
         let mut st = lock();
         while st.attaching {
-            st = CHANGED.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = match deadline {
+                None => CHANGED.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let Some(left) = d.checked_duration_since(Instant::now()) else {
+                        return false;
+                    };
+                    CHANGED
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
         }
-    });
+        true
+    })
 }
 
 /// In a child made by `os.fork()`: the thread does not exist there (and none is started).

@@ -155,3 +155,78 @@ def test_a_forked_child_has_no_release_thread_and_runs_none_of_the_parents_relea
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "FORK OK" in r.stdout, r.stdout
+
+
+# A deleter on the release thread that never returns: the exit hook waits at most its timeout
+# in all, then leaks and counts the batch in flight (and what is queued behind it), with the
+# one warning; none of those deleters runs afterwards.
+BLOCKED_ON_THE_RELEASE_THREAD = """
+    import os, sys, threading, time, tile_py
+    from tile_py import _testing
+    entered = []
+    forever = threading.Event()
+    class Block:
+        def __del__(self):
+            entered.append(threading.get_ident())
+            forever.wait()  # never set
+    class Note:
+        def __del__(self):
+            print("note deleter ran", flush=True)
+    _testing.queue_release(Block())
+    for _ in range(3):
+        _testing.queue_release(Note())
+    deadline = time.monotonic() + 10
+    while not entered and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert entered and entered[0] != threading.get_ident(), "not on the release thread"
+"""
+
+
+def test_shutdown_returns_by_its_timeout_while_a_release_thread_deleter_blocks():
+    r = run_child(
+        BLOCKED_ON_THE_RELEASE_THREAD
+        + """
+    t0 = time.monotonic()
+    leaked = _testing.shutdown(1.0)
+    print(f"RESULT {leaked} {time.monotonic() - t0:.3f}", flush=True)
+    time.sleep(0.3)  # the release thread would run the notes now, if it went on
+    t0 = time.monotonic()
+    again = _testing.shutdown(1.0)  # and once more at exit: no second wait, no second warning
+    print(f"AGAIN {again} {time.monotonic() - t0:.3f}", flush=True)
+    """,
+        timeout=30,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = [l for l in r.stdout.splitlines() if l.startswith("RESULT")]
+    _, leaked, took = line.split()
+    # The blocked release and the three behind it (in its batch, or still queued).
+    assert int(leaked) == 4, r.stdout
+    assert 0.9 <= float(took) < 3.0, f"shutdown(1.0) returned after {took} s"
+    assert "note deleter ran" not in r.stdout, r.stdout
+    assert "4 DLPack tensor(s) leaked at exit" in r.stderr, r.stderr[-2000:]
+    (line,) = [l for l in r.stdout.splitlines() if l.startswith("AGAIN")]
+    _, again, took = line.split()
+    assert int(again) == 0 and float(took) < 0.5, line
+    assert r.stderr.count("leaked at exit") == 1, r.stderr[-2000:]
+
+
+def test_exit_is_bounded_while_a_release_thread_deleter_blocks_forever():
+    r = run_child(
+        BLOCKED_ON_THE_RELEASE_THREAD
+        + """
+    print(f"EXITING {time.time()}", flush=True)
+    """,
+        timeout=40,
+    )
+    import time as _t
+
+    end = _t.time()
+    assert r.returncode == 0, r.stderr[-2000:]
+    (line,) = [l for l in r.stdout.splitlines() if l.startswith("EXITING")]
+    took = end - float(line.split()[1])
+    # The default timeout, 5 s, plus start-up of nothing and scheduling slack.
+    assert took < 5 + 5, f"exit took {took:.1f} s"
+    assert "note deleter ran" not in r.stdout, r.stdout
+    assert r.stderr.count("leaked at exit") == 1, r.stderr[-2000:]
+    assert "4 DLPack tensor(s) leaked at exit" in r.stderr, r.stderr[-2000:]
+    assert "Fatal Python error" not in r.stderr and "panicked" not in r.stderr, r.stderr[-2000:]

@@ -110,3 +110,22 @@ def test_shared_memory_above_the_limit_names_the_keyword(stub_driver):
     print("ok")
     """)
     assert out.strip() == "ok"
+
+
+def test_shared_mem_takes_numpy_integers(stub_driver):
+    pytest.importorskip("numpy")
+    out = run_with_stub(stub_driver, PRELUDE + """
+    import numpy as np
+    smem = np.prod((16, 16)) * np.dtype(np.float32).itemsize  # np.int64(1024)
+    bound = k.bind(STREAM, np.int64(4), block=(np.int64(16), np.int64(16)), shared_mem=smem)
+    assert repr(bound).endswith("grid=(4, 1, 1) block=(16, 16, 1) shared_mem=1024>"), repr(bound)
+    bound(*ARGS).wait()
+    tile_py.launch(STREAM, 4, k, ARGS, block=256, shared_mem=np.intp(512)).wait()
+    try:
+        k.bind(STREAM, 4, block=256, shared_mem=np.bool_(True))
+    except TypeError as e:
+        assert str(e).startswith("shared_mem must be an int (bytes)"), e
+        print("bool refused")
+    print("ok")
+    """)
+    assert "bool refused" in out and "ok" in out

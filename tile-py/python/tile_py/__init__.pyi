@@ -135,7 +135,7 @@ class Kernel:
         grid: _Dims,
         *,
         block: _Dims,
-        shared_mem: Optional[int] = None,
+        shared_mem: Optional[SupportsIndex] = None,
         cluster: Optional[_Dims] = None,
         cooperative: bool = False,
         programmatic_dependent_launch: bool = False,
@@ -165,7 +165,7 @@ class BoundLaunch:
         kernel: Kernel,
         *,
         block: _Dims,
-        shared_mem: Optional[int] = None,
+        shared_mem: Optional[SupportsIndex] = None,
         cluster: Optional[_Dims] = None,
         cooperative: bool = False,
         programmatic_dependent_launch: bool = False,
@@ -236,7 +236,7 @@ def launch(
     args: Sequence[Any],
     *,
     block: _Dims,
-    shared_mem: Optional[int] = None,
+    shared_mem: Optional[SupportsIndex] = None,
     cluster: Optional[_Dims] = None,
     cooperative: bool = False,
     programmatic_dependent_launch: bool = False,
@@ -257,7 +257,8 @@ def launch(
       or pinned host memory (`kDLCUDAHost`, any device id); host memory (`kDLCPU`) and other
       devices are refused with a `ValueError`, and so is a data pointer the driver does not know
       as device, managed or page-locked host memory (host memory labelled as device memory).
-    - `shared_mem`: dynamic shared memory per block, in bytes (above 48 KiB is opted into).
+    - `shared_mem`: dynamic shared memory per block, in bytes: an int, NumPy integer scalars
+      included, never a bool (above 48 KiB is opted into).
     - `cluster`: thread-block cluster dimensions, in blocks (compute capability 9.0+).
     - `cooperative`: a cooperative launch (grid-wide sync); the grid must fit on the device at once.
     - `programmatic_dependent_launch`: may start before the previous kernel on the stream ends.
@@ -279,8 +280,10 @@ def launch(
     scalar ranges), `RuntimeError` (tensor memory on another device than its descriptor says,
     a producer outside a graph capture in progress), `tile_py.CudaError` (a failed driver
     call), and its subclass `tile_py.DriverNotFoundError` (no CUDA driver could be loaded).
-    An exception a producer raises (its `__dlpack__`, `__index__`, ...) propagates with a note
-    naming the argument.
+    An exception a producer raises (its `__dlpack__`, `__index__`, `__float__`, ...) keeps its
+    object and type, with a note naming the argument (`argument i: raised while converting this
+    argument`; `grid[0]: ...` for a configuration value's `__index__`); only a value that
+    converts but does not fit is tile_py's own error.
     """
 
 def synchronize() -> None:

@@ -146,18 +146,40 @@ pub(crate) fn convert_scalar(
             if !is_number || is_complex(obj)? {
                 return Err(wrong("a float"));
             }
-            let x: f64 = obj.extract().map_err(|e: PyErr| {
-                if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
-                    arg_err(
-                        Kind::Overflow,
-                        index,
-                        format!("{} does not fit scalar {ty}", show(obj)),
-                    )
-                } else {
-                    // What `__float__` raised keeps its type, as `__index__`'s does.
-                    raised_by_user(py, e, index)
+            // One rule for every conversion hook: what the user's `__float__` raises keeps its
+            // object and type (even an `OverflowError`), with the argument's note; only a value
+            // that converts but does not fit gets tile_py's own `OverflowError`.
+            let too_big = || {
+                arg_err(
+                    Kind::Overflow,
+                    index,
+                    format!("{} does not fit scalar {ty}", show(obj)),
+                )
+            };
+            let x: f64 = if let Ok(f) = obj.cast::<PyFloat>() {
+                f.value()
+            } else if let Ok(i) = obj.cast::<PyInt>() {
+                // Only an int beyond a double's range fails here.
+                i.extract().map_err(|_| too_big())?
+            } else {
+                // `__float__` looked up on the type and called, as `PyFloat_AsDouble` does.
+                let method = obj.get_type().getattr(intern!(py, "__float__"))?;
+                let f = method
+                    .call1((obj,))
+                    .map_err(|e| raised_by_user(py, e, index))?;
+                match f.cast::<PyFloat>() {
+                    Ok(f) => f.value(),
+                    Err(_) => {
+                        let refused = wrong("a float");
+                        let why = PyTypeError::new_err(format!(
+                            "__float__ returned non-float ({})",
+                            show(&f)
+                        ));
+                        refused.set_cause(py, Some(why));
+                        return Err(refused);
+                    }
                 }
-            })?;
+            };
             // A finite value too large for a double (`Decimal("1e400")`, a NumPy long double)
             // converts to infinity: refused, as an int too large is. An infinity compares equal
             // to the infinite double it converts to.
