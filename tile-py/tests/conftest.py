@@ -43,3 +43,18 @@ def pytest_runtest_setup(item):
     if os.environ.get("TILE_REQUIRE_GPU") == "1":
         pytest.fail(f"TILE_REQUIRE_GPU=1 but {_REASON}", pytrace=False)
     pytest.skip(f"needs a CUDA GPU: {_REASON}")
+
+
+@pytest.fixture(scope="session")
+def stub_driver(tmp_path_factory):
+    """The path of ``libcuda.so.1`` built once from the repository's stub driver
+    (``bench/profile/cuda_stub.c``: one device of compute capability 9.0, every kernel with seven
+    8-byte parameters, every address device memory, events complete at once, nothing runs)."""
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))), "bench", "profile", "cuda_stub.c")
+    cc = shutil.which("cc")
+    if cc is None or not os.path.exists(source):
+        pytest.skip("needs a C compiler (cc) and the checkout's bench/profile/cuda_stub.c")
+    out = tmp_path_factory.mktemp("stub") / "libcuda.so.1"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), source], check=True)
+    return str(out)

@@ -9,7 +9,6 @@ the stub driver's kernels, so no GPU and no cuTile compiler is needed. Deriving 
 from arguments, exporting and launching real kernels need a GPU (``test_gpu_cutile.py``)."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -395,19 +394,6 @@ def test_a_list_parameter_is_a_staged_buffer_pointer_and_a_length():
 # ---- the cached launch against the stub driver -------------------------------------------------
 
 TESTS = Path(__file__).resolve().parent
-STUB_SOURCE = TESTS.parents[1] / "bench" / "profile" / "cuda_stub.c"
-
-
-@pytest.fixture(scope="session")
-def stub_driver(tmp_path_factory):
-    """The stub driver (one device of compute capability 9.0, every kernel with seven 8-byte
-    parameters, every address device memory, launches that return at once), built once."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("needs a C compiler (cc) to build the stub driver bench/profile/cuda_stub.c")
-    out = tmp_path_factory.mktemp("stub") / "libcuda.so.1"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(STUB_SOURCE)], check=True)
-    return out
 
 
 # Run first in every scenario: kernels whose passed arguments are the stub driver's seven 8-byte

@@ -8,11 +8,9 @@ the deleter count, and that nothing was launched (the ``counters`` fixture)."""
 
 import gc
 import re
-import sys
 
 import pytest
 
-import tile_py
 from tile_py import _testing
 from tile_py import In, InOut, Out
 from dlpack_ctypes import (
@@ -25,17 +23,9 @@ from dlpack_ctypes import (
     make_exchange_producer_type,
 )
 
-STREAM = 0x1234
+from cpu_checks import STREAM, check, notes
+
 IS_COPIED = 2
-
-
-def check(params, args, **kw):
-    kw.setdefault("stream", STREAM)
-    return _testing.check_args(params, args, **kw)
-
-
-def notes(e):
-    return "".join(getattr(e, "__notes__", []))
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ guard is) and, for the tests that launch, against the stub driver ``bench/profil
 are released at the next poll."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,7 +24,6 @@ import tile_py._testing
 from tile_py import Scalar
 
 HERE = os.path.dirname(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
 N = 30
 STREAM = 0x1234  # an int stream handle: argument checks make no driver call
 
@@ -216,16 +214,10 @@ go.set()
     assert f"ran at return: {N} leaked: 0" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.fixture(scope="module")
-def stub_driver(tmp_path_factory):
-    """``libcuda.so.1`` built from the stub driver (no GPU work; events complete at once)."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler (cc) to build the stub driver bench/profile/cuda_stub.c")
-    out = tmp_path_factory.mktemp("stub") / "libcuda.so.1"
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(out),
-                    os.path.join(ROOT, "bench", "profile", "cuda_stub.c")], check=True)
-    return {"TILE_LIBCUDA": str(out)}
+@pytest.fixture
+def stub_env(stub_driver):
+    """The environment that loads the stub driver."""
+    return {"TILE_LIBCUDA": stub_driver}
 
 
 STUB_LAUNCH = """
@@ -251,7 +243,7 @@ def launch(stream):
 """
 
 
-def test_launch_handle_wait_waits_for_its_tensors_released_on_another_thread(stub_driver):
+def test_launch_handle_wait_waits_for_its_tensors_released_on_another_thread(stub_env):
     """A user thread launches, then drains a batch holding the launch's tensors behind a
     blocked deleter; ``wait()`` on the launch's handle, on another thread, returns only once
     the tensors' deleters have run."""
@@ -279,13 +271,13 @@ print("deleted at return:", [p.deleted for p in ps], flush=True)
 go.set()
 t.join()
 print("deleted at the end:", [p.deleted for p in ps], flush=True)
-""", env=stub_driver)
+""", env=stub_env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "deleted at return: [1, 1, 1]" in r.stdout, r.stdout + r.stderr
     assert "deleted at the end: [1, 1, 1]" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_dropped_stream_object_does_not_outlive_synchronize(stub_driver):
+def test_a_dropped_stream_object_does_not_outlive_synchronize(stub_env):
     r = run_child(CHILD_HELPERS + STUB_LAUNCH + """
 # No thread switch between synchronize() and the check: the release thread cannot forget the
 # stream in between.
@@ -298,7 +290,7 @@ tile_py.synchronize()
 gc.collect()
 print("stream alive:", ref() is not None, "streams:", tile_py.stats()["streams"],
       "deleted:", [p.deleted for p in ps], flush=True)
-""", env=stub_driver)
+""", env=stub_env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "stream alive: False streams: 0 deleted: [1, 1, 1]" in r.stdout, r.stdout + r.stderr
 

@@ -1,49 +1,12 @@
 """Stream handles that do not fit a signed 64-bit ``stream=`` value are refused, as an int and
 through ``__cuda_stream__``."""
 
-import gc
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-import tile_py
-from tile_py import _testing
-from tile_py import In, Out, Scalar
-from dlpack_ctypes import (
-    READ_ONLY,
-    LegacyProducer,
-    StreamOnlyProducer,
-    Producer,
-    capsule_name,
-    make_capsule,
-    make_exchange_producer_type,
-)
+from tile_py import In
+from dlpack_ctypes import Producer
 
-HERE = os.path.dirname(__file__)
-STREAM = 0x1234
-
-
-def check(params, args, **kw):
-    kw.setdefault("stream", STREAM)
-    return _testing.check_args(params, args, **kw)
-
-
-def notes(e):
-    return "".join(getattr(e, "__notes__", []))
-
-
-class CAI:
-    BASE = {"shape": (4,), "typestr": "<f4", "data": (0x20000, False), "version": 3,
-            "strides": None, "stream": None}
-
-    def __init__(self, **over):
-        self.__cuda_array_interface__ = {**self.BASE, **over}
-
-    def __repr__(self):
-        return "CAI()"
+from cpu_checks import check
 
 
 # ---- stream handles must fit a signed 64-bit value ----------------------------------------

@@ -4,25 +4,11 @@ dimensions, and a configuration refused by the device's limits naming the Python
 stub launches nothing, so only what tile_py does around a launch is checked."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_STUB_SOURCE = os.path.join(_REPO, "bench", "profile", "cuda_stub.c")
-
-
-@pytest.fixture(scope="module")
-def stub_driver(tmp_path_factory):
-    cc = shutil.which("cc")
-    if cc is None or not os.path.exists(_STUB_SOURCE):
-        pytest.skip("needs a C compiler and the checkout's bench/profile/cuda_stub.c")
-    out = tmp_path_factory.mktemp("stub") / "libcuda.so.1"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), _STUB_SOURCE], check=True)
-    return str(out)
 
 
 def run_with_stub(stub, code):
