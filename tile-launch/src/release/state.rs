@@ -121,9 +121,6 @@ pub(super) struct State<T: Timeline, G> {
     /// still be dropping, outside the lock: the barriers wait for them
     /// ([`Tracker::settle`](super::Tracker)).
     pub(super) releasing: Vec<InFlight>,
-    /// The sum of the guards of [`releasing`](State::releasing)
-    /// ([`Stats::releasing_guards`](super::Stats::releasing_guards)).
-    pub(super) releasing_guards: usize,
     /// The ticket the next batch gets: batches are numbered in the order they are taken.
     pub(super) next_batch: u64,
     /// Threads waiting in a barrier for batches to finish: a finished batch wakes them only
@@ -255,19 +252,22 @@ impl<T: Timeline, G> State<T, G> {
             guards: n,
             queued: self.deferred_guards < queued_before,
         });
-        self.releasing_guards += n;
         Batch {
             guards,
             ticket: Some(ticket),
         }
     }
 
+    /// The guards of the batches in flight ([`Stats::releasing_guards`](super::Stats::releasing_guards)).
+    pub(super) fn releasing_guards(&self) -> usize {
+        self.releasing.iter().map(|b| b.guards).sum()
+    }
+
     /// Marks the batch `ticket` finished (its guards dropped). Returns whether a barrier is
     /// waiting (to be woken).
     pub(super) fn finish_batch(&mut self, ticket: u64) -> bool {
         if let Some(i) = self.releasing.iter().position(|b| b.ticket == ticket) {
-            let b = self.releasing.swap_remove(i);
-            self.releasing_guards -= b.guards;
+            self.releasing.swap_remove(i);
         }
         self.barrier_waiters > 0
     }

@@ -163,7 +163,6 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 error: None,
                 errors: 0,
                 releasing: Vec::new(),
-                releasing_guards: 0,
                 next_batch: 0,
                 barrier_waiters: 0,
             }),
@@ -483,7 +482,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             launches: st.launches,
             markers_recorded: st.markers_recorded,
             errors: st.errors,
-            releasing_guards: st.releasing_guards,
+            releasing_guards: st.releasing_guards(),
         }
     }
 
