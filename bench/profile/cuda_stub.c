@@ -17,6 +17,15 @@
  * `stub_driver_calls(name)` is the count of one entry point (`"other"`: every entry point it
  * does not name in `ENTRIES`, together; NULL: all calls), `stub_driver_call_name(i)` names
  * counter i (NULL past the last), `stub_driver_calls_reset()` sets every count to zero. The counts are process-wide (relaxed atomics, a few instructions per call).
+ *
+ * For tests of what is released when, two switches model a busy device and a capture:
+ * - `stub_set_busy(1)`: the work enqueued so far has not finished: `cuEventQuery` answers
+ *   CUDA_ERROR_NOT_READY until `stub_set_busy(0)`; a synchronisation (`cuEventSynchronize`,
+ *   `cuStreamSynchronize`, `cuCtxSynchronize`) waits for it, which here finishes it at once.
+ * - `stub_set_capturing(1)`: every stream is capturing (`cuStreamGetCaptureInfo` answers
+ *   ACTIVE, capture id 1, one graph). `cuUserObjectCreate` keeps each object's destructor, and
+ *   `stub_destroy_graphs()` runs those of every object since the last call, as destroying the
+ *   graph would; `stub_user_objects()` counts the objects not yet destroyed.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -69,7 +78,11 @@ typedef int CUresult;
     X(cuEventDestroy, event_destroy) \
     X(cuStreamWaitEvent, stream_wait_event) \
     X(cuStreamSynchronize, stream_synchronize) \
-    X(cuStreamDestroy, stream_destroy)
+    X(cuStreamDestroy, stream_destroy) \
+    X(cuCtxSynchronize, ctx_synchronize) \
+    X(cuUserObjectCreate, user_object_create) \
+    X(cuUserObjectRelease, user_object_release) \
+    X(cuGraphRetainUserObject, graph_retain_user_object)
 
 enum {
 #define AS_INDEX(name, fn) AT_##name,
@@ -114,12 +127,81 @@ static CUresult generic(void) { COUNT(other); return SUCCESS; }
 COUNTED_SUCCESS(cuLaunchKernel, launch_kernel)
 COUNTED_SUCCESS(cuLaunchKernelEx, launch_kernel_ex)
 COUNTED_SUCCESS(cuEventRecord, event_record)
-COUNTED_SUCCESS(cuEventQuery, event_query)
-COUNTED_SUCCESS(cuEventSynchronize, event_synchronize)
 COUNTED_SUCCESS(cuEventDestroy, event_destroy)
 COUNTED_SUCCESS(cuStreamWaitEvent, stream_wait_event)
-COUNTED_SUCCESS(cuStreamSynchronize, stream_synchronize)
 COUNTED_SUCCESS(cuStreamDestroy, stream_destroy)
+COUNTED_SUCCESS(cuGraphRetainUserObject, graph_retain_user_object)
+
+#define NOT_READY 600
+static int busy;      /* stub_set_busy */
+static int capturing; /* stub_set_capturing */
+
+void stub_set_busy(int on) { __atomic_store_n(&busy, on, __ATOMIC_SEQ_CST); }
+void stub_set_capturing(int on) { __atomic_store_n(&capturing, on, __ATOMIC_SEQ_CST); }
+
+static CUresult event_query(void *event) {
+    COUNT(cuEventQuery);
+    (void)event;
+    return __atomic_load_n(&busy, __ATOMIC_SEQ_CST) ? NOT_READY : SUCCESS;
+}
+/* A synchronisation waits for the work: here, it finishes it. */
+static CUresult finish_work(void) { stub_set_busy(0); return SUCCESS; }
+static CUresult event_synchronize(void *e) { COUNT(cuEventSynchronize); (void)e; return finish_work(); }
+static CUresult stream_synchronize(void *s) { COUNT(cuStreamSynchronize); (void)s; return finish_work(); }
+static CUresult ctx_synchronize(void) { COUNT(cuCtxSynchronize); return finish_work(); }
+
+/* User objects: kept until stub_destroy_graphs() (or a release of the last reference). */
+typedef void (*destructor)(void *);
+struct user_object { void *ptr; destructor destroy; int live; };
+static struct user_object user_objects[1024];
+static int n_user_objects;
+static int user_object_lock;
+static void lock_objects(void) { while (__atomic_exchange_n(&user_object_lock, 1, __ATOMIC_ACQUIRE)) {} }
+static void unlock_objects(void) { __atomic_store_n(&user_object_lock, 0, __ATOMIC_RELEASE); }
+
+static CUresult user_object_create(void **out, void *ptr, destructor destroy, unsigned refs, unsigned flags) {
+    COUNT(cuUserObjectCreate);
+    (void)refs; (void)flags;
+    lock_objects();
+    if (n_user_objects == 1024) { unlock_objects(); return INVALID_VALUE; }
+    struct user_object *o = &user_objects[n_user_objects++];
+    o->ptr = ptr; o->destroy = destroy; o->live = 1;
+    unlock_objects();
+    *out = o;
+    return SUCCESS;
+}
+static CUresult user_object_release(void *object, unsigned refs) {
+    COUNT(cuUserObjectRelease);
+    (void)refs;
+    struct user_object *o = object;
+    lock_objects();
+    int live = o->live;
+    o->live = 0;
+    unlock_objects();
+    if (live) o->destroy(o->ptr);
+    return SUCCESS;
+}
+/* Destroys the graphs: runs the destructor of every live user object, once. */
+void stub_destroy_graphs(void) {
+    for (;;) {
+        struct user_object *found = NULL;
+        lock_objects();
+        for (int i = 0; i < n_user_objects; i++) {
+            if (user_objects[i].live) { user_objects[i].live = 0; found = &user_objects[i]; break; }
+        }
+        if (!found) n_user_objects = 0;
+        unlock_objects();
+        if (!found) return;
+        found->destroy(found->ptr);
+    }
+}
+int stub_user_objects(void) {
+    int n = 0;
+    lock_objects();
+    for (int i = 0; i < n_user_objects; i++) n += user_objects[i].live;
+    unlock_objects();
+    return n;
+}
 
 static int context_storage;
 static __thread void *ctx_stack[64];
@@ -198,15 +280,18 @@ static CUresult capture_info(void *stream, int *status, uint64_t *id, void **gra
                              const void **deps, const void **edges, size_t *n) {
     COUNT(cuStreamGetCaptureInfo);
     (void)stream;
-    if (status) *status = 0;
-    if (id) *id = 0;
-    if (graph) *graph = NULL;
+    int on = __atomic_load_n(&capturing, __ATOMIC_SEQ_CST);
+    if (status) *status = on; /* 1: CU_STREAM_CAPTURE_STATUS_ACTIVE */
+    if (id) *id = on;
+    if (graph) *graph = on ? (void *)&user_objects : NULL;
     if (deps) *deps = NULL;
     if (edges) *edges = NULL;
     if (n) *n = 0;
     return SUCCESS;
 }
-static CUresult is_capturing(void *stream, int *status) { COUNT(cuStreamIsCapturing); (void)stream; *status = 0; return SUCCESS; }
+static CUresult is_capturing(void *stream, int *status) {
+    COUNT(cuStreamIsCapturing); (void)stream; *status = __atomic_load_n(&capturing, __ATOMIC_SEQ_CST); return SUCCESS;
+}
 static CUresult exchange_capture_mode(int *mode) { COUNT(cuThreadExchangeStreamCaptureMode); *mode = 0; return SUCCESS; }
 
 static CUresult library_load(void **lib, const void *code, void *jo, void **jv, unsigned nj,

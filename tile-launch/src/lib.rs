@@ -79,6 +79,7 @@ mod config;
 mod context;
 mod error;
 mod guard;
+mod hold;
 mod launch;
 mod library;
 #[cfg(any(feature = "cudarc", feature = "nvrtc"))]

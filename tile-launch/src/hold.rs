@@ -1,0 +1,115 @@
+//! Holding what another launcher's work uses ([`Stream::hold`]): the release queue of tile's own
+//! launches, offered to any code that enqueues work on a stream (a kernel launched by cuTile,
+//! cuda.core, CuPy, a C++ launcher, a copy, ...) and must keep its inputs alive until that work
+//! has finished.
+
+use cuda_sys::driver;
+use tile_dlpack::Used;
+
+use crate::error::{Error, Result};
+use crate::guard::{Guard, spare_guards};
+use crate::stream::Stream;
+use crate::timeline::LaunchInProgress;
+
+impl Guard {
+    /// Any value, held until the work is done and then dropped (on the thread that releases it:
+    /// the one that polls, synchronises, launches or holds next, or the graph release thread).
+    pub fn owner(value: impl Send + 'static) -> Guard {
+        Guard::Owner(Box::new(value))
+    }
+}
+
+impl From<Used> for Guard {
+    fn from(tensor: Used) -> Guard {
+        Guard::Tensor(tensor)
+    }
+}
+
+impl From<Box<dyn Send>> for Guard {
+    fn from(owner: Box<dyn Send>) -> Guard {
+        Guard::Owner(owner)
+    }
+}
+
+impl Stream {
+    /// Keeps `guards` alive until all the work enqueued on this stream up to this call has
+    /// completed, then releases them (a consumed tensor's deleter runs once, a held owner is
+    /// dropped), without blocking the host: the guards join the stream's release queue as a
+    /// launch's do, and are released once a completion marker recorded after this call has
+    /// completed (found by a later launch, hold, [`poll`](Stream::poll),
+    /// [`synchronize`](Stream::synchronize) or the stream's drop).
+    ///
+    /// While the stream captures a CUDA graph, the graph owns the guards instead, as it owns a
+    /// captured launch's: they are released once the graph, its clones and every executable
+    /// graph made from it are destroyed.
+    ///
+    /// This is what a launcher that is not tile does instead of calling a DLPack deleter as soon
+    /// as its launch call returns: enqueue the kernel, then hold the tensor (`Used`) it read the
+    /// pointer from.
+    ///
+    /// The driver calls: `cuStreamGetCaptureInfo` once; then, as for a launch, an amortised
+    /// `cuEventRecord` and `cuEventQuery` (see [`ReleaseConfig`](crate::ReleaseConfig)), or
+    /// `cuUserObjectCreate` and `cuGraphRetainUserObject` under capture. Nothing is called for
+    /// an empty `guards`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] without a driver (the guards are then released at once: no work of
+    /// this process can use them); [`Error::Cuda`] if the stream's context cannot be made
+    /// current, its capture status cannot be read (an invalidated capture, say), or the graph
+    /// refuses the guards. Then when the work that uses them completes cannot be known, and the
+    /// guards are leaked rather than released early (logged, and counted in
+    /// [`Stats::leaked_guards`](crate::Stats::leaked_guards) where the release queue leaked them).
+    #[doc(alias = "cuStreamGetCaptureInfo")]
+    #[doc(alias = "cuUserObjectCreate")]
+    pub fn hold(&self, guards: impl IntoIterator<Item = Guard>) -> Result<()> {
+        let guards = guards.into_iter();
+        let mut held = spare_guards(guards.size_hint().0);
+        held.extend(guards);
+        if held.is_empty() {
+            return Ok(());
+        }
+        // No driver: nothing of this process ever ran on a GPU, so nothing can use the guards.
+        let d = driver()?;
+        let site = self.launch_site();
+        let bytes = held.iter().map(guard_bytes).sum::<u64>();
+        let bound = match site.ctx.bind_with(d) {
+            Ok(bound) => bound,
+            Err(e) => return Err(leak(held, e.into())),
+        };
+        let capture = match crate::capture_state::capturing_graph(d, site.raw) {
+            Ok(capture) => capture,
+            Err(e) => return Err(leak(held, e.into())),
+        };
+        if let Some((graph, _)) = capture {
+            // `attach` leaves nothing to leak on error: the guards are dropped if the graph
+            // never held them, or handed to the release thread with the user object.
+            return crate::capture::attach(d, graph, site.ctx, held).map(drop);
+        }
+        let tracker = &site.tracker;
+        let _known = LaunchInProgress::enter(tracker.timeline(), &bound);
+        tracker.launch_deferred(held, bytes, || Ok::<(), Error>(()))?;
+        Ok(())
+    }
+}
+
+/// The bytes only the release queue keeps alive for a guard, by the launch's rule
+/// ([`queue_bytes`](crate::args::queue_bytes)); 0 for an owner, whose size is unknown.
+fn guard_bytes(guard: &Guard) -> u64 {
+    match guard {
+        Guard::Tensor(t) => crate::args::queue_bytes(&t.view()),
+        Guard::HandedOff(h) => crate::args::queue_bytes(&h.tensor().view()),
+        Guard::Owner(_) => 0,
+    }
+}
+
+/// Leaks `guards` whose work cannot be known complete, and returns `error`.
+fn leak(guards: Vec<Guard>, error: Error) -> Error {
+    log::error!(
+        "tile-launch hold: {} guard(s) leaked, since when the stream's work completes cannot be \
+         known: {error}",
+        guards.len()
+    );
+    std::mem::forget(guards);
+    error
+}

@@ -1,0 +1,239 @@
+//! `Stream::hold`: what another launcher's work uses is kept until the stream's work up to the
+//! hold has completed, then released once; under capture the graph owns it. Run against the
+//! stub driver of `bench/profile/cuda_stub.c` (`stub_set_busy`: the work has not finished;
+//! `stub_set_capturing`: every stream captures), each test in a child process.
+
+mod stub;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tile_launch::tile_dlpack::DType;
+use tile_launch::tile_dlpack::testing::{TensorSpec, counted_tensor};
+use tile_launch::{Context, Guard, Stream};
+
+/// The stub's switches, in the library `TILE_LIBCUDA` names.
+struct Switches {
+    lib: libloading::Library,
+}
+
+impl Switches {
+    fn open() -> Switches {
+        let path = std::env::var_os("TILE_LIBCUDA").expect("the child runs on the stub driver");
+        // SAFETY: the stub the process already loaded; loading it again runs no initialiser.
+        let lib = unsafe { libloading::Library::new(path) }.unwrap();
+        Switches { lib }
+    }
+
+    fn set(&self, name: &[u8], on: bool) {
+        // SAFETY: `stub_set_busy` / `stub_set_capturing` take one int.
+        unsafe { self.lib.get::<unsafe extern "C" fn(i32)>(name).unwrap()(i32::from(on)) }
+    }
+
+    fn busy(&self, on: bool) {
+        self.set(b"stub_set_busy\0", on);
+    }
+
+    fn capturing(&self, on: bool) {
+        self.set(b"stub_set_capturing\0", on);
+    }
+
+    fn destroy_graphs(&self) {
+        // SAFETY: `stub_destroy_graphs` takes nothing.
+        unsafe {
+            self.lib
+                .get::<unsafe extern "C" fn()>(b"stub_destroy_graphs\0")
+                .unwrap()()
+        }
+    }
+
+    fn calls(&self, name: &std::ffi::CStr) -> u64 {
+        // SAFETY: `stub_driver_calls` takes a C string and returns a count.
+        unsafe {
+            self.lib
+                .get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"stub_driver_calls\0")
+                .unwrap()(name.as_ptr())
+        }
+    }
+}
+
+/// Counts its drops.
+struct Dropped(Arc<AtomicUsize>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Runs test `name` in a child process on the stub driver; the child asserts.
+fn in_child(name: &str) {
+    let stub = stub::build();
+    let out = stub::run_child(name, Some(&stub));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("1 passed"), "{stdout}{stderr}");
+}
+
+/// A consumed tensor (what a launcher read the pointer of) and its deleter count.
+fn used() -> (
+    tile_launch::tile_dlpack::Used,
+    tile_launch::tile_dlpack::testing::DeleterCount,
+) {
+    let (t, count) = counted_tensor(&TensorSpec::new(&[1024], DType::F32));
+    (t.consume().unwrap(), count)
+}
+
+#[test]
+fn held_tensors_and_owners_are_released_once_after_the_work_completes_not_before() {
+    if !stub::in_child() {
+        return in_child(
+            "held_tensors_and_owners_are_released_once_after_the_work_completes_not_before",
+        );
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let (a, a_count) = used();
+    let (b, b_count) = used();
+    stub.busy(true); // the launcher's kernel is still running
+    stream
+        .hold([
+            Guard::from(a),
+            b.into(),
+            Guard::owner(Dropped(Arc::clone(&dropped))),
+        ])
+        .unwrap();
+    assert_eq!(stream.stats().pending_guards, 3);
+    for _ in 0..4 {
+        stream.poll();
+    }
+    assert_eq!(
+        (a_count.get(), b_count.get()),
+        (0, 0),
+        "released while busy"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    stub.busy(false); // the kernel finished
+    assert_eq!(stream.poll(), 3);
+    assert_eq!((a_count.get(), b_count.get()), (1, 1));
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+    stream.synchronize().unwrap();
+    drop(stream);
+    assert_eq!(
+        (a_count.get(), b_count.get()),
+        (1, 1),
+        "a deleter ran twice"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn synchronize_waits_for_held_work_and_then_releases() {
+    if !stub::in_child() {
+        return in_child("synchronize_waits_for_held_work_and_then_releases");
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let (a, count) = used();
+    stub.busy(true);
+    stream.hold([Guard::from(a)]).unwrap();
+    assert_eq!(count.get(), 0);
+    stream.synchronize().unwrap(); // waits (the stub finishes the work) and releases
+    assert_eq!(count.get(), 1);
+    assert_eq!(stream.stats().pending_guards, 0);
+}
+
+#[test]
+fn dropping_the_stream_waits_for_held_work_then_releases_once() {
+    if !stub::in_child() {
+        return in_child("dropping_the_stream_waits_for_held_work_then_releases_once");
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let (a, count) = used();
+    stub.busy(true);
+    stream.hold([Guard::from(a)]).unwrap();
+    assert_eq!(count.get(), 0);
+    drop(stream);
+    assert_eq!(count.get(), 1);
+}
+
+#[test]
+fn holds_from_many_threads_each_release_once() {
+    if !stub::in_child() {
+        return in_child("holds_from_many_threads_each_release_once");
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    stub.busy(true);
+    let counts: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let stream = stream.clone();
+                s.spawn(move || {
+                    (0..100)
+                        .map(|_| {
+                            let (a, count) = used();
+                            stream.hold([Guard::from(a)]).unwrap();
+                            count
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert_eq!(counts.len(), 400);
+    assert!(counts.iter().all(|c| c.get() == 0), "released while busy");
+    stub.busy(false);
+    stream.synchronize().unwrap();
+    assert!(counts.iter().all(|c| c.get() == 1));
+}
+
+#[test]
+fn under_capture_the_graph_owns_what_is_held() {
+    if !stub::in_child() {
+        return in_child("under_capture_the_graph_owns_what_is_held");
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let (a, count) = used();
+    stub.capturing(true);
+    stream.hold([Guard::from(a)]).unwrap();
+    assert_eq!(stub.calls(c"cuUserObjectCreate"), 1);
+    assert_eq!(stub.calls(c"cuGraphRetainUserObject"), 1);
+    // Not in the release queue: completing the stream's work does not release it.
+    assert_eq!(stream.stats().pending_guards, 0);
+    stub.capturing(false); // the capture ended; the graph lives on
+    stream.synchronize().unwrap();
+    assert_eq!(count.get(), 0, "released while the graph may still run");
+    stub.destroy_graphs(); // the graph's release thread runs the deleter
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count.get() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(count.get(), 1);
+}
+
+#[test]
+fn holding_nothing_calls_no_driver_function() {
+    if !stub::in_child() {
+        return in_child("holding_nothing_calls_no_driver_function");
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let before = stub.calls(c"cuStreamGetCaptureInfo");
+    stream.hold(std::iter::empty()).unwrap();
+    assert_eq!(stub.calls(c"cuStreamGetCaptureInfo"), before);
+}
