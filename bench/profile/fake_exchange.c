@@ -103,29 +103,68 @@ static PyObject *no_get(PyObject *self, void *closure) {
 }
 
 /* A generic DLPack producer in C (as CuPy's ndarray is in Cython): `__dlpack__(*, stream=None,
- * max_version=None, dl_device=None, copy=None)` returns a "dltensor_versioned" capsule whose
- * deleter drops the export; no exchange API, not named as any family tile_py knows. */
+ * max_version=None, dl_device=None, copy=None)` returns, as the DLPack protocol says, a
+ * "dltensor_versioned" capsule when the consumer passes `max_version` with a major version of 1
+ * or more (tile_py does), and else a legacy "dltensor" capsule (a `DLManagedTensor`: cuTile's
+ * `ct.launch` asks so); either deleter drops the export. No exchange API, not named as any
+ * family tile_py knows. */
 typedef struct { PyObject_HEAD int64_t n; uint64_t address; } Array;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor; void *manager_ctx; void (*deleter)(struct DLManagedTensor *);
+} DLManagedTensor;
+/* The legacy export: the same tensor as `Export`, in the unversioned struct. */
+typedef struct { DLManagedTensor m; Export *versioned; } LegacyExport;
+
+static void legacy_deleter(DLManagedTensor *m) {
+    LegacyExport *e = (LegacyExport *)m;
+    e->versioned->m.deleter(&e->versioned->m);
+    free(e);
+}
 
 static void capsule_destructor(PyObject *cap) {
     /* Unconsumed: the capsule still owns the export. */
     if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
         DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
         if (m && m->deleter) m->deleter(m);
+    } else if (PyCapsule_IsValid(cap, "dltensor")) {
+        DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        if (m && m->deleter) m->deleter(m);
     }
+}
+
+/* Whether the keyword arguments hold `max_version=(major, ...)` with major >= 1. */
+static int asks_versioned(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "max_version") != 0) continue;
+        PyObject *v = args[nargs + i];
+        if (!PyTuple_Check(v) || PyTuple_GET_SIZE(v) == 0) return 0;
+        long major = PyLong_AsLong(PyTuple_GET_ITEM(v, 0));
+        if (major == -1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+        return major >= 1;
+    }
+    return 0;
 }
 
 static PyObject *array_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames) {
-    (void)args;
     if (nargs != 0) {
         PyErr_SetString(PyExc_TypeError, "__dlpack__() takes keyword arguments only");
         return NULL;
     }
-    (void)kwnames; /* stream, max_version, dl_device, copy: all accepted and ignored here */
+    /* stream, dl_device, copy: accepted and ignored here */
     DLManagedTensorVersioned *m;
     if (from_obj(self, &m) < 0) return NULL;
-    return PyCapsule_New(m, "dltensor_versioned", capsule_destructor);
+    if (asks_versioned(args, nargs, kwnames)) {
+        return PyCapsule_New(m, "dltensor_versioned", capsule_destructor);
+    }
+    LegacyExport *e = calloc(1, sizeof(LegacyExport));
+    if (!e) { m->deleter(m); return PyErr_NoMemory(); }
+    e->versioned = (Export *)m;
+    e->m.dl_tensor = m->dl_tensor;
+    e->m.deleter = legacy_deleter;
+    return PyCapsule_New(&e->m, "dltensor", capsule_destructor);
 }
 
 static PyObject *array_dlpack_device(PyObject *self, PyObject *unused) {

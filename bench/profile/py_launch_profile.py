@@ -11,7 +11,10 @@ same, producer's current stream another), scalars (7 u64 scalars), bound (Kernel
 capsule (3 arrays of a generic producer whose C `__dlpack__` returns a capsule, as CuPy's does),
 cutile and cutile-capsule (the torch and capsule paths' arguments through tile_py.cutile.launch, a
 cuTile kernel's cached launch: its one compile, at the first launch, registers the stub's kernel
-in place of cuTile's compiler, so every measured launch is a hit; needs cuda-tile).
+in place of cuTile's compiler, so every measured launch is a hit; needs cuda-tile), cutile-int
+(cutile-capsule's launch with an int stream handle, as most cuTile programs pass) and ct (the peer:
+cuTile's own ct.launch of the same kernel and arguments with the same int handle, its compiler
+likewise replaced by the stub's image; needs cuda-tile).
 
 Against the stub, which counts the driver calls it answers, it prints the driver calls the
 measured loop made per launch: a line `driver calls per launch: TOTAL`, then one line per entry
@@ -42,25 +45,41 @@ class CudaStream:
 STREAM = CudaStream()
 
 
-def cutile_launcher(lib, k3, args):
-    """``tile_py.cutile.launch`` of a cuTile kernel with seven parameters, compiled (at its first
-    launch) to the stub's kernel ``k3``: cuTile's compiler is replaced, the cached launch is not."""
-    import cuda.tile as ct
-    import tile_py.cutile as tc
-
-    ns = {"ct": ct}
-    # cuTile reads a kernel's source from its file: this one is written out first.
-    import os
+def cutile_kernel():
+    """A cuTile kernel with seven parameters (three arrays, four scalars). cuTile reads a
+    kernel's source from its file: this one is written out first."""
     import tempfile
 
+    import cuda.tile as ct
+
+    ns = {"ct": ct}
     src = "import cuda.tile as ct\n\n\n@ct.kernel\ndef k7(x, y, out, a, b, c, d):\n    pass\n"
     path = os.path.join(tempfile.mkdtemp(), "profile_cutile_kernel.py")
     with open(path, "w") as f:
         f.write(src)
     exec(compile(src, path, "exec"), ns)
+    return ns["k7"]
+
+
+def ct_launcher(args):
+    """cuTile's own ``ct.launch`` of the seven-parameter kernel with an int stream handle; its
+    compile (at the first launch) returns the stub's image instead of running cuTile's compiler,
+    which the stub driver loads as any other."""
+    import cuda.tile as ct
+
+    kernel = cutile_kernel()
+    type(kernel)._compile = lambda self, sig, ctx, cc=None: (b"\x7fELF stub image\0", "k", None, ())
+    return lambda: ct.launch(HANDLE, (16,), kernel, args)
+
+
+def cutile_launcher(lib, k3, args, stream=STREAM):
+    """``tile_py.cutile.launch`` of a cuTile kernel with seven parameters, compiled (at its first
+    launch) to the stub's kernel ``k3``: cuTile's compiler is replaced, the cached launch is not."""
+    import tile_py.cutile as tc
+
     tc._compile = lambda kernel, shown, cc: tc._Compiled(k3, (True,) * 7, None)
-    kernel = ns["k7"]
-    return lambda: tc.launch(STREAM, 16, kernel, args)
+    kernel = cutile_kernel()
+    return lambda: tc.launch(stream, 16, kernel, args)
 
 
 def main():
@@ -84,7 +103,15 @@ def main():
         paths[path] = cutile_launcher(
             lib, k3, (a, b, c, 1, 2, 3, 4) if path == "cutile" else (x, y, z, 1, 2, 3, 4)
         )
+    if path == "cutile-int":
+        paths[path] = cutile_launcher(lib, k3, (x, y, z, 1, 2, 3, 4), stream=HANDLE)
+    if path == "ct":
+        paths[path] = ct_launcher((x, y, z, 1, 2, 3, 4))
     launch = paths[path]
+    # From here on the interpreter hands the GIL to another thread only when the main thread
+    # lets go of it: tile_py's release thread wakes on a wall-clock period, and interleaved with
+    # the loop at the interpreter's whim its work would make the counts depend on timing.
+    sys.setswitchinterval(1e6)
     for _ in range(300):  # warm-up: caches, first-use paths
         launch()
     gc.disable()

@@ -19,10 +19,9 @@ struct Switches {
 
 impl Switches {
     fn open() -> Switches {
-        let path = std::env::var_os("TILE_LIBCUDA").expect("the child runs on the stub driver");
-        // SAFETY: the stub the process already loaded; loading it again runs no initialiser.
-        let lib = unsafe { libloading::Library::new(path) }.unwrap();
-        Switches { lib }
+        Switches {
+            lib: stub::loaded(),
+        }
     }
 
     fn set(&self, name: &[u8], on: bool) {
@@ -130,11 +129,12 @@ fn held_tensors_and_owners_are_released_once_after_the_work_completes_not_before
     assert_eq!(dropped.load(Ordering::SeqCst), 1);
 }
 
-#[test]
-fn synchronize_waits_for_held_work_and_then_releases() {
-    if !stub::in_child() {
-        return in_child("synchronize_waits_for_held_work_and_then_releases");
-    }
+/// A stream on the stub, one tensor held on it while the device is busy, not released yet.
+fn one_held_while_busy() -> (
+    Switches,
+    Stream,
+    tile_launch::tile_dlpack::testing::DeleterCount,
+) {
     let stub = Switches::open();
     let ctx = Context::new(0).unwrap();
     let stream = Stream::new(&ctx).unwrap();
@@ -142,6 +142,15 @@ fn synchronize_waits_for_held_work_and_then_releases() {
     stub.busy(true);
     stream.hold([Guard::from(a)]).unwrap();
     assert_eq!(count.get(), 0);
+    (stub, stream, count)
+}
+
+#[test]
+fn synchronize_waits_for_held_work_and_then_releases() {
+    if !stub::in_child() {
+        return in_child("synchronize_waits_for_held_work_and_then_releases");
+    }
+    let (_stub, stream, count) = one_held_while_busy();
     stream.synchronize().unwrap(); // waits (the stub finishes the work) and releases
     assert_eq!(count.get(), 1);
     assert_eq!(stream.stats().pending_guards, 0);
@@ -152,13 +161,7 @@ fn dropping_the_stream_waits_for_held_work_then_releases_once() {
     if !stub::in_child() {
         return in_child("dropping_the_stream_waits_for_held_work_then_releases_once");
     }
-    let stub = Switches::open();
-    let ctx = Context::new(0).unwrap();
-    let stream = Stream::new(&ctx).unwrap();
-    let (a, count) = used();
-    stub.busy(true);
-    stream.hold([Guard::from(a)]).unwrap();
-    assert_eq!(count.get(), 0);
+    let (_stub, stream, count) = one_held_while_busy();
     drop(stream);
     assert_eq!(count.get(), 1);
 }

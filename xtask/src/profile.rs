@@ -8,6 +8,11 @@
 //! tile-launch's (and the test's DLPack exports'), never the driver's. Beside each count it
 //! prints the driver calls per launch, which the stub counts and the measured loop reports, and
 //! then which entry points they were.
+//!
+//! The tile_py paths include the peer: cuTile's own `ct.launch` (when cuda-tile is installed in
+//! the virtual environment), with the same kernel, arguments and stub as tile_py's cached
+//! cuTile launch. The run ends with the ratios against it and the per-tensor costs, and writes
+//! every row to `bench/results/<UTC time>-profile.json`.
 
 use std::path::Path;
 use std::process::Command;
@@ -41,6 +46,10 @@ const PATHS: &[(&str, &str)] = &[
     (
         "int",
         "tile-launch deferred, 3 DLPack tensors, launch-only stream (an int handle's)",
+    ),
+    (
+        "hold",
+        "Stream::hold of 3 DLPack tensors (export included), nothing launched",
     ),
 ];
 
@@ -91,14 +100,14 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         "{:<8} {:>12} {:>12}  what",
         "path", "instr/launch", "calls/launch"
     );
-    let mut breakdowns = Vec::new();
+    let mut rows = Vec::new();
     for (path, what) in PATHS {
         let file = out.join(format!("callgrind.{path}"));
         let (per, calls) = count(&exe, &stub, &file, path, launches)?;
         println!("{path:<8} {per:>12.0} {:>12}  {what}", calls.total());
-        breakdowns.push((*path, calls));
+        rows.push(Row::new("rust", path, what, per, calls));
     }
-    print_breakdowns("", &breakdowns);
+    print_breakdowns("", &rows);
     let file = out.join("callgrind.deferred");
     let annotated = Command::new("callgrind_annotate")
         .args(["--inclusive=yes".as_ref(), file.as_os_str()])
@@ -134,9 +143,155 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
             break;
         }
     }
-    python_paths(&root, &out, &stub, launches)?;
-    println!("\ncallgrind files: {}", out.display());
+    python_paths(&root, &out, &stub, launches, &mut rows)?;
+    summarise(&rows);
+    let json = write_results(&root, &rows, launches)?;
+    println!(
+        "\ncallgrind files: {}; rows: {}",
+        out.display(),
+        json.display()
+    );
     Ok(())
+}
+
+/// One measured path: instructions and driver calls per launch.
+struct Row {
+    /// `rust` (the `launch_profile` example) or `python` (`py_launch_profile.py`).
+    group: &'static str,
+    path: &'static str,
+    what: &'static str,
+    instructions: f64,
+    calls: DriverCalls,
+}
+
+impl Row {
+    fn new(
+        group: &'static str,
+        path: &'static str,
+        what: &'static str,
+        instructions: f64,
+        calls: DriverCalls,
+    ) -> Row {
+        Row {
+            group,
+            path,
+            what,
+            instructions,
+            calls,
+        }
+    }
+}
+
+/// The instructions per launch of `group`'s `path`, if it ran.
+fn instr(rows: &[Row], group: &str, path: &str) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.group == group && r.path == path)
+        .map(|r| r.instructions)
+}
+
+/// The driver calls per launch of `group`'s `path`, if it ran against the counting stub.
+fn calls(rows: &[Row], group: &str, path: &str) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.group == group && r.path == path)
+        .and_then(|r| r.calls.total.as_deref()?.parse().ok())
+}
+
+/// Prints the comparisons: each path against cuTile's `ct.launch`, and the per-tensor costs.
+fn summarise(rows: &[Row]) {
+    println!(
+        "\nagainst cuTile's ct.launch (same stub, kernel and arguments; ratio of instructions per launch):"
+    );
+    match instr(rows, "python", "ct") {
+        None => println!("  skipped: the ct row did not run (cuda-tile is not installed)"),
+        Some(ct) => {
+            let ct_calls = calls(rows, "python", "ct");
+            for path in ["cutile-int", "cutile-capsule", "capsule", "torch"] {
+                let Some(i) = instr(rows, "python", path) else {
+                    continue;
+                };
+                let c = match (calls(rows, "python", path), ct_calls) {
+                    (Some(c), Some(ct)) => format!("{c:.2} driver calls vs {ct:.2}"),
+                    _ => String::new(),
+                };
+                println!("  {path:<15} {:>6.2} x  ({i:.0} vs {ct:.0}; {c})", i / ct);
+            }
+        }
+    }
+    println!("\nper tensor (instructions):");
+    if let (Some(d), Some(e), Some(s)) = (
+        instr(rows, "rust", "deferred"),
+        instr(rows, "rust", "export"),
+        instr(rows, "rust", "scalars"),
+    ) {
+        println!(
+            "  tile-launch launch   {:>6.0}  (deferred - export - scalars) / 3",
+            (d - e - s) / 3.0
+        );
+        if let Some(h) = instr(rows, "rust", "hold") {
+            println!(
+                "  tile-launch hold     {:>6.0}  (hold - export) / 3",
+                (h - e) / 3.0
+            );
+        }
+    }
+    if let (Some(t), Some(s)) = (
+        instr(rows, "python", "torch"),
+        instr(rows, "python", "scalars"),
+    ) {
+        println!(
+            "  tile_py launch       {:>6.0}  (torch - scalars) / 3",
+            (t - s) / 3.0
+        );
+    }
+}
+
+/// Writes the rows to `bench/results/<UTC time>-profile.json` and returns its path.
+fn write_results(root: &Path, rows: &[Row], launches: u64) -> Result<std::path::PathBuf> {
+    let stamp = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H-%M-%SZ"])
+        .output()
+        .context("cannot run date")?;
+    let stamp = String::from_utf8_lossy(&stamp.stdout).trim().to_owned();
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .current_dir(root)
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    let rows: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "group": r.group,
+                "path": r.path,
+                "what": r.what,
+                "instructions_per_launch": (r.instructions * 10.0).round() / 10.0,
+                "driver_calls_per_launch": r.calls.total.as_deref().and_then(|t| t.parse::<f64>().ok()),
+                "driver_calls_by_entry_point": r.calls.by_entry_point,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "command": "cargo xtask profile",
+        "method": "callgrind instructions per launch against the stub driver bench/profile/cuda_stub.c; \
+                   rust rows count the measured loop of launch_profile over N launches; python rows \
+                   (Ir(3N) - Ir(N)) / 2N of py_launch_profile.py",
+        "launches": launches,
+        "commit": commit,
+        "uncommitted_changes": dirty,
+        "utc": stamp,
+        "rows": rows,
+    });
+    let dir = root.join("bench/results");
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join(format!("{stamp}-profile.json"));
+    std::fs::write(&file, serde_json::to_string_pretty(&doc)? + "\n")?;
+    Ok(file)
 }
 
 /// tile_py's paths: `bench/profile/py_launch_profile.py` in `target/py-venv` (with the
@@ -145,7 +300,13 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
 /// `launches` and `3 * launches` launches; the difference over `2 * launches` is the
 /// instructions per launch (the interpreter's start-up cancels out). Skipped, with the reason,
 /// when the virtual environment or its tile_py is missing.
-fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<()> {
+fn python_paths(
+    root: &Path,
+    out: &Path,
+    stub: &Path,
+    launches: u64,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
     const PY_PATHS: &[(&str, &str)] = &[
         (
             "torch",
@@ -171,6 +332,15 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         (
             "cutile-capsule",
             "tile_py.cutile.launch (cached), the capsule row's arguments (needs cuda-tile)",
+        ),
+        (
+            "cutile-int",
+            "tile_py.cutile.launch (cached), the same with an int stream handle (needs cuda-tile)",
+        ),
+        (
+            "ct",
+            "the peer: cuTile's ct.launch (cached), the same kernel, arguments and int handle \
+             (needs cuda-tile)",
         ),
     ];
     let py = root.join("target/py-venv/bin/python");
@@ -218,9 +388,9 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         .args(["-c", "import cuda.tile"])
         .output()
         .is_ok_and(|o| o.status.success());
-    let mut breakdowns = Vec::new();
+    let first = rows.len();
     for (path, what) in PY_PATHS {
-        if path.starts_with("cutile") && !has_cutile {
+        if (path.starts_with("cutile") || *path == "ct") && !has_cutile {
             println!(
                 "{path:<14} {:>12} {:>12}  skipped: cuda-tile is not installed",
                 "-", "-"
@@ -236,6 +406,9 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
                 .arg(&script)
                 .args([*path, &n.to_string()])
                 .env("TILE_LIBCUDA", stub)
+                // cuTile finds the driver as libcuda.so.1 on the loader's path: the same stub
+                // (the loader sees the file tile_py loaded and does not load it twice).
+                .env("LD_LIBRARY_PATH", out)
                 .env("PYTHONPATH", &ext_dir)
                 .output()
                 .context("cannot run valgrind")?;
@@ -262,9 +435,9 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         let ((a, _), (b, calls)) = (total(launches)?, total(3 * launches)?);
         let per = b.saturating_sub(a) as f64 / (2 * launches) as f64;
         println!("{path:<14} {per:>12.0} {:>12}  {what}", calls.total());
-        breakdowns.push((*path, calls));
+        rows.push(Row::new("python", path, what, per, calls));
     }
-    print_breakdowns("tile_py ", &breakdowns);
+    print_breakdowns("tile_py ", &rows[first..]);
     Ok(())
 }
 
@@ -300,10 +473,10 @@ impl DriverCalls {
 }
 
 /// Which entry points each path's driver calls were, per launch.
-fn print_breakdowns(title: &str, paths: &[(&str, DriverCalls)]) {
+fn print_breakdowns(title: &str, rows: &[Row]) {
     println!("\n{title}driver calls per launch, by entry point (stub driver, measured loop):");
-    for (path, calls) in paths {
-        println!("{path:<8} {}", calls.by_entry_point.join(", "));
+    for row in rows {
+        println!("{:<8} {}", row.path, row.calls.by_entry_point.join(", "));
     }
 }
 

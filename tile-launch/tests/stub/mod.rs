@@ -54,3 +54,12 @@ pub fn run_child(name: &str, driver: Option<&PathBuf>) -> Output {
     }
     out
 }
+
+/// In the child: the stub driver the process loaded (named by `TILE_LIBCUDA`), opened again to
+/// reach its counters and switches.
+#[allow(dead_code)] // not every test binary that builds the stub reads it
+pub fn loaded() -> libloading::Library {
+    let path = std::env::var_os("TILE_LIBCUDA").expect("the child runs on the stub driver");
+    // SAFETY: the stub the process already loaded; loading it again runs no initialiser.
+    unsafe { libloading::Library::new(path) }.unwrap()
+}
