@@ -67,7 +67,7 @@ fn cudarc_loads_driver() -> bool {
         // use); the symbol is only looked up, never called.
         unsafe {
             cudarc::driver::sys::culib()
-                .get::<u8>(b"cuDeviceGet\0")
+                .get::<*mut std::ffi::c_void>(b"cuDeviceGet\0")
                 .is_ok()
         }
     })
@@ -111,8 +111,9 @@ pub(crate) fn first_loadable<'n>(
             return false;
         };
         symbol.is_none_or(|symbol| {
-            // SAFETY: the symbol is only looked up, never called; `u8` is a placeholder type.
-            unsafe { lib.get::<u8>(symbol.to_bytes_with_nul()) }.is_ok()
+            // SAFETY: the symbol is only looked up, never called. The type is a pointer's:
+            // `libloading` refuses any type of another size, whatever the library holds.
+            unsafe { lib.get::<*mut std::ffi::c_void>(symbol.to_bytes_with_nul()) }.is_ok()
         })
     })
 }
@@ -160,6 +161,9 @@ mod driver_tests {
         let names = ["libtile-test-no-such-cuda.so", "libc.so.6"].map(String::from);
         assert_eq!(first_loadable(&names, None), Some("libc.so.6"));
         assert_eq!(first_loadable(&names, Some(c"cuDeviceGet")), None);
+        // A symbol the library does export is found (the lookup's type must be pointer-sized:
+        // a probe that asked for another type would refuse every library, the driver too).
+        assert_eq!(first_loadable(&names, Some(c"malloc")), Some("libc.so.6"));
         // The fallback that asks `cudarc` itself catches its panic and says no.
         assert_eq!(quiet_panics(|| -> u8 { panic!("as cudarc does") }), None);
         assert_eq!(quiet_panics(|| 7), Some(7));
