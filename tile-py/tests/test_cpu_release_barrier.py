@@ -334,3 +334,34 @@ def test_an_index_returning_a_non_int_is_still_refused_by_tile_py():
         tile_py._testing.check_args([Scalar("i32")], (Half(),), stream=STREAM)
     assert isinstance(e.value.__cause__, TypeError)
     assert "__index__ returned non-int" in str(e.value.__cause__)
+
+
+def test_a_refused_launch_releases_what_it_took_before_raising_while_the_release_thread_runs(stub_env):
+    """A refused launch rolls back the arguments it converted and releases them before the
+    error reaches the caller, also while the release thread is running (it is, once a launch
+    has held a stream): the rollback's releases must not be left to a batch that the release
+    thread took and is still running. Many refused launches, the interpreter switching threads
+    as often as it can, each checked at once."""
+    r = run_child(CHILD_HELPERS + STUB_LAUNCH + """
+h, ps = launch(CudaStream(0x5000))  # starts the release thread and holds the stream
+stream = CudaStream(0x5000)
+sys.setswitchinterval(1e-6)
+late = 0
+for i in range(400):
+    good = Producer(shape=(16,), data=0x100000)
+    try:
+        tile_py.launch(stream, 1, k, (good, "not a tensor", good, 1, 2, 3, 4), block=16)
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("the launch was not refused")
+    if good.deleted != 1:
+        late += 1
+    # Let the release thread run its 50 ms cycle now and then.
+    if i % 40 == 0:
+        threading.Event().wait(0.06)
+tile_py.synchronize()
+print("late:", late, flush=True)
+""", env=stub_env)
+    assert r.returncode == 0, r.stderr
+    assert "late: 0" in r.stdout, r.stdout + r.stderr

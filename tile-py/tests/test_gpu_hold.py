@@ -31,12 +31,14 @@ extern "C" __global__ void spin(long long cycles) {
 }
 """
 
-_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_get_pointer.restype = ctypes.c_void_p
-_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_set_name = ctypes.pythonapi.PyCapsule_SetName
-_set_name.restype = ctypes.c_int
-_set_name.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# Prototypes of our own: setting argtypes on `ctypes.pythonapi`'s shared function objects would
+# change them for every other module of the process (dlpack_ctypes declares them otherwise).
+_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+_set_name = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_SetName", ctypes.pythonapi)
+)
 
 
 @pytest.fixture(scope="module")
