@@ -136,6 +136,7 @@ mod device;
 mod dtype;
 mod error;
 mod owned;
+mod taken;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 mod view;
@@ -147,6 +148,7 @@ pub use device::Device;
 pub use dtype::DType;
 pub use error::DescriptorError;
 pub use owned::{Released, Unused, Used};
+pub use taken::Taken;
 pub use view::{ByteExtent, TensorView};
 
 /// The largest `ndim` accepted. Tensors of higher rank are rejected with

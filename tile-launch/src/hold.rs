@@ -4,7 +4,7 @@
 //! has finished.
 
 use cuda_sys::driver;
-use tile_dlpack::Used;
+use tile_dlpack::{Taken, Used};
 
 use crate::error::{Error, Result};
 use crate::guard::{Guard, spare_guards};
@@ -22,6 +22,16 @@ impl Guard {
 impl From<Used> for Guard {
     fn from(tensor: Used) -> Guard {
         Guard::Tensor(tensor)
+    }
+}
+
+/// A managed tensor whose deleter duty was handed over, held as it is (nothing of it is read or
+/// validated: see [`Taken`]). What a launcher holds for a tensor whose data pointer it read and
+/// launched on: unlike consuming it into a [`Used`], which runs the deleter at once when the
+/// descriptor does not validate, this never releases early.
+impl From<Taken> for Guard {
+    fn from(tensor: Taken) -> Guard {
+        Guard::Owner(Box::new(tensor))
     }
 }
 
@@ -44,8 +54,9 @@ impl Stream {
     /// graph made from it are destroyed.
     ///
     /// This is what a launcher that is not tile does instead of calling a DLPack deleter as soon
-    /// as its launch call returns: enqueue the kernel, then hold the tensor (`Used`) it read the
-    /// pointer from.
+    /// as its launch call returns: enqueue the kernel, then hold the tensor it read the pointer
+    /// from, as a [`Taken`] (`Guard::from(taken)`: never validated, so never released early) or
+    /// a [`Used`] it already consumed.
     ///
     /// The driver calls: `cuStreamGetCaptureInfo` once; then, as for a launch, an amortised
     /// `cuEventRecord` and `cuEventQuery` (see [`ReleaseConfig`](crate::ReleaseConfig)), or

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tile_launch::tile_dlpack::DType;
-use tile_launch::tile_dlpack::testing::{TensorSpec, counted_tensor};
+use tile_launch::tile_dlpack::Taken;
+use tile_launch::tile_dlpack::testing::{RawTensor, TensorSpec, counted_tensor};
 use tile_launch::{Context, Guard, Stream};
 
 /// The stub's switches, in the library `TILE_LIBCUDA` names.
@@ -143,6 +144,33 @@ fn one_held_while_busy() -> (
     stream.hold([Guard::from(a)]).unwrap();
     assert_eq!(count.get(), 0);
     (stub, stream, count)
+}
+
+#[test]
+fn a_taken_tensor_whose_descriptor_does_not_validate_is_held_until_completion() {
+    if !stub::in_child() {
+        return in_child(
+            "a_taken_tensor_whose_descriptor_does_not_validate_is_held_until_completion",
+        );
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    // A major version tile does not read: `consume` would run the deleter at once.
+    let spec = TensorSpec::new(&[1024], DType::F32).version(2, 0);
+    let (raw, count) = tile_launch::tile_dlpack::testing::counted_raw(&spec);
+    let RawTensor::Versioned(ptr) = raw else {
+        unreachable!("a versioned spec")
+    };
+    // SAFETY: a fresh export, its deleter duty handed over here.
+    let taken = unsafe { Taken::versioned(ptr) }.unwrap();
+    stub.busy(true);
+    stream.hold([Guard::from(taken)]).unwrap();
+    stream.poll();
+    assert_eq!(count.get(), 0, "released while busy");
+    stub.busy(false);
+    stream.synchronize().unwrap();
+    assert_eq!(count.get(), 1);
 }
 
 #[test]
