@@ -117,7 +117,9 @@ impl Context {
             unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
                 .check("cuDevicePrimaryCtxRetain")
         })?;
-        // From here on `Context`'s Drop balances the retain, on the error path too.
+        // From here on `Context`'s Drop balances the retain (and the registration), on the
+        // error path too.
+        retained::register(raw, ordinal);
         let mut ctx = Context {
             ordinal,
             device,
@@ -193,8 +195,9 @@ impl Context {
         *SEVERAL.get_or_init(|| Self::device_count().is_ok_and(|n| n > 1))
     }
 
-    /// The device of the context that owns `stream` (`cuStreamGetCtx`, then `cuCtxGetDevice`
-    /// with that context pushed and popped). For the default-stream handles (null,
+    /// The device of the context that owns `stream` (`cuStreamGetCtx`; then, unless that is a
+    /// primary context a [`Context`] of this process holds, whose device is known,
+    /// `cuCtxGetDevice` with it pushed and popped). For the default-stream handles (null,
     /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which name a stream of whichever context is
     /// current, the device of the calling thread's current context, or `None` when no context is
     /// current. The calling thread's current context is the same afterwards.
@@ -220,6 +223,11 @@ impl Context {
             if ctx.is_null() {
                 return Ok(None);
             }
+        }
+        // A primary context held by a `Context` is alive and is its device's for as long as it
+        // is held: no need to ask the driver (three calls).
+        if let Some(ordinal) = retained::ordinal_of(ctx) {
+            return Ok(Some(ordinal));
         }
         // SAFETY: `ctx` is a live context (it owns a live stream, or is current); popped below.
         unsafe { (d.cuCtxPushCurrent)(ctx) }.check("cuCtxPushCurrent")?;
@@ -356,6 +364,7 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        retained::unregister(self.raw);
         if let Ok(d) = driver() {
             let r = crate::capture_state::relaxed(d, || {
                 // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
@@ -366,6 +375,50 @@ impl Drop for Context {
                 log::error!("{e}");
             }
         }
+    }
+}
+
+/// The primary contexts that [`Context`] values hold (retained, not yet released), with their
+/// devices: a context handle found here names that device's primary context for as long as it
+/// is held, so its device is known without asking the driver.
+mod retained {
+    use std::sync::Mutex;
+
+    use cuda_sys::CUcontext;
+
+    /// (context handle, device ordinal, how many `Context` values hold it).
+    static HELD: Mutex<Vec<(usize, i32, usize)>> = Mutex::new(Vec::new());
+
+    fn held() -> std::sync::MutexGuard<'static, Vec<(usize, i32, usize)>> {
+        HELD.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A `Context` of device `ordinal` now holds `raw`.
+    pub(super) fn register(raw: CUcontext, ordinal: i32) {
+        let mut held = held();
+        match held.iter_mut().find(|(c, _, _)| *c == raw as usize) {
+            Some((_, _, n)) => *n += 1,
+            None => held.push((raw as usize, ordinal, 1)),
+        }
+    }
+
+    /// A `Context` holding `raw` is dropped (before it releases the retain).
+    pub(super) fn unregister(raw: CUcontext) {
+        let mut held = held();
+        if let Some(i) = held.iter().position(|(c, _, _)| *c == raw as usize) {
+            held[i].2 -= 1;
+            if held[i].2 == 0 {
+                held.swap_remove(i);
+            }
+        }
+    }
+
+    /// The device of `raw`, if a `Context` holds it.
+    pub(super) fn ordinal_of(raw: CUcontext) -> Option<i32> {
+        held()
+            .iter()
+            .find(|(c, _, _)| *c == raw as usize)
+            .map(|(_, o, _)| *o)
     }
 }
 

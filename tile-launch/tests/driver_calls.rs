@@ -347,3 +347,43 @@ fn a_deleter_run_inside_a_launch_makes_the_launch_ask_again() {
         assert_eq!(calls, &after_deleters, "launch {i}");
     }
 }
+
+#[test]
+fn the_device_of_a_stream_of_a_held_primary_context_is_known_from_one_call() {
+    if !stub::in_child() {
+        return in_child("the_device_of_a_stream_of_a_held_primary_context_is_known_from_one_call");
+    }
+    let counter = Counter::open();
+    let stream = {
+        let ctx = Context::new(0).unwrap();
+        let stream = Stream::new(&ctx).unwrap();
+        counter.take();
+        // SAFETY: a live stream.
+        let device = unsafe { Context::device_of_stream(stream.raw()) };
+        assert_eq!(device.unwrap(), Some(0));
+        // The context's device is known while a `Context` holds it: no push, no pop.
+        assert_eq!(counter.take(), calls(&[("cuStreamGetCtx", 1)]));
+        stream
+    };
+    // The stream keeps its context (and so its registration) alive.
+    // SAFETY: as above.
+    let device = unsafe { Context::device_of_stream(stream.raw()) };
+    assert_eq!(device.unwrap(), Some(0));
+    assert_eq!(counter.take(), calls(&[("cuStreamGetCtx", 1)]));
+    drop(stream);
+    counter.take();
+    // No `Context` holds the primary context any more: the driver is asked.
+    let raw = 0x5000 as tile_launch::cuda_sys::CUstream; // any handle: the stub answers
+    // SAFETY: the stub accepts any handle.
+    let device = unsafe { Context::device_of_stream(raw) };
+    assert_eq!(device.unwrap(), Some(0));
+    assert_eq!(
+        counter.take(),
+        calls(&[
+            ("cuStreamGetCtx", 1),
+            ("cuCtxPushCurrent", 1),
+            ("cuCtxGetDevice", 1),
+            ("cuCtxPopCurrent", 1),
+        ])
+    );
+}
