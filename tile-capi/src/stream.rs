@@ -23,7 +23,10 @@ static BORROWED: Mutex<Vec<Weak<tile_stream>>> = Mutex::new(Vec::new());
 
 impl tile_stream {
     /// Runs `f` on the stream, under the read lock.
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&Stream) -> Result<T, Failure>) -> Result<T, Failure> {
+    pub(crate) fn with<T>(
+        &self,
+        f: impl FnOnce(&Stream) -> Result<T, Failure>,
+    ) -> Result<T, Failure> {
         let stream = self.stream.read().unwrap_or_else(|p| p.into_inner());
         let stream = stream.as_ref().ok_or_else(|| {
             Failure::new(
@@ -61,7 +64,9 @@ impl tile_stream {
 /// returned borrow.
 ///
 /// [`TILE_ERROR_INVALID_ARGUMENT`]: tile_status::TILE_ERROR_INVALID_ARGUMENT
-pub(crate) unsafe fn stream_ref<'a>(stream: *const tile_stream) -> Result<&'a tile_stream, Failure> {
+pub(crate) unsafe fn stream_ref<'a>(
+    stream: *const tile_stream,
+) -> Result<&'a tile_stream, Failure> {
     // SAFETY: this function's contract.
     unsafe { stream.as_ref() }.ok_or_else(|| Failure::null("stream"))
 }
@@ -258,12 +263,11 @@ pub unsafe extern "C" fn tile_stream_stats(
 #[unsafe(no_mangle)]
 pub extern "C" fn tile_shutdown() -> tile_status {
     boundary(|| {
-        let all: Vec<Arc<tile_stream>> = std::mem::take(
-            &mut *BORROWED.lock().unwrap_or_else(|p| p.into_inner()),
-        )
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
+        let all: Vec<Arc<tile_stream>> =
+            std::mem::take(&mut *BORROWED.lock().unwrap_or_else(|p| p.into_inner()))
+                .iter()
+                .filter_map(Weak::upgrade)
+                .collect();
         let mut first = Ok(());
         for handle in all {
             if let Err(e) = handle.detach()
