@@ -33,7 +33,7 @@ typedef enum tile_status {
   // on it.
   TILE_ERROR_SHUT_DOWN = 4,
   // A bug in this library (a Rust panic, caught before it reached C). What the call was
-  // given may have been leaked; it was not released early.
+  // given is in an unknown state (taken over or not, released or not): report the message.
   TILE_ERROR_INTERNAL = 5,
 } tile_status;
 

@@ -17,9 +17,9 @@
 //! - No panic crosses into C: every entry point runs its body through one boundary
 //!   (`src/status.rs`) that turns a panic into `TILE_ERROR_INTERNAL`.
 //! - Errors are a status code and a thread-local message. A tensor or owner is taken over
-//!   exactly when the call returns `TILE_OK`, `TILE_ERROR_CUDA` (leaked then, never released
-//!   early) or `TILE_ERROR_INTERNAL`; on `TILE_ERROR_INVALID_ARGUMENT` and
-//!   `TILE_ERROR_SHUT_DOWN` it is still the caller's.
+//!   when the call returns `TILE_OK` or `TILE_ERROR_CUDA` (leaked then, never released early);
+//!   on `TILE_ERROR_INVALID_ARGUMENT` and `TILE_ERROR_SHUT_DOWN` it is still the caller's;
+//!   `TILE_ERROR_INTERNAL` is a bug, after which its state is unknown.
 //! - Thread-safe: every call may be made from any thread, concurrently with any other, except
 //!   `tile_stream_release`, which must not run concurrently with, or before, another call on
 //!   the same handle.
