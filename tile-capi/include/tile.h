@@ -192,8 +192,8 @@ enum tile_status tile_shutdown(void);
 // capsule holding it is marked consumed: renamed `"used_dltensor_versioned"`), whose
 // descriptor, shape and strides stay valid and unchanged until its deleter runs, and whose
 // deleter may be called once from any thread (including a thread of tile's, for a graph),
-// does not call back into tile on the same stream, and does not unwind (no C++ exception, no
-// `longjmp`). Only the version, manager context, deleter and flags are read before the
+// calls neither `tile_shutdown` nor a tile function on the same stream, and does not unwind
+// (no C++ exception, no `longjmp`). Only the version, manager context, deleter and flags are read before the
 // major version is known to be 1.
 enum tile_status tile_hold_dlpack(const struct tile_stream *stream,
                                   DLManagedTensorVersioned *tensor);
@@ -220,8 +220,8 @@ enum tile_status tile_hold_dlpack_legacy(const struct tile_stream *stream, DLMan
 // # Safety
 //
 // `stream` is NULL or a live handle. `release(data)` may be called once from any thread
-// (including a thread of tile's, for a graph), must not call back into tile on the same
-// stream, and must not unwind (no C++ exception, no `longjmp`).
+// (including a thread of tile's, for a graph), must call neither `tile_shutdown` nor a tile
+// function on the same stream, and must not unwind (no C++ exception, no `longjmp`).
 enum tile_status tile_hold_owner(const struct tile_stream *stream,
                                  void *data,
                                  void (*release)(void*));

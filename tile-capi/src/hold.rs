@@ -83,8 +83,8 @@ fn hold_tensor(
 /// capsule holding it is marked consumed: renamed `"used_dltensor_versioned"`), whose
 /// descriptor, shape and strides stay valid and unchanged until its deleter runs, and whose
 /// deleter may be called once from any thread (including a thread of tile's, for a graph),
-/// does not call back into tile on the same stream, and does not unwind (no C++ exception, no
-/// `longjmp`). Only the version, manager context, deleter and flags are read before the
+/// calls neither `tile_shutdown` nor a tile function on the same stream, and does not unwind
+/// (no C++ exception, no `longjmp`). Only the version, manager context, deleter and flags are read before the
 /// major version is known to be 1.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tile_hold_dlpack(
@@ -147,8 +147,8 @@ impl Drop for ForeignOwner {
 /// # Safety
 ///
 /// `stream` is NULL or a live handle. `release(data)` may be called once from any thread
-/// (including a thread of tile's, for a graph), must not call back into tile on the same
-/// stream, and must not unwind (no C++ exception, no `longjmp`).
+/// (including a thread of tile's, for a graph), must call neither `tile_shutdown` nor a tile
+/// function on the same stream, and must not unwind (no C++ exception, no `longjmp`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tile_hold_owner(
     stream: *const tile_stream,
