@@ -18,6 +18,12 @@ pub struct tile_stream {
     stream: RwLock<Option<Stream>>,
 }
 
+// Handles are shared by C threads: the calls that take `*const tile_stream` run concurrently.
+const _: () = {
+    const fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<tile_stream>();
+};
+
 /// Every stream borrowed and not yet released, for `tile_shutdown`.
 static BORROWED: Mutex<Vec<Weak<tile_stream>>> = Mutex::new(Vec::new());
 
