@@ -13,6 +13,7 @@ const MAPPED: &[&str] = &[
     "cuda-sys/src",
     "tile-dlpack/src",
     "tile-launch/src",
+    "tile-capi/src",
     "tile-py/src",
     "tile-py/python/tile_py",
 ];
@@ -89,7 +90,14 @@ fn is_repo_path(s: &str) -> bool {
         && !s.contains(' ')
         && matches!(
             top,
-            "cuda-sys" | "tile-dlpack" | "tile-launch" | "tile-py" | "xtask" | "bench" | "fuzz"
+            "cuda-sys"
+                | "tile-dlpack"
+                | "tile-launch"
+                | "tile-capi"
+                | "tile-py"
+                | "xtask"
+                | "bench"
+                | "fuzz"
         )
 }
 
