@@ -173,12 +173,13 @@ enum tile_status tile_shutdown(void);
 // queue is over its bounds (bytes of copied exports, count of pending holds): then it first
 // waits for earlier work, as a tile launch does.
 //
+// Nothing of the tensor is read but its deleter (in the fields every DLPack version keeps at
+// the same place): whatever its descriptor says (a version tile does not read, a shape tile
+// would not launch on), the work already launched may use its memory, so it is taken over.
+//
 // Returns:
 // - `TILE_OK`: the tensor is tile's.
-// - `TILE_ERROR_INVALID_ARGUMENT`: `stream` or `tensor` is NULL, or the descriptor is invalid
-//   (a major version other than 1, a negative dimension, ...; the message says what). The
-//   tensor was **not** taken over: it is still the caller's, who must keep it until the
-//   work completes (`tile_stream_synchronize`) and then call its deleter.
+// - `TILE_ERROR_INVALID_ARGUMENT`: `stream` or `tensor` is NULL; nothing was taken over.
 // - `TILE_ERROR_SHUT_DOWN`: the stream was detached; the tensor was not taken over.
 // - `TILE_ERROR_CUDA`: a driver call failed (reading the capture status, recording the
 //   completion marker); the tensor was taken over and is leaked, never released early.
@@ -188,13 +189,12 @@ enum tile_status tile_shutdown(void);
 // # Safety
 //
 // `stream` is NULL or a live handle from `tile_stream_borrow`. A non-null `tensor` is a live
-// `DLManagedTensorVersioned` that nobody else consumes or deletes from this call on (a
-// capsule holding it is marked consumed: renamed `"used_dltensor_versioned"`), whose
-// descriptor, shape and strides stay valid and unchanged until its deleter runs, and whose
-// deleter may be called once from any thread (including a thread of tile's, for a graph),
-// calls neither `tile_shutdown` nor a tile function on the same stream, and does not unwind
-// (no C++ exception, no `longjmp`). Only the version, manager context, deleter and flags are read before the
-// major version is known to be 1.
+// `DLManagedTensorVersioned` (of any version) that nobody else consumes or deletes from this
+// call on (a capsule holding it is marked consumed: renamed `"used_dltensor_versioned"`),
+// whose `deleter` field stays readable until it is called, and whose deleter is NULL or may be
+// called once from any thread (including a thread of tile's, for a graph), calls neither
+// `tile_shutdown` nor a tile function on the same stream, and does not unwind (no C++
+// exception, no `longjmp`).
 enum tile_status tile_hold_dlpack(const struct tile_stream *stream,
                                   DLManagedTensorVersioned *tensor);
 

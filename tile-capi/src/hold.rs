@@ -4,38 +4,20 @@
 
 use std::ffi::c_void;
 
+use tile_dlpack::Taken;
 use tile_dlpack::ffi::{DLManagedTensor, DLManagedTensorVersioned};
-use tile_dlpack::{Unused, Used};
 use tile_launch::Guard;
 
 use crate::status::{Failure, boundary, tile_status};
 use crate::stream::{stream_ref, tile_stream};
 
-/// Takes `tensor` over if its descriptor is valid; otherwise leaves it with the caller
-/// ([`TILE_ERROR_INVALID_ARGUMENT`](tile_status::TILE_ERROR_INVALID_ARGUMENT)). `peek`
-/// validates without taking over, so an invalid tensor's deleter is not run while the work
-/// that uses it may still be running.
-fn take_over(tensor: Unused<'_>) -> Result<Used, Failure> {
-    if let Err(e) = tensor.peek() {
-        return Err(Failure::new(
-            tile_status::TILE_ERROR_INVALID_ARGUMENT,
-            format!("the DLPack tensor was not taken over: {e}"),
-        ));
-    }
-    // Validated above (remembered by the `Unused`): consuming cannot fail any more.
-    tensor.consume().map_err(|e| {
-        Failure::new(
-            tile_status::TILE_ERROR_INTERNAL,
-            format!("a DLPack tensor that passed validation could not be consumed: {e}"),
-        )
-    })
-}
-
-/// Holds the tensor `tensor` checked to be non-null: `wrap` makes the `Unused` of it.
+/// Holds the tensor `tensor` checked to be non-null: `take` takes it over as it is (nothing of
+/// it is read but its deleter: a descriptor tile would not launch on is still the memory of
+/// work already launched, so it is never refused, and never released early).
 fn hold_tensor(
     stream: *const tile_stream,
     null: bool,
-    wrap: impl FnOnce() -> Unused<'static>,
+    take: impl FnOnce() -> Option<Taken>,
 ) -> tile_status {
     boundary(|| {
         // SAFETY: the calling entry point's contract: NULL or a live handle.
@@ -46,8 +28,8 @@ fn hold_tensor(
         // Under the stream's read lock from before the take-over to after the hold: a
         // detached stream takes nothing over, and `tile_shutdown` waits for this hold.
         stream.with(|s| {
-            let used = take_over(wrap())?;
-            Ok(s.hold([Guard::from(used)])?)
+            let taken = take().ok_or_else(|| Failure::null("tensor"))?;
+            Ok(s.hold([Guard::from(taken)])?)
         })
     })
 }
@@ -64,12 +46,13 @@ fn hold_tensor(
 /// queue is over its bounds (bytes of copied exports, count of pending holds): then it first
 /// waits for earlier work, as a tile launch does.
 ///
+/// Nothing of the tensor is read but its deleter (in the fields every DLPack version keeps at
+/// the same place): whatever its descriptor says (a version tile does not read, a shape tile
+/// would not launch on), the work already launched may use its memory, so it is taken over.
+///
 /// Returns:
 /// - `TILE_OK`: the tensor is tile's.
-/// - `TILE_ERROR_INVALID_ARGUMENT`: `stream` or `tensor` is NULL, or the descriptor is invalid
-///   (a major version other than 1, a negative dimension, ...; the message says what). The
-///   tensor was **not** taken over: it is still the caller's, who must keep it until the
-///   work completes (`tile_stream_synchronize`) and then call its deleter.
+/// - `TILE_ERROR_INVALID_ARGUMENT`: `stream` or `tensor` is NULL; nothing was taken over.
 /// - `TILE_ERROR_SHUT_DOWN`: the stream was detached; the tensor was not taken over.
 /// - `TILE_ERROR_CUDA`: a driver call failed (reading the capture status, recording the
 ///   completion marker); the tensor was taken over and is leaked, never released early.
@@ -79,23 +62,21 @@ fn hold_tensor(
 /// # Safety
 ///
 /// `stream` is NULL or a live handle from `tile_stream_borrow`. A non-null `tensor` is a live
-/// `DLManagedTensorVersioned` that nobody else consumes or deletes from this call on (a
-/// capsule holding it is marked consumed: renamed `"used_dltensor_versioned"`), whose
-/// descriptor, shape and strides stay valid and unchanged until its deleter runs, and whose
-/// deleter may be called once from any thread (including a thread of tile's, for a graph),
-/// calls neither `tile_shutdown` nor a tile function on the same stream, and does not unwind
-/// (no C++ exception, no `longjmp`). Only the version, manager context, deleter and flags are read before the
-/// major version is known to be 1.
+/// `DLManagedTensorVersioned` (of any version) that nobody else consumes or deletes from this
+/// call on (a capsule holding it is marked consumed: renamed `"used_dltensor_versioned"`),
+/// whose `deleter` field stays readable until it is called, and whose deleter is NULL or may be
+/// called once from any thread (including a thread of tile's, for a graph), calls neither
+/// `tile_shutdown` nor a tile function on the same stream, and does not unwind (no C++
+/// exception, no `longjmp`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn tile_hold_dlpack(
     stream: *const tile_stream,
     tensor: *mut DLManagedTensorVersioned,
 ) -> tile_status {
     hold_tensor(stream, tensor.is_null(), || {
-        // SAFETY: this function's contract: a live tensor that only tile consumes from here
-        // on, valid until its deleter runs (so for `'static` as far as the `Unused` goes:
-        // only consuming it, here, leads to the deleter).
-        unsafe { Unused::from_versioned(tensor) }
+        // SAFETY: this function's contract: a tensor whose deleter duty is handed over here,
+        // its deleter field readable until called, callable once from any thread.
+        unsafe { Taken::versioned(tensor) }
     })
 }
 
@@ -112,7 +93,7 @@ pub unsafe extern "C" fn tile_hold_dlpack_legacy(
 ) -> tile_status {
     hold_tensor(stream, tensor.is_null(), || {
         // SAFETY: as in `tile_hold_dlpack`, for a legacy tensor.
-        unsafe { Unused::from_legacy(tensor) }
+        unsafe { Taken::legacy(tensor) }
     })
 }
 
