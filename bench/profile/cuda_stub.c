@@ -25,7 +25,8 @@
  * - `stub_set_capturing(1)`: every stream is capturing (`cuStreamGetCaptureInfo` answers
  *   ACTIVE, capture id 1, one graph). `cuUserObjectCreate` keeps each object's destructor, and
  *   `stub_destroy_graphs()` runs those of every object since the last call, as destroying the
- *   graph would; `stub_user_objects()` counts the objects not yet destroyed.
+ *   graph would; `stub_user_objects()` counts the objects not yet destroyed;
+ *   `stub_refuse_user_objects(1)` makes `cuUserObjectCreate` fail until cleared.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -159,9 +160,13 @@ static int user_object_lock;
 static void lock_objects(void) { while (__atomic_exchange_n(&user_object_lock, 1, __ATOMIC_ACQUIRE)) {} }
 static void unlock_objects(void) { __atomic_store_n(&user_object_lock, 0, __ATOMIC_RELEASE); }
 
+static int refuse_user_objects;
+void stub_refuse_user_objects(int on) { __atomic_store_n(&refuse_user_objects, on, __ATOMIC_SEQ_CST); }
+
 static CUresult user_object_create(void **out, void *ptr, destructor destroy, unsigned refs, unsigned flags) {
     COUNT(cuUserObjectCreate);
     (void)refs; (void)flags;
+    if (__atomic_load_n(&refuse_user_objects, __ATOMIC_SEQ_CST)) return INVALID_VALUE;
     lock_objects();
     if (n_user_objects == 1024) { unlock_objects(); return INVALID_VALUE; }
     struct user_object *o = &user_objects[n_user_objects++];

@@ -380,16 +380,34 @@ pub fn capture_stats() -> CaptureStats {
 /// Every guard is held until the graph, its clones and executable graphs are gone, graph
 /// allocations included (see the module docs, "Graphs with allocation nodes").
 ///
-/// On error nothing owns the guards any more but the release path: if the user object could not
-/// be created they are dropped here at once (nothing was launched that uses them); if the graph
-/// refused the reference, releasing the user object hands them to the release thread.
+/// On error, `refused` says what becomes of the guards. For a launch ([`Refused::Release`])
+/// nothing was captured that uses them: if the user object could not be created they are
+/// dropped here at once; if the graph refused the reference, releasing the user object hands
+/// them to the release thread. For a hold ([`Refused::Leak`]) the work that uses them is in the
+/// graph already: they are leaked (logged), never released while the graph may still run it.
 pub(crate) fn attach(
     d: &Driver,
     graph: CUgraph,
     ctx: &Arc<Context>,
     guards: Vec<Guard>,
+    refused: Refused,
 ) -> Result<usize> {
-    let releaser = graph_releaser()?;
+    let leak = |guards: Vec<Guard>, e: &dyn std::fmt::Display| {
+        log::error!(
+            "tile-launch capture: {e}; {} guard(s) of work already captured are leaked",
+            guards.len()
+        );
+        std::mem::forget(guards);
+    };
+    let releaser = match graph_releaser() {
+        Ok(r) => r,
+        Err(e) => {
+            if refused == Refused::Leak {
+                leak(guards, &e);
+            }
+            return Err(e);
+        }
+    };
     let n = guards.len();
     let p = releaser.parcel_in(guards, Some(Arc::clone(ctx)));
     let mut object: CUuserObject = std::ptr::null_mut();
@@ -408,7 +426,10 @@ pub(crate) fn attach(
     if let Err(e) = created {
         // SAFETY: no user object owns `p`; it is reclaimed once.
         let parcel = unsafe { GraphReleaser::<Guard>::reclaim(p) };
-        ctx.releasing(|| drop(parcel));
+        match refused {
+            Refused::Release => ctx.releasing(|| drop(parcel)),
+            Refused::Leak => leak(parcel, &e),
+        }
         return Err(e.into());
     }
     // SAFETY: `graph` is the graph the stream is capturing into; `object` is live with our one
@@ -423,6 +444,13 @@ pub(crate) fn attach(
     }
     .check("cuGraphRetainUserObject");
     if let Err(e) = retained {
+        if refused == Refused::Leak {
+            // Our one reference is never released: the destructor never runs.
+            log::error!(
+                "tile-launch capture: {e}; {n} guard(s) of work already captured are leaked"
+            );
+            return Err(e.into());
+        }
         // SAFETY: we still hold the one reference; releasing it runs the destructor (hand-off).
         if let Err(e2) = unsafe { (d.cuUserObjectRelease)(object, 1) }.check("cuUserObjectRelease")
         {
@@ -431,6 +459,15 @@ pub(crate) fn attach(
         return Err(e.into());
     }
     Ok(n)
+}
+
+/// What [`attach`] does with guards the graph did not take.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Refused {
+    /// Release them: nothing captured uses them (a launch not enqueued yet).
+    Release,
+    /// Leak them: work already captured uses them (a hold).
+    Leak,
 }
 
 /// How a capture interacts with potentially unsafe CUDA calls made by other code while it runs

@@ -68,9 +68,9 @@ impl Stream {
     /// [`Error::Driver`] without a driver (the guards are then released at once: no work of
     /// this process can use them); [`Error::Cuda`] if the stream's context cannot be made
     /// current, its capture status cannot be read (an invalidated capture, say), or the graph
-    /// refuses the guards. Then when the work that uses them completes cannot be known, and the
-    /// guards are leaked rather than released early (logged, and counted in
-    /// [`Stats::leaked_guards`](crate::Stats::leaked_guards) where the release queue leaked them).
+    /// refuses the guards (`cuUserObjectCreate`, `cuGraphRetainUserObject`). Then when the work
+    /// that uses them completes cannot be known, and the guards are leaked rather than released
+    /// early (logged).
     #[doc(alias = "cuStreamGetCaptureInfo")]
     #[doc(alias = "cuUserObjectCreate")]
     pub fn hold(&self, guards: impl IntoIterator<Item = Guard>) -> Result<()> {
@@ -93,9 +93,10 @@ impl Stream {
             Err(e) => return Err(leak(held, e.into())),
         };
         if let Some((graph, _)) = capture {
-            // `attach` leaves nothing to leak on error: the guards are dropped if the graph
-            // never held them, or handed to the release thread with the user object.
-            return crate::capture::attach(d, graph, site.ctx, held).map(drop);
+            // The work that uses the guards is in the graph already: what the graph does not
+            // take is leaked, never released while the graph may run that work.
+            return crate::capture::attach(d, graph, site.ctx, held, crate::capture::Refused::Leak)
+                .map(drop);
         }
         let tracker = &site.tracker;
         let _known = LaunchInProgress::enter(tracker.timeline(), &bound);

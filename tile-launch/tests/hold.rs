@@ -38,6 +38,10 @@ impl Switches {
         self.set(b"stub_set_capturing\0", on);
     }
 
+    fn refuse_user_objects(&self, on: bool) {
+        self.set(b"stub_refuse_user_objects\0", on);
+    }
+
     fn destroy_graphs(&self) {
         // SAFETY: `stub_destroy_graphs` takes nothing.
         unsafe {
@@ -254,6 +258,28 @@ fn under_capture_the_graph_owns_what_is_held() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert_eq!(count.get(), 1);
+}
+
+#[test]
+fn under_capture_what_the_graph_refuses_is_leaked_not_released() {
+    if !stub::in_child() {
+        return in_child("under_capture_what_the_graph_refuses_is_leaked_not_released");
+    }
+    let stub = Switches::open();
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let (a, count) = used();
+    stub.capturing(true);
+    stub.refuse_user_objects(true);
+    // The other launcher's kernel is in the graph already: its tensor must outlive any replay.
+    let err = stream.hold([Guard::from(a)]).unwrap_err();
+    assert!(err.to_string().contains("cuUserObjectCreate"), "{err}");
+    stub.refuse_user_objects(false);
+    stub.capturing(false);
+    stream.synchronize().unwrap();
+    stub.destroy_graphs();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(count.get(), 0, "released although the graph may run the work");
 }
 
 #[test]

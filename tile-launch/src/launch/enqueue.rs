@@ -215,7 +215,7 @@ impl<'a> Checked<'_, 'a> {
             let guards = if guards.is_empty() {
                 0 // nothing for the graph to own: no user object
             } else {
-                crate::capture::attach(d, graph, ctx, guards)?
+                crate::capture::attach(d, graph, ctx, guards, crate::capture::Refused::Release)?
             };
             enqueue()?;
             return Ok((keep != Keep::Deferred).then_some(LaunchHandle {
