@@ -31,6 +31,7 @@ mod cutile;
 mod device_contexts;
 mod exceptions;
 mod export;
+mod hold;
 mod kernel;
 mod lifecycle;
 mod prepared;
@@ -63,6 +64,8 @@ mod _tile_py {
     use crate::exceptions::{CudaError, DriverNotFoundError};
     #[pymodule_export]
     use crate::export::_export;
+    #[pymodule_export]
+    use crate::hold::hold;
     #[pymodule_export]
     use crate::kernel::{Kernel, Library, PyParam, inout, input, output, scalar};
     #[pymodule_export]

@@ -73,13 +73,20 @@ pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
 /// [`refuse_in_fork`] for a launch, which is refused during interpreter exit too.
 #[inline]
 pub(crate) fn refuse_launch() -> PyResult<()> {
+    refuse_work("launch", "launches")
+}
+
+/// [`refuse_in_fork`] for work on a stream (`what`, e.g. "launch"), which is refused during
+/// interpreter exit too ("no more `plural`").
+#[inline]
+pub(crate) fn refuse_work(what: &str, plural: &str) -> PyResult<()> {
     if FINALIZING.load(Ordering::Acquire) {
         return Err(err(
             Kind::Value,
-            "tile_py is shutting down (interpreter exit): no more launches",
+            format!("tile_py is shutting down (interpreter exit): no more {plural}"),
         ));
     }
-    refuse_in_fork("launch")
+    refuse_in_fork(what)
 }
 
 /// The counters of the parent's streams as inherited at the fork (`None` outside a child).

@@ -232,14 +232,26 @@ pub(crate) fn convert_args_into(
     hs: &Handshake,
     out: &mut Converted,
 ) -> PyResult<()> {
+    converting(py, args, out, |out, at| {
+        convert_each(py, params, args, hs, out, at)
+    })
+}
+
+/// Runs `each`, which converts `args` into `out` one by one and sets `at` to the index it is
+/// converting; on error, or a panic, rolls `out` back and returns the error, naming the
+/// argument. Shared by the launch's conversion and `tile_py.hold`'s.
+pub(crate) fn converting(
+    py: Python<'_>,
+    args: &[Bound<'_, PyAny>],
+    out: &mut Converted,
+    each: impl FnOnce(&mut Converted, &mut usize) -> PyResult<()>,
+) -> PyResult<()> {
     // A panic while converting (a bug in tile-py or a dependency) must not skip the rollback:
     // it would leave earlier capsules renamed `used_*` forever and leak owned tensors. It is
     // caught here, everything claimed so far is rolled back, and it becomes a `RuntimeError`.
     // `catch_unwind` costs nothing unless a panic happens.
     let mut at = 0usize;
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        convert_each(py, params, args, hs, out, &mut at)
-    }));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| each(out, &mut at)));
     let e = match r {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => match same_capsule_as(args, at) {
@@ -269,7 +281,7 @@ pub(crate) fn convert_args_into(
 }
 
 /// The earlier argument that is the very capsule object `args[at]`, if any. Error path only.
-fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
+pub(crate) fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
     let obj = args.get(at)?;
     if obj.cast::<PyCapsule>().is_err() {
         return None;
@@ -337,6 +349,17 @@ impl Converted {
         }
     }
 
+    /// Appends the claim and the owner of a tensor that is held rather than launched
+    /// (`tile_py.hold`), and returns its export, for the caller to consume once every object is
+    /// converted: until then a rollback gives the claim back as a launch's.
+    pub(crate) fn push_held(&mut self, t: Tensor) -> Unused<'static> {
+        self.claims.push(Some(t.claim));
+        if let Some(o) = t.owner {
+            self.owners.push(o);
+        }
+        t.unused
+    }
+
     /// Appends a converted scalar.
     pub(crate) fn push_scalar(&mut self, s: Scalar) {
         self.args.push(Arg::Scalar(s));
@@ -375,6 +398,13 @@ fn producer_type(py: Python<'_>, obj: &Bound<'_, PyAny>) -> ProducerType {
             crate::pytypes::defined_on_type(ty, intern!(py, "__dlpack__")),
         )
     })
+}
+
+/// Whether `obj` is a DLPack producer, as [`convert_tensor`] tells one: its type has the C
+/// exchange API or defines `__dlpack__`, or the object has a `__dlpack__` attribute.
+pub(crate) fn is_dlpack_producer(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let (_, api, on_type) = producer_type(py, obj);
+    Ok(api.is_some() || on_type || obj.hasattr(intern!(py, "__dlpack__"))?)
 }
 
 pub(crate) struct Tensor {
