@@ -21,8 +21,8 @@ use tile_dlpack::Unused;
 use tile_launch::{Guard, HandOff};
 
 use crate::convert::{
-    ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, convert_tensor, converting,
-    hold_capsule, is_dlpack_producer, same_capsule_as,
+    ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, convert_tensor, converting, hold_capsule,
+    is_dlpack_producer, same_capsule_as,
 };
 use crate::exceptions::{Kind, arg_err, launch_err};
 use crate::release::{self, COUNTERS, PyGuard, drain};
@@ -56,18 +56,20 @@ use crate::stream_arg::StreamArg;
 ///     consumed (it read the pointer and renamed the capsule): the caller hands over the duty
 ///     to call the tensor's deleter, which tile_py runs once the work is done. The caller must
 ///     not call that deleter itself afterwards, and must not pass a capsule whose deleter was
-///     called already, or one it passed to `hold` before.
+///     called already, nor one that tile_py consumed (passed to `launch` or `hold` before):
+///     tile_py cannot tell those from a capsule whose deleter is still due.
 ///   - any other object (including `__cuda_array_interface__` objects without `__dlpack__`): a
 ///     strong reference, dropped once the work is done (with the GIL, on a thread that calls
 ///     into tile_py or on tile_py's release thread).
 ///
 /// Every object is read before anything is held: when one is refused, the capsules claimed
-/// before it get their names back, the exports made for it are released, and nothing is taken
-/// over or held. The call makes, per call, as a launch does, at most one event record and a
-/// few event queries (amortised), or under capture one user object; it never waits for the
-/// work it holds, and waits for older work (with the GIL released) only when `stream`'s
-/// release queue is at its bound, as a launch does. Each hold counts as one of
-/// `stats()["launches"]`, and what it holds in `pending_guards` until the work is done.
+/// before it get their names back, the exports made for the call are released, and nothing is
+/// taken over or held. The driver calls, per call whatever the number of objects: one
+/// `cuStreamGetCaptureInfo`, then, as for a launch, an amortised `cuEventRecord` and
+/// `cuEventQuery`, or under capture `cuUserObjectCreate` and `cuGraphRetainUserObject`. It
+/// never waits for the work it holds; like a launch, it waits for older work (with the GIL
+/// released) only when `stream`'s release queue is at its bound. Each hold counts as one of
+/// `stats()["launches"]`, and each object as one of `pending_guards` until the work is done.
 ///
 /// Raises `TypeError` (a stream of an unsupported type; a capsule with another name or none, a
 /// `__dlpack__` that returns something else than a capsule or takes no stream), `ValueError`
@@ -75,11 +77,11 @@ use crate::stream_arg::StreamArg;
 /// pointer or a descriptor that does not validate; host memory whose producer refuses the
 /// stream; a lazy conjugate / negative torch view; a call in a child made by `os.fork()` or
 /// during interpreter exit), `BufferError` (DLPack version), `OverflowError` (descriptor
-/// sizes), `tile_py.CudaError` (a failed driver call: resolving the stream, its capture
-/// state; then what was read is leaked, never released early) and its subclass
-/// `tile_py.DriverNotFoundError` (no CUDA driver). An error names the object at fault as
-/// `argument i` (`i` counting from 0 among `objects`); an exception a producer raises keeps
-/// its type, with that note.
+/// sizes), `tile_py.CudaError` (a failed driver call: resolving the stream; reading its
+/// capture state, when what was read is leaked rather than released early; attaching it to the
+/// graph being captured) and its subclass `tile_py.DriverNotFoundError` (no CUDA driver). An
+/// error names the object at fault as `argument i` (`i` counting from 0 among `objects`); an
+/// exception a producer raises keeps its type, with that note.
 #[pyfunction]
 #[pyo3(signature = (stream, *objects))]
 pub(crate) fn hold(
@@ -110,7 +112,10 @@ pub(crate) fn hold(
     let mut guards = SmallVec::<[Guard; INLINE]>::new();
     for u in exports {
         if let Ok(used) = u.consume() {
-            guards.push(Guard::HandedOff(HandOff::new(used, release::release_tensor)));
+            guards.push(Guard::HandedOff(HandOff::new(
+                used,
+                release::release_tensor,
+            )));
         }
     }
     let tensors = guards.len();
@@ -122,7 +127,9 @@ pub(crate) fn hold(
     conv.commit();
     drop(conv);
     if tensors > 0 {
-        COUNTERS.consumed.fetch_add(tensors as u64, Ordering::Relaxed);
+        COUNTERS
+            .consumed
+            .fetch_add(tensors as u64, Ordering::Relaxed);
     }
     // Held attached, as a launch is made, unless the queue may wait for older work first (it
     // is near its bound, or this hold adds exports the producer copied, whose bytes count

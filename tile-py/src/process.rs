@@ -6,7 +6,7 @@
 //! **In a child made by `os.fork()`** CUDA cannot be used (the driver's state does not survive
 //! the fork: its calls fail with `CUDA_ERROR_NOT_INITIALIZED`), so no public call makes a
 //! driver call there, and none waits for a lock another thread of the parent may have held at
-//! the fork: launches, prepared launches, library loads and kernel lookups, and
+//! the fork: launches, holds, prepared launches, library loads and kernel lookups, and
 //! `compute_capability` raise `ValueError` ([`refuse_in_fork`]); `synchronize` returns at
 //! once; `stats` answers without polling, from the counters inherited at the fork
 //! ([`inherited_stats`]), with every tensor the parent's streams held counted in `leaked`; a

@@ -165,6 +165,15 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
             "tile_py.launch, 3 arrays of a C __dlpack__ producer (capsules) + 4 u64 scalars",
         ),
         (
+            "hold",
+            "tile_py.hold, the torch row's 3 tensors (per call; no kernel launched)",
+        ),
+        ("hold1", "tile_py.hold, 1 of those tensors (per call)"),
+        (
+            "hold-capsule",
+            "tile_py.hold, the capsule row's 3 arrays (per call)",
+        ),
+        (
             "cutile",
             "tile_py.cutile.launch (cached), the torch row's arguments (needs cuda-tile)",
         ),
@@ -219,6 +228,7 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         .output()
         .is_ok_and(|o| o.status.success());
     let mut breakdowns = Vec::new();
+    let mut per_path = std::collections::HashMap::new();
     for (path, what) in PY_PATHS {
         if path.starts_with("cutile") && !has_cutile {
             println!(
@@ -263,7 +273,16 @@ fn python_paths(root: &Path, out: &Path, stub: &Path, launches: u64) -> Result<(
         let per = b.saturating_sub(a) as f64 / (2 * launches) as f64;
         println!("{path:<14} {per:>12.0} {:>12}  {what}", calls.total());
         breakdowns.push((*path, calls));
+        per_path.insert(*path, per);
     }
+    let row = |p: &str| per_path.get(p).copied().unwrap_or(f64::NAN);
+    println!(
+        "\nper tensor: held {:.0} ((hold - hold1) / 2), launched {:.0} ((torch - scalars) / 3, \
+         a tensor in place of a u64 scalar); a hold call of 1 tensor {:.0}",
+        (row("hold") - row("hold1")) / 2.0,
+        (row("torch") - row("scalars")) / 3.0,
+        row("hold1"),
+    );
     print_breakdowns("tile_py ", &breakdowns);
     Ok(())
 }

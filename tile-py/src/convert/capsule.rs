@@ -86,17 +86,19 @@ pub(crate) fn capsule_tensor(
     index: usize,
     cap: &Bound<'_, PyAny>,
 ) -> PyResult<(bool, *mut c_void)> {
-    match capsule_contents(py, index, cap)? {
-        (Named { consumed: true, versioned }, _) => Err(consumed_err(index, versioned)),
-        (Named { versioned, .. }, ptr) => Ok((versioned, ptr)),
+    let (named, ptr) = capsule_contents(py, index, cap)?;
+    if named.consumed {
+        return Err(consumed_err(index, named.versioned));
     }
+    Ok((named.versioned, ptr))
 }
 
 /// The [`Unused`] over a capsule's tensor, as [`capsule_tensor`] found it.
 ///
 /// # Safety
 ///
-/// `ptr` is the pointer of a capsule named `dltensor_versioned` (`versioned`) or `dltensor`,
+/// `ptr` is the pointer of a capsule named `dltensor_versioned` (`versioned`) or `dltensor`
+/// (or, for `tile_py.hold`, `used_dltensor[_versioned]`, whose deleter its caller hands over),
 /// whose tensor stays valid and unconsumed by anyone else for the `Unused`'s life.
 pub(crate) unsafe fn capsule_unused(versioned: bool, ptr: *mut c_void) -> Unused<'static> {
     if versioned {
@@ -185,10 +187,8 @@ pub(crate) unsafe fn hold_capsule(
     cap: &Bound<'_, PyAny>,
 ) -> PyResult<HeldCapsule> {
     let consumed = with_critical_section(cap, || {
-        Ok::<_, PyErr>(match capsule_contents(py, index, cap)? {
-            (Named { consumed: true, versioned }, ptr) => Some((versioned, ptr)),
-            _ => None,
-        })
+        let (named, ptr) = capsule_contents(py, index, cap)?;
+        Ok::<_, PyErr>(named.consumed.then_some((named.versioned, ptr)))
     })?;
     match consumed {
         // SAFETY: the capsule is named `used_dltensor[_versioned]`, so its pointer is that kind
