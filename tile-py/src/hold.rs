@@ -21,8 +21,8 @@ use tile_dlpack::Unused;
 use tile_launch::{Guard, HandOff};
 
 use crate::convert::{
-    ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, convert_tensor, converting, hold_capsule,
-    is_dlpack_producer, same_capsule_as,
+    ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, converting, export_producer,
+    hold_capsule, same_capsule_as,
 };
 use crate::exceptions::{Kind, arg_err, launch_err};
 use crate::release::{self, COUNTERS, PyGuard, drain};
@@ -171,8 +171,8 @@ fn read_each(
                 }
                 HeldCapsule::TakenOver(unused) => unused,
             }
-        } else if is_dlpack_producer(py, obj)? {
-            conv.push_held(convert_tensor(py, index, obj, &ANY_INPUT, hs)?)
+        } else if let Some(t) = export_producer(py, index, obj, &ANY_INPUT, hs)? {
+            conv.push_held(t)
         } else {
             conv.owners.push(obj.clone().unbind());
             continue;

@@ -370,7 +370,8 @@ impl Converted {
 /// The parameter a tensor is converted for when its kernel is not known yet (`tile_py.cutile`
 /// picks the kernel from the exported layout): an input, as every cuTile array is declared.
 /// Its dtype is not looked at while converting (tile-launch checks it against the kernel's).
-/// The launch path converts against the declared parameter instead.
+/// The launch path converts against the declared parameter instead; `tile_py.hold`, which
+/// launches nothing, against this one (only what reading a tensor needs is checked).
 pub(crate) static ANY_INPUT: Param = Param::Tensor {
     dtype: DType::F32,
     intent: tile_launch::Intent::Read,
@@ -398,13 +399,6 @@ fn producer_type(py: Python<'_>, obj: &Bound<'_, PyAny>) -> ProducerType {
             crate::pytypes::defined_on_type(ty, intern!(py, "__dlpack__")),
         )
     })
-}
-
-/// Whether `obj` is a DLPack producer, as [`convert_tensor`] tells one: its type has the C
-/// exchange API or defines `__dlpack__`, or the object has a `__dlpack__` attribute.
-pub(crate) fn is_dlpack_producer(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let (_, api, on_type) = producer_type(py, obj);
-    Ok(api.is_some() || on_type || obj.hasattr(intern!(py, "__dlpack__"))?)
 }
 
 pub(crate) struct Tensor {
@@ -461,6 +455,35 @@ pub(crate) fn convert_tensor(
     if let Ok(cap) = obj.cast::<PyCapsule>() {
         return claim_capsule(py, index, cap.as_any());
     }
+    if let Some(t) = export_producer(py, index, obj, param, hs)? {
+        return Ok(t);
+    }
+    if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
+        return from_cai(py, index, obj, hs);
+    }
+    Err(arg_err(
+        Kind::Type,
+        index,
+        format!(
+            "expected {} (an object with __dlpack__ or __cuda_array_interface__, or a DLPack \
+             capsule), got {}",
+            expected_tensor(param),
+            show(obj)
+        ),
+    ))
+}
+
+/// The claimed export of `obj` (argument `index`, not a capsule) for `param`, when it is a
+/// DLPack producer: through its type's C exchange API, else its `__dlpack__` with the stream
+/// handshake (after the checks of [`producers::check`]). `None` for an object with neither (a
+/// launch then reads its `__cuda_array_interface__`; `tile_py.hold` holds it by reference).
+pub(crate) fn export_producer(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    param: &Param,
+    hs: &Handshake,
+) -> PyResult<Option<Tensor>> {
     let (family, api, on_type) = producer_type(py, obj);
     if let Some(api) = api {
         // Exported first, then checked: the export tells the dtype, which spares the
@@ -476,7 +499,7 @@ pub(crate) fn convert_tensor(
         // PyTorch's exchange API exports its own allocator's memory, described as it is: the
         // launch's pointer-memory query (one driver call per tensor) is skipped for it.
         t.memory_trusted = family == Family::Torch;
-        return Ok(t);
+        return Ok(Some(t));
     }
     let detached;
     let (obj, on_type) = match producers::check(index, obj, family, param, true, None)? {
@@ -503,20 +526,8 @@ pub(crate) fn convert_tensor(
         if let Some((cap, ready_on)) = call_dlpack(py, index, obj, &method, hs, offer)? {
             let mut t = claim_capsule(py, index, &cap)?;
             t.ready_on = ready_on;
-            return Ok(t);
+            return Ok(Some(t));
         }
     }
-    if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
-        return from_cai(py, index, obj, hs);
-    }
-    Err(arg_err(
-        Kind::Type,
-        index,
-        format!(
-            "expected {} (an object with __dlpack__ or __cuda_array_interface__, or a DLPack \
-             capsule), got {}",
-            expected_tensor(param),
-            show(obj)
-        ),
-    ))
+    Ok(None)
 }
