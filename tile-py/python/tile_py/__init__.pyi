@@ -323,9 +323,10 @@ def hold(stream: _StreamLike, *objects: Any) -> None:
 
     Every object is read before anything is held: when one is refused, the capsules claimed
     before it get their names back, the exports made for the call are released, and nothing is
-    taken over or held. The driver calls, per call whatever the number of objects: one
-    `cuStreamGetCaptureInfo`, then, as for a launch, an amortised `cuEventRecord` and
-    `cuEventQuery`, or under capture `cuUserObjectCreate` and `cuGraphRetainUserObject`. It
+    taken over or held. The driver calls, per call whatever the number of objects: the stream's
+    context made current, one `cuStreamGetCaptureInfo`, then, as for a launch, an amortised
+    `cuEventRecord` and `cuEventQuery`, or under capture `cuUserObjectCreate` and
+    `cuGraphRetainUserObject`. It
     never waits for the work it holds; like a launch, it waits for older work (with the GIL
     released) only when `stream`'s release queue is at its bound. Each hold counts as one of
     `stats()["launches"]`, and each object as one of `pending_guards` until the work is done.
