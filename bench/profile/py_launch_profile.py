@@ -9,6 +9,8 @@ callgrind; the difference over the difference in N is the instructions per launc
 PATH: torch (3 tensors + 4 u64 scalars, producer's current stream = launch stream), cross (the
 same, producer's current stream another), scalars (7 u64 scalars), bound (Kernel.bind, 3 tensors),
 capsule (3 arrays of a generic producer whose C `__dlpack__` returns a capsule, as CuPy's does),
+hold, hold1 and hold-capsule (`tile_py.hold` of the torch path's 3 tensors, of 1 of them, and of
+the capsule path's 3 arrays: what another launcher calls after its launch; nothing is launched),
 cutile and cutile-capsule (the torch and capsule paths' arguments through tile_py.cutile.launch, a
 cuTile kernel's cached launch: its one compile, at the first launch, registers the stub's kernel
 in place of cuTile's compiler, so every measured launch is a hit; needs cuda-tile), cutile-int
@@ -98,6 +100,9 @@ def main():
         "scalars": lambda: tile_py.launch(STREAM, 16, k7, (1, 2, 3, 4, 5, 6, 7), block=256),
         "bound": lambda: bound(a, b, c, 1, 2, 3, 4),
         "capsule": lambda: tile_py.launch(STREAM, 16, k3, (x, y, z, 1, 2, 3, 4), block=256),
+        "hold": lambda: tile_py.hold(STREAM, a, b, c),
+        "hold1": lambda: tile_py.hold(STREAM, a),
+        "hold-capsule": lambda: tile_py.hold(STREAM, x, y, z),
     }
     if path in ("cutile", "cutile-capsule"):
         paths[path] = cutile_launcher(

@@ -279,7 +279,11 @@ fn under_capture_what_the_graph_refuses_is_leaked_not_released() {
     stream.synchronize().unwrap();
     stub.destroy_graphs();
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert_eq!(count.get(), 0, "released although the graph may run the work");
+    assert_eq!(
+        count.get(),
+        0,
+        "released although the graph may run the work"
+    );
 }
 
 #[test]

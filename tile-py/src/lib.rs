@@ -14,6 +14,9 @@
 //! - **Releasing.** A consumed tensor belongs to the launch's stream until its work is done;
 //!   then its deleter runs exactly once, attached to the interpreter, on a thread that called
 //!   into tile_py or on the release thread ([`release`], [`worker`]).
+//! - **Holding for other launchers.** `tile_py.hold` reads objects as a launch reads its
+//!   arguments and puts them on the same release path, for work another launcher enqueued
+//!   ([`hold`]).
 //! - **The process.** Nothing touches CUDA in a forked child or after the exit hook
 //!   ([`process`]).
 //! - **Errors** map to Python exceptions in one place, [`exceptions`].
@@ -31,6 +34,7 @@ mod cutile;
 mod device_contexts;
 mod exceptions;
 mod export;
+mod hold;
 mod kernel;
 mod lifecycle;
 mod prepared;
@@ -63,6 +67,8 @@ mod _tile_py {
     use crate::exceptions::{CudaError, DriverNotFoundError};
     #[pymodule_export]
     use crate::export::_export;
+    #[pymodule_export]
+    use crate::hold::hold;
     #[pymodule_export]
     use crate::kernel::{Kernel, Library, PyParam, inout, input, output, scalar};
     #[pymodule_export]

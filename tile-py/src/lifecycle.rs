@@ -100,11 +100,12 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   not all released yet. Once its work is released a stream is forgotten: its stream object is
 ///   no longer kept alive and its handle is never touched again (it may be destroyed and reused).
 /// - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
-///   `__cuda_array_interface__` object kept alive) of launches, queued on the streams'
-///   release queues until an event shows their work finished, and the bytes among them that
-///   only the queue keeps alive (exports the producer copied for the launch, DLPack
-///   `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
-///   of the device's memory: past it, a launch that adds such bytes first waits for older work.
+///   `__cuda_array_interface__` object kept alive) of launches, and one per object of `hold`,
+///   queued on the streams' release queues until an event shows their work finished, and the
+///   bytes among them that only the queue keeps alive (exports the producer copied for the
+///   launch, DLPack `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are
+///   bounded by a quarter of the device's memory: past it, a launch that adds such bytes first
+///   waits for older work.
 /// - `held_guards`, `held_bytes`: always 0 in tile_py, whose launches put their tensors straight on
 ///   the release queue (kept for parity with Rust's `Stream::stats`).
 /// - `released`: DLPack deleters tile_py has run (tensors released), on every path:
@@ -117,8 +118,8 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   not be confirmed (a failed wait); part of `leaked`.
 /// - `leaked`: tensors never released: their completion could not be confirmed (a failed
 ///   wait), the interpreter was exiting, or they were inherited by a child of `os.fork()`.
-/// - `launches`: launches the driver accepted on those streams (launches captured into a CUDA
-///   graph are not counted).
+/// - `launches`: launches the driver accepted on those streams, and `hold` calls (those captured
+///   into a CUDA graph are not counted).
 /// - `errors`: completion events the release queues failed to record, query or wait for.
 /// - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
 ///   at the next call into tile_py, or on the release thread within 50 ms).

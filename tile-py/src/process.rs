@@ -6,7 +6,7 @@
 //! **In a child made by `os.fork()`** CUDA cannot be used (the driver's state does not survive
 //! the fork: its calls fail with `CUDA_ERROR_NOT_INITIALIZED`), so no public call makes a
 //! driver call there, and none waits for a lock another thread of the parent may have held at
-//! the fork: launches, prepared launches, library loads and kernel lookups, and
+//! the fork: launches, holds, prepared launches, library loads and kernel lookups, and
 //! `compute_capability` raise `ValueError` ([`refuse_in_fork`]); `synchronize` returns at
 //! once; `stats` answers without polling, from the counters inherited at the fork
 //! ([`inherited_stats`]), with every tensor the parent's streams held counted in `leaked`; a
@@ -73,13 +73,20 @@ pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
 /// [`refuse_in_fork`] for a launch, which is refused during interpreter exit too.
 #[inline]
 pub(crate) fn refuse_launch() -> PyResult<()> {
+    refuse_work("launch", "launches")
+}
+
+/// [`refuse_in_fork`] for work on a stream (`what`, e.g. "launch"), which is refused during
+/// interpreter exit too ("no more `plural`").
+#[inline]
+pub(crate) fn refuse_work(what: &str, plural: &str) -> PyResult<()> {
     if FINALIZING.load(Ordering::Acquire) {
         return Err(err(
             Kind::Value,
-            "tile_py is shutting down (interpreter exit): no more launches",
+            format!("tile_py is shutting down (interpreter exit): no more {plural}"),
         ));
     }
-    refuse_in_fork("launch")
+    refuse_in_fork(what)
 }
 
 /// The counters of the parent's streams as inherited at the fork (`None` outside a child).

@@ -33,8 +33,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
-use tile_dlpack::Used;
 use tile_dlpack::dlpark::ffi::DLDeviceType;
+use tile_dlpack::{Taken, Used};
 
 use crate::process::leaking;
 
@@ -90,6 +90,9 @@ pub(crate) enum Release {
     Tensor(Used),
     /// A Python object kept alive for the launch (a `__cuda_array_interface__` exporter).
     Object(Py<PyAny>),
+    /// A tensor taken over unread (`tile_py.hold` of a capsule a launcher consumed): dropping it
+    /// runs its deleter.
+    Taken(Taken),
 }
 
 /// The queue, and the batches taken off it whose deleters are running.
@@ -294,7 +297,8 @@ fn device_of(item: &Release) -> Option<i32> {
             (device.is_cuda() || device.device_type == DLDeviceType::CUDAMANAGED)
                 .then_some(device.device_id)
         }
-        Release::Object(_) => None,
+        // Unread: its device is not known (the release runs in tile_py's first context).
+        Release::Object(_) | Release::Taken(_) => None,
     }
 }
 
@@ -350,7 +354,7 @@ fn take_pending(py: Python<'_>) -> Option<PyErr> {
 /// Runs one release (attached), counting it and reporting a deleter's exception through
 /// `sys.unraisablehook`.
 fn release_one(py: Python<'_>, item: Release) {
-    let is_tensor = matches!(item, Release::Tensor(_));
+    let is_tensor = matches!(item, Release::Tensor(_) | Release::Taken(_));
     // A panic cannot come from a C deleter (it would abort), only from Rust code around it;
     // catch it so that the remaining releases still run.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(item)));
@@ -382,6 +386,9 @@ impl PyGuard {
     }
     pub(crate) fn object(obj: Py<PyAny>) -> PyGuard {
         PyGuard(Some(Release::Object(obj)))
+    }
+    pub(crate) fn taken(tensor: Taken) -> PyGuard {
+        PyGuard(Some(Release::Taken(tensor)))
     }
 }
 

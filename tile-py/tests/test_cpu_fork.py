@@ -1,6 +1,6 @@
 """CPU tests of every public tile_py call in a child made by ``os.fork()``: none makes a driver
-call or waits for a lock the parent may have held. Launches, prepared launches, library loads
-and ``compute_capability`` raise the fork ``ValueError``; ``synchronize`` returns; ``stats``
+call or waits for a lock the parent may have held. Launches, holds, prepared launches, library
+loads and ``compute_capability`` raise the fork ``ValueError``; ``synchronize`` returns; ``stats``
 answers without polling, releases queued in the parent counted as leaked; the release thread
 does not exist; the exit hook returns at once. No GPU needed (a machine without a driver)."""
 
@@ -68,6 +68,7 @@ CHILD = """
                 failures.append("a release thread runs in the child")
             # Refused with the fork ValueError.
             refused("launch", tile_py.launch, 1, 1, None, (), block=1)
+            refused("hold", tile_py.hold, 1, Marker())
             refused("BoundLaunch", tile_py.BoundLaunch, 1, 1, None, block=1)
             refused("compute_capability", tile_py.compute_capability, 1)
             refused("Library.from_bytes", tile_py.Library.from_bytes, b"\\x7fELF" + bytes(60))

@@ -326,6 +326,15 @@ fn python_paths(
             "tile_py.launch, 3 arrays of a C __dlpack__ producer (capsules) + 4 u64 scalars",
         ),
         (
+            "hold",
+            "tile_py.hold, the torch row's 3 tensors (per call; no kernel launched)",
+        ),
+        ("hold1", "tile_py.hold, 1 of those tensors (per call)"),
+        (
+            "hold-capsule",
+            "tile_py.hold, the capsule row's 3 arrays (per call)",
+        ),
+        (
             "cutile",
             "tile_py.cutile.launch (cached), the torch row's arguments (needs cuda-tile)",
         ),

@@ -17,6 +17,7 @@ __all__ = [
     "Param",
     "Scalar",
     "compute_capability",
+    "hold",
     "launch",
     "stats",
     "synchronize",
@@ -286,6 +287,64 @@ def launch(
     converts but does not fit is tile_py's own error.
     """
 
+def hold(stream: _StreamLike, *objects: Any) -> None:
+    """Keeps each of `objects` alive until all the work enqueued on `stream` up to this call has
+    completed, then releases it; returns None at once, without waiting for that work.
+
+    This is what a launcher that is not tile_py calls right after enqueueing work that uses
+    `objects`, instead of dropping them (or calling a DLPack deleter) when its launch call
+    returns: the objects join `stream`'s release queue as the tensors of a `tile_py.launch`
+    do, and are released once an event recorded after this call shows the work done (at a later
+    call into tile_py, or by tile_py's release thread within 50 ms). Inside a CUDA graph capture
+    of `stream`, the graph owns them instead, until it and every executable graph made from it
+    are destroyed.
+
+    - `stream`: as for `launch`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy
+      stream, a CUDA `torch.Stream`, or an int handle (1: legacy default stream, 2: per-thread
+      default stream; 0 and None are refused). An int handle must name a live stream during the
+      call.
+    - `objects`, each one of:
+      - a DLPack producer (an object with `__dlpack__`, or PyTorch's C exchange API): exported
+        as `launch` exports an argument for `stream` (`__dlpack__(stream=...)`, so the producer
+        orders its pending work before later work on `stream`), and that export is held: its
+        deleter runs once the work is done, and it keeps the producer's memory alive until
+        then, even if the producer object is deleted. No stream wait is inserted.
+      - a DLPack capsule named `dltensor` or `dltensor_versioned`: consumed (renamed
+        `used_dltensor[_versioned]`) and held; its deleter runs once the work is done.
+      - a DLPack capsule named `used_dltensor` or `used_dltensor_versioned`, which a launcher
+        consumed (it read the pointer and renamed the capsule): the caller hands over the duty
+        to call the tensor's deleter, which tile_py runs once the work is done. Nothing of it is
+        read but its deleter: whatever its descriptor says, it is held, never refused. The
+        caller must not call that deleter itself afterwards, and must not pass a capsule whose deleter was
+        called already, nor one that tile_py consumed (passed to `launch` or `hold` before):
+        tile_py cannot tell those from a capsule whose deleter is still due.
+      - any other object (including `__cuda_array_interface__` objects without `__dlpack__`): a
+        strong reference, dropped once the work is done (with the GIL, on a thread that calls
+        into tile_py or on tile_py's release thread).
+
+    Every object is read before anything is held: when one is refused, the capsules claimed
+    before it get their names back, the exports made for the call are released, and nothing is
+    taken over or held. The driver calls, per call whatever the number of objects: the stream's
+    context made current, one `cuStreamGetCaptureInfo`, then, as for a launch, an amortised
+    `cuEventRecord` and `cuEventQuery`, or under capture `cuUserObjectCreate` and
+    `cuGraphRetainUserObject`. It
+    never waits for the work it holds; like a launch, it waits for older work (with the GIL
+    released) only when `stream`'s release queue is at its bound. Each hold counts as one of
+    `stats()["launches"]`, and each object as one of `pending_guards` until the work is done.
+
+    Raises `TypeError` (a stream of an unsupported type; a capsule with another name or none, a
+    `__dlpack__` that returns something else than a capsule or takes no stream), `ValueError`
+    (stream 0 or another bad stream value; the same capsule twice; a DLPack capsule of a null
+    pointer; an export or unconsumed capsule whose descriptor does not validate; host memory whose producer refuses the
+    stream; a lazy conjugate / negative torch view; a call in a child made by `os.fork()` or
+    during interpreter exit), `BufferError` (DLPack version), `OverflowError` (descriptor
+    sizes), `tile_py.CudaError` (a failed driver call: resolving the stream; reading its
+    capture state, when what was read is leaked rather than released early; attaching it to the
+    graph being captured) and its subclass `tile_py.DriverNotFoundError` (no CUDA driver). An
+    error names the object at fault as `argument i` (`i` counting from 0 among `objects`); an
+    exception a producer raises keeps its type, with that note.
+    """
+
 def synchronize() -> None:
     """Wait for the work of every stream that holds tensors not yet released (streams with
     nothing pending are not touched), then release every deferred tensor: on return, every
@@ -307,11 +366,12 @@ def stats() -> dict[str, int]:
       not all released yet. Once its work is released a stream is forgotten: its stream object is
       no longer kept alive and its handle is never touched again (it may be destroyed and reused).
     - `pending_guards`, `pending_bytes`: guards (one per tensor, and one per
-      `__cuda_array_interface__` object kept alive) of launches, queued on the streams'
-      release queues until an event shows their work finished, and the bytes among them that
-      only the queue keeps alive (exports the producer copied for the launch, DLPack
-      `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are bounded by a quarter
-      of the device's memory: past it, a launch that adds such bytes first waits for older work.
+      `__cuda_array_interface__` object kept alive) of launches, and one per object of `hold`,
+      queued on the streams' release queues until an event shows their work finished, and the
+      bytes among them that only the queue keeps alive (exports the producer copied for the
+      launch, DLPack `IS_COPIED`; a tensor the caller still holds counts 0). The bytes are
+      bounded by a quarter of the device's memory: past it, a launch that adds such bytes first
+      waits for older work.
     - `held_guards`, `held_bytes`: always 0 in tile_py, whose launches put their tensors straight on
       the release queue (kept for parity with Rust's `Stream::stats`).
     - `released`: DLPack deleters tile_py has run (tensors released), on every path:
@@ -324,8 +384,8 @@ def stats() -> dict[str, int]:
       not be confirmed (a failed wait); part of `leaked`.
     - `leaked`: tensors never released: their completion could not be confirmed (a failed
       wait), the interpreter was exiting, or they were inherited by a child of `os.fork()`.
-    - `launches`: launches the driver accepted on those streams (launches captured into a CUDA
-      graph are not counted).
+    - `launches`: launches the driver accepted on those streams, and `hold` calls (those captured
+      into a CUDA graph are not counted).
     - `errors`: completion events the release queues failed to record, query or wait for.
     - `queued_releases`: releases whose work is done but whose deleter has not run yet (they run
       at the next call into tile_py, or on the release thread within 50 ms).

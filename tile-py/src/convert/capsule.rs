@@ -2,15 +2,22 @@
 
 use super::*;
 
-/// The tensor of an unconsumed DLPack capsule: whether it is versioned (`dltensor_versioned`)
-/// and its pointer. Refuses a capsule without a name, one already consumed (`used_*`) and one
-/// of another kind. The caller holds the capsule's critical section, so that the name read here
+/// What a DLPack capsule's name says: whether its tensor is versioned
+/// (`dltensor_versioned`), and whether it was consumed already (`used_*`).
+#[derive(Clone, Copy)]
+struct Named {
+    versioned: bool,
+    consumed: bool,
+}
+
+/// The name and pointer of a DLPack capsule: refuses a capsule without a name and one of
+/// another kind. The caller holds the capsule's critical section, so that the name read here
 /// is still the capsule's when it acts on it.
-pub(crate) fn capsule_tensor(
+fn capsule_contents(
     py: Python<'_>,
     index: usize,
     cap: &Bound<'_, PyAny>,
-) -> PyResult<(bool, *mut c_void)> {
+) -> PyResult<(Named, *mut c_void)> {
     // SAFETY: `cap` is a capsule (checked by the caller); the name pointer stays valid while the
     // capsule keeps this name, and the caller holds the capsule's critical section.
     let name_ptr = unsafe { ffi::PyCapsule_GetName(cap.as_ptr()) };
@@ -25,19 +32,15 @@ pub(crate) fn capsule_tensor(
     }
     // SAFETY: non-null capsule names are NUL-terminated C strings.
     let name = unsafe { CStr::from_ptr(name_ptr) };
-    let versioned = match name.to_bytes() {
-        b"dltensor" => false,
-        b"dltensor_versioned" => true,
-        b"used_dltensor" | b"used_dltensor_versioned" => {
-            return Err(arg_err(
-                Kind::Value,
-                index,
-                format!(
-                    "DLPack capsule already consumed (its name is {:?})",
-                    name.to_string_lossy()
-                ),
-            ));
-        }
+    let named = |versioned, consumed| Named {
+        versioned,
+        consumed,
+    };
+    let named = match name.to_bytes() {
+        b"dltensor" => named(false, false),
+        b"dltensor_versioned" => named(true, false),
+        b"used_dltensor" => named(false, true),
+        b"used_dltensor_versioned" => named(true, true),
         other => {
             return Err(arg_err(
                 Kind::Type,
@@ -57,14 +60,45 @@ pub(crate) fn capsule_tensor(
             arg_err(Kind::Value, index, "DLPack capsule holds a null pointer")
         }));
     }
-    Ok((versioned, ptr))
+    Ok((named, ptr))
+}
+
+/// The refusal of a capsule consumed already, by its name.
+fn consumed_err(index: usize, versioned: bool) -> PyErr {
+    let name = if versioned {
+        "used_dltensor_versioned"
+    } else {
+        "used_dltensor"
+    };
+    arg_err(
+        Kind::Value,
+        index,
+        format!("DLPack capsule already consumed (its name is {name:?})"),
+    )
+}
+
+/// The tensor of an unconsumed DLPack capsule: whether it is versioned (`dltensor_versioned`)
+/// and its pointer. Refuses a capsule without a name, one already consumed (`used_*`) and one
+/// of another kind. The caller holds the capsule's critical section, so that the name read here
+/// is still the capsule's when it acts on it.
+pub(crate) fn capsule_tensor(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+) -> PyResult<(bool, *mut c_void)> {
+    let (named, ptr) = capsule_contents(py, index, cap)?;
+    if named.consumed {
+        return Err(consumed_err(index, named.versioned));
+    }
+    Ok((named.versioned, ptr))
 }
 
 /// The [`Unused`] over a capsule's tensor, as [`capsule_tensor`] found it.
 ///
 /// # Safety
 ///
-/// `ptr` is the pointer of a capsule named `dltensor_versioned` (`versioned`) or `dltensor`,
+/// `ptr` is the pointer of a capsule named `dltensor_versioned` (`versioned`) or `dltensor`
+/// (or, for `tile_py.hold`, `used_dltensor[_versioned]`, whose deleter its caller hands over),
 /// whose tensor stays valid and unconsumed by anyone else for the `Unused`'s life.
 pub(crate) unsafe fn capsule_unused(versioned: bool, ptr: *mut c_void) -> Unused<'static> {
     if versioned {
@@ -127,4 +161,52 @@ pub(crate) fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &
             let _ = PyErr::take(py);
         }
     });
+}
+
+/// A capsule handed to `tile_py.hold`: claimed as a launch claims it ([`claim_capsule`]) when
+/// it is not consumed yet; when it is (`used_dltensor[_versioned]`: a launcher consumed it),
+/// its tensor, whose deleter the caller hands over to tile_py.
+pub(crate) enum HeldCapsule {
+    Claimed(Tensor),
+    /// The tensor of a consumed capsule, taken over unread (its descriptor may be one tile
+    /// would not launch on: the launcher's work uses its memory all the same, so it is never
+    /// refused, and never released early). The capsule keeps its name (it is `used_*` already,
+    /// so its destructor never calls the deleter).
+    TakenOver(Taken),
+}
+
+/// Reads a capsule for `tile_py.hold` (see [`HeldCapsule`]); refuses what [`claim_capsule`]
+/// refuses but a consumed capsule.
+///
+/// # Safety
+///
+/// When the capsule is named `used_*`, the caller hands over the duty to call its tensor's
+/// deleter, which nobody has called yet and nobody else calls: the `Taken` runs it once, when
+/// dropped (a caller that gives it back forgets it instead).
+pub(crate) unsafe fn hold_capsule(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+) -> PyResult<HeldCapsule> {
+    let consumed = with_critical_section(cap, || {
+        let (named, ptr) = capsule_contents(py, index, cap)?;
+        Ok::<_, PyErr>(named.consumed.then_some((named.versioned, ptr)))
+    })?;
+    match consumed {
+        // SAFETY: the capsule is named `used_dltensor[_versioned]`, so its pointer (not null:
+        // `capsule_contents` refuses null) is that kind of tensor, valid until its deleter
+        // runs: this function's contract says that nobody has run it or will, but the `Taken`.
+        Some((versioned, ptr)) => {
+            let taken = if versioned {
+                unsafe { Taken::versioned(ptr.cast()) }
+            } else {
+                // SAFETY: as above, for a legacy tensor.
+                unsafe { Taken::legacy(ptr.cast()) }
+            };
+            Ok(HeldCapsule::TakenOver(
+                taken.expect("capsule_contents refuses null"),
+            ))
+        }
+        None => claim_capsule(py, index, cap).map(HeldCapsule::Claimed),
+    }
 }

@@ -26,7 +26,7 @@ use tile_dlpack::ffi::{
     DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLPackExchangeAPI, DLPackVersion,
     DLTensor,
 };
-use tile_dlpack::{DType, Unused};
+use tile_dlpack::{DType, Taken, Unused};
 use tile_launch::{Arg, Param, Scalar, ScalarType, TensorArg};
 
 use crate::exceptions::{Kind, arg_err, argument_note, err, show, with_note};
@@ -232,14 +232,26 @@ pub(crate) fn convert_args_into(
     hs: &Handshake,
     out: &mut Converted,
 ) -> PyResult<()> {
+    converting(py, args, out, |out, at| {
+        convert_each(py, params, args, hs, out, at)
+    })
+}
+
+/// Runs `each`, which converts `args` into `out` one by one and sets `at` to the index it is
+/// converting; on error, or a panic, rolls `out` back and returns the error, naming the
+/// argument. Shared by the launch's conversion and `tile_py.hold`'s.
+pub(crate) fn converting(
+    py: Python<'_>,
+    args: &[Bound<'_, PyAny>],
+    out: &mut Converted,
+    each: impl FnOnce(&mut Converted, &mut usize) -> PyResult<()>,
+) -> PyResult<()> {
     // A panic while converting (a bug in tile-py or a dependency) must not skip the rollback:
     // it would leave earlier capsules renamed `used_*` forever and leak owned tensors. It is
     // caught here, everything claimed so far is rolled back, and it becomes a `RuntimeError`.
     // `catch_unwind` costs nothing unless a panic happens.
     let mut at = 0usize;
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        convert_each(py, params, args, hs, out, &mut at)
-    }));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| each(out, &mut at)));
     let e = match r {
         Ok(Ok(())) => return Ok(()),
         Ok(Err(e)) => match same_capsule_as(args, at) {
@@ -269,7 +281,7 @@ pub(crate) fn convert_args_into(
 }
 
 /// The earlier argument that is the very capsule object `args[at]`, if any. Error path only.
-fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
+pub(crate) fn same_capsule_as(args: &[Bound<'_, PyAny>], at: usize) -> Option<usize> {
     let obj = args.get(at)?;
     if obj.cast::<PyCapsule>().is_err() {
         return None;
@@ -337,6 +349,17 @@ impl Converted {
         }
     }
 
+    /// Appends the claim and the owner of a tensor that is held rather than launched
+    /// (`tile_py.hold`), and returns its export, for the caller to consume once every object is
+    /// converted: until then a rollback gives the claim back as a launch's.
+    pub(crate) fn push_held(&mut self, t: Tensor) -> Unused<'static> {
+        self.claims.push(Some(t.claim));
+        if let Some(o) = t.owner {
+            self.owners.push(o);
+        }
+        t.unused
+    }
+
     /// Appends a converted scalar.
     pub(crate) fn push_scalar(&mut self, s: Scalar) {
         self.args.push(Arg::Scalar(s));
@@ -347,7 +370,8 @@ impl Converted {
 /// The parameter a tensor is converted for when its kernel is not known yet (`tile_py.cutile`
 /// picks the kernel from the exported layout): an input, as every cuTile array is declared.
 /// Its dtype is not looked at while converting (tile-launch checks it against the kernel's).
-/// The launch path converts against the declared parameter instead.
+/// The launch path converts against the declared parameter instead; `tile_py.hold`, which
+/// launches nothing, against this one (only what reading a tensor needs is checked).
 pub(crate) static ANY_INPUT: Param = Param::Tensor {
     dtype: DType::F32,
     intent: tile_launch::Intent::Read,
@@ -431,6 +455,35 @@ pub(crate) fn convert_tensor(
     if let Ok(cap) = obj.cast::<PyCapsule>() {
         return claim_capsule(py, index, cap.as_any());
     }
+    if let Some(t) = export_producer(py, index, obj, param, hs)? {
+        return Ok(t);
+    }
+    if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
+        return from_cai(py, index, obj, hs);
+    }
+    Err(arg_err(
+        Kind::Type,
+        index,
+        format!(
+            "expected {} (an object with __dlpack__ or __cuda_array_interface__, or a DLPack \
+             capsule), got {}",
+            expected_tensor(param),
+            show(obj)
+        ),
+    ))
+}
+
+/// The claimed export of `obj` (argument `index`, not a capsule) for `param`, when it is a
+/// DLPack producer: through its type's C exchange API, else its `__dlpack__` with the stream
+/// handshake (after the checks of [`producers::check`]). `None` for an object with neither (a
+/// launch then reads its `__cuda_array_interface__`; `tile_py.hold` holds it by reference).
+pub(crate) fn export_producer(
+    py: Python<'_>,
+    index: usize,
+    obj: &Bound<'_, PyAny>,
+    param: &Param,
+    hs: &Handshake,
+) -> PyResult<Option<Tensor>> {
     let (family, api, on_type) = producer_type(py, obj);
     if let Some(api) = api {
         // Exported first, then checked: the export tells the dtype, which spares the
@@ -446,7 +499,7 @@ pub(crate) fn convert_tensor(
         // PyTorch's exchange API exports its own allocator's memory, described as it is: the
         // launch's pointer-memory query (one driver call per tensor) is skipped for it.
         t.memory_trusted = family == Family::Torch;
-        return Ok(t);
+        return Ok(Some(t));
     }
     let detached;
     let (obj, on_type) = match producers::check(index, obj, family, param, true, None)? {
@@ -473,20 +526,8 @@ pub(crate) fn convert_tensor(
         if let Some((cap, ready_on)) = call_dlpack(py, index, obj, &method, hs, offer)? {
             let mut t = claim_capsule(py, index, &cap)?;
             t.ready_on = ready_on;
-            return Ok(t);
+            return Ok(Some(t));
         }
     }
-    if obj.hasattr(intern!(py, "__cuda_array_interface__"))? {
-        return from_cai(py, index, obj, hs);
-    }
-    Err(arg_err(
-        Kind::Type,
-        index,
-        format!(
-            "expected {} (an object with __dlpack__ or __cuda_array_interface__, or a DLPack \
-             capsule), got {}",
-            expected_tensor(param),
-            show(obj)
-        ),
-    ))
+    Ok(None)
 }
