@@ -198,6 +198,7 @@ pub(crate) unsafe fn hold_capsule(
         // runs: this function's contract says that nobody has run it or will, but the `Taken`.
         Some((versioned, ptr)) => {
             let taken = if versioned {
+                // SAFETY: as above.
                 unsafe { Taken::versioned(ptr.cast()) }
             } else {
                 // SAFETY: as above, for a legacy tensor.
