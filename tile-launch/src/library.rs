@@ -335,9 +335,7 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
             // SAFETY: out-pointers to locals; `raw` is a kernel of a loaded library.
             let r = unsafe { (d.cuKernelGetParamInfo)(raw, slot, &mut offset, &mut size) };
             if r == CUresult::CUDA_ERROR_INVALID_VALUE {
-                return Err(mismatch(format!(
-                    "the signature declares {n} parameters but the kernel takes {slot}"
-                )));
+                return Err(mismatch(count_mismatch(n, slot)));
             }
             r.check("cuKernelGetParamInfo")?;
             let want = p.slot_size(k);
@@ -368,11 +366,18 @@ fn check_param_info(d: &Driver, raw: CUkernel, name: &str, sig: &Signature) -> R
         takes += 1;
     }
     if takes > n {
-        return Err(mismatch(format!(
-            "the signature declares {n} parameters but the kernel takes {takes}"
-        )));
+        return Err(mismatch(count_mismatch(n, takes)));
     }
     Ok(())
+}
+
+/// "the signature declares 1 parameter but the kernel takes 3", in the plural where it is one.
+fn count_mismatch(declared: usize, takes: usize) -> String {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    format!(
+        "the signature declares {declared} parameter{} but the kernel takes {takes}",
+        plural(declared)
+    )
 }
 
 /// What kernel parameter `k` of an array declaration is: `pointer`, `extent d` or `stride d`.
