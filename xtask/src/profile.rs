@@ -239,8 +239,17 @@ fn summarise(rows: &[Row]) {
         instr(rows, "python", "scalars"),
     ) {
         println!(
-            "  tile_py launch       {:>6.0}  (torch - scalars) / 3",
+            "  tile_py launch       {:>6.0}  (torch - scalars) / 3: a tensor in place of a u64",
             (t - s) / 3.0
+        );
+    }
+    if let (Some(h), Some(h1)) = (
+        instr(rows, "python", "hold"),
+        instr(rows, "python", "hold1"),
+    ) {
+        println!(
+            "  tile_py hold         {:>6.0}  (hold - hold1) / 2; one hold call of 1 tensor {h1:.0}",
+            (h - h1) / 2.0
         );
     }
 }
