@@ -1,7 +1,8 @@
 """Draws bench/launch-costs.svg, the latest side by side, from bench/results/:
 
-- CPU: host instructions per launch, from the newest `*-profile.txt` (the output of
-  `cargo xtask profile`, counted by callgrind against the stub driver);
+- CPU: host instructions per launch, from the newest `*-profile.json` that `cargo xtask profile`
+  writes (counted by callgrind against the stub driver; cuTile's own `ct.launch` among the rows
+  when cuda-tile was installed), else the newest `*-profile.txt` (its printed output);
 - GPU: µs per launch in burst mode, from the newest `*-python.json` that has a `ct.launch` row
   (cuTile beside tile_py in one run) and the newest `*-rust.json` (raw `cuLaunchKernel` beside
   tile-launch in one run).
@@ -45,7 +46,20 @@ CPU_LABELS = {
     "tile_py scalars": "tile_py.launch, 7 scalars",
     "tile_py bound": "tile_py Kernel.bind, 3 torch-like tensors",
     "tile_py capsule": "tile_py.launch, 3 capsule arrays",
+    "tile_py ct": "ct.launch (cuTile; releases early), 3 arrays, int stream",
+    "tile_py cutile-int": "tile_py.cutile.launch, the same arguments",
+    "tile_py cutile-capsule": "tile_py.cutile.launch, stream object",
+    "tile_py cutile": "tile_py.cutile.launch, 3 torch-like tensors",
+    "tile-launch hold": "tile-launch Stream::hold, 3 tensors",
+    "tile_py hold": "tile_py.hold, 3 torch-like tensors",
 }
+# The CPU rows drawn from a profile JSON, in order ((group, path); others are left out).
+JSON_ROWS = [
+    ("python", "ct"), ("python", "cutile-int"), ("python", "cutile-capsule"),
+    ("python", "capsule"), ("python", "torch"), ("python", "bound"), ("python", "scalars"),
+    ("python", "hold"), ("rust", "deferred"), ("rust", "bound"), ("rust", "scalars"),
+    ("rust", "hold"), ("rust", "export"),
+]
 RUST_ROWS = [
     ("raw cuLaunchKernel (cuda-sys)", "raw cuLaunchKernel"),
     ("tile-launch deferred, 3 DLPack tensors (export included)", "tile-launch deferred"),
@@ -77,6 +91,15 @@ def profile_rows(path):
     return rows
 
 
+def profile_json_rows(path):
+    """(label, instructions) of the rows of a `cargo xtask profile` JSON, in JSON_ROWS' order."""
+    found = {(r["group"], r["path"]): r["instructions_per_launch"]
+             for r in json.loads(path.read_text())["rows"]}
+    table = {"python": "tile_py", "rust": "tile-launch"}
+    return [(CPU_LABELS.get(f"{table[g]} {p}", f"{table[g]} {p}"), round(found[(g, p)]))
+            for g, p in JSON_ROWS if (g, p) in found]
+
+
 def has_ct_launch(path):
     burst = json.loads(path.read_text()).get("burst", {}).get("median_us", {})
     return any(k.startswith("ct.launch") for k in burst)
@@ -97,14 +120,18 @@ def barh(ax, rows, title, unit):
 
 
 def main():
-    prof = newest("*-profile.txt")
+    jsons = sorted(RESULTS.glob("*-profile.json"))
+    prof = jsons[-1] if jsons else newest("*-profile.txt")
     py = newest("*python*.json", has_ct_launch)
     rs = newest("*-rust.json")
     py_data = json.loads(py.read_text())
     rs_data = json.loads(rs.read_text())
     py_us = py_data["burst"]["median_us"]
     rs_us = {k: v["median_us"] for k, v in rs_data["burst"]["rows"].items()}
-    cpu = [r for r in profile_rows(prof) if not r[0].endswith(" raw")]  # the stub's own cost
+    if prof.suffix == ".json":
+        cpu = profile_json_rows(prof)
+    else:
+        cpu = [r for r in profile_rows(prof) if not r[0].endswith(" raw")]  # the stub's own cost
     gpu_py = [(label, py_us[key]) for key, label in PY_ROWS if key in py_us]
     gpu_rs = [(label, rs_us[key]) for key, label in RUST_ROWS if key in rs_us]
 
