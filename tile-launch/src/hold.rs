@@ -44,10 +44,13 @@ impl From<Box<dyn Send>> for Guard {
 impl Stream {
     /// Keeps `guards` alive until all the work enqueued on this stream up to this call has
     /// completed, then releases them (a consumed tensor's deleter runs once, a held owner is
-    /// dropped), without blocking the host: the guards join the stream's release queue as a
+    /// dropped), without waiting for that work: the guards join the stream's release queue as a
     /// launch's do, and are released once a completion marker recorded after this call has
     /// completed (found by a later launch, hold, [`poll`](Stream::poll),
-    /// [`synchronize`](Stream::synchronize) or the stream's drop).
+    /// [`synchronize`](Stream::synchronize) or the stream's drop). As for a launch, the call
+    /// waits for older work when the queue is over its bounds
+    /// ([`ReleaseConfig`](crate::ReleaseConfig)), and for its own work when it holds more
+    /// guards than the queue's guard bound on its own.
     ///
     /// While the stream captures a CUDA graph, the graph owns the guards instead, as it owns a
     /// captured launch's: they are released once the graph, its clones and every executable

@@ -199,6 +199,60 @@ def test_a_consumed_capsule_tile_would_not_launch_on_is_held_all_the_same(stub_d
     """)
 
 
+def test_a_capsule_tile_py_consumed_itself_is_never_taken_over_again(stub_driver):
+    """A `used_*` capsule is taken over only when another consumer renamed it: one tile_py
+    claimed (in an earlier hold or launch, through another argument of the same call, or in a
+    call in progress on the same capsule) is refused, so its deleter runs once."""
+    run_with_stub(stub_driver, """
+    def refused(*objects, index):
+        try:
+            tile_py.hold(STREAM, *objects)
+        except ValueError as e:
+            assert str(e).startswith(f"argument {index}: DLPack capsule already consumed by "
+                                     "tile_py"), str(e)
+        else:
+            raise AssertionError("a capsule tile_py consumed was taken over again")
+
+    # An earlier hold.
+    cap, count = make_capsule()
+    tile_py.hold(STREAM, cap)
+    refused(cap, index=0)
+    tile_py.synchronize()
+    assert count.calls == 1
+
+    # Claimed through a producer of the same call that hands out this very capsule.
+    cap, count = make_capsule()
+    class Returns:
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            return cap
+        def __dlpack_device__(self):
+            return (2, 0)
+    refused(Returns(), cap, index=1)
+    tile_py.synchronize()
+    assert capsule_name(cap) == "dltensor_versioned" and count.calls == 0  # given back
+
+    # A hold from inside another hold that has claimed the capsule, which then rolls back.
+    cap, count = make_capsule()
+    inner = []
+    class Reenters:
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            try:
+                tile_py.hold(STREAM, cap)
+            except ValueError as e:
+                inner.append(str(e))
+            raise RuntimeError("the producer fails")
+        def __dlpack_device__(self):
+            return (2, 0)
+    try:
+        tile_py.hold(STREAM, cap, Reenters())
+    except RuntimeError:
+        pass
+    tile_py.synchronize()
+    assert inner and inner[0].startswith("argument 0: DLPack capsule already consumed by tile_py")
+    assert capsule_name(cap) == "dltensor_versioned" and count.calls == 0  # given back, unfreed
+    """)
+
+
 def test_a_refused_object_leaves_everything_as_it_was(stub_driver):
     run_with_stub(stub_driver, """
     class NotACapsule:

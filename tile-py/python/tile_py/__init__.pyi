@@ -289,7 +289,7 @@ def launch(
 
 def hold(stream: _StreamLike, *objects: Any) -> None:
     """Keeps each of `objects` alive until all the work enqueued on `stream` up to this call has
-    completed, then releases it; returns None at once, without waiting for that work.
+    completed, then releases it; returns None without waiting for that work (but see below).
 
     This is what a launcher that is not tile_py calls right after enqueueing work that uses
     `objects`, instead of dropping them (or calling a DLPack deleter) when its launch call
@@ -315,9 +315,10 @@ def hold(stream: _StreamLike, *objects: Any) -> None:
         consumed (it read the pointer and renamed the capsule): the caller hands over the duty
         to call the tensor's deleter, which tile_py runs once the work is done. Nothing of it is
         read but its deleter: whatever its descriptor says, it is held, never refused. The
-        caller must not call that deleter itself afterwards, and must not pass a capsule whose deleter was
-        called already, nor one that tile_py consumed (passed to `launch` or `hold` before):
-        tile_py cannot tell those from a capsule whose deleter is still due.
+        caller must not call that deleter itself afterwards, nor pass a capsule whose deleter
+        was called already (tile_py cannot tell). A capsule tile_py consumed itself (passed to
+        `launch` or `hold` before, or claimed through another object of the call) is refused
+        (`ValueError`): its deleter is tile_py's already.
       - any other object (including `__cuda_array_interface__` objects without `__dlpack__`): a
         strong reference, dropped once the work is done (with the GIL, on a thread that calls
         into tile_py or on tile_py's release thread).
@@ -327,9 +328,10 @@ def hold(stream: _StreamLike, *objects: Any) -> None:
     taken over or held. The driver calls, per call whatever the number of objects: the stream's
     context made current, one `cuStreamGetCaptureInfo`, then, as for a launch, an amortised
     `cuEventRecord` and `cuEventQuery`, or under capture `cuUserObjectCreate` and
-    `cuGraphRetainUserObject`. It
-    never waits for the work it holds; like a launch, it waits for older work (with the GIL
-    released) only when `stream`'s release queue is at its bound. Each hold counts as one of
+    `cuGraphRetainUserObject`. It does not wait for the work it holds, with one exception: a
+    call of more objects than the release queue's guard bound (65,536) waits for that work
+    before returning, as a launch of that many tensors does; like a launch, it waits for
+    older work (with the GIL released) when `stream`'s release queue is at its bound. Each hold counts as one of
     `stats()["launches"]`, and each object as one of `pending_guards` until the work is done.
 
     Raises `TypeError` (a stream of an unsupported type; a capsule with another name or none, a

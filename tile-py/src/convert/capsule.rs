@@ -2,12 +2,20 @@
 
 use super::*;
 
+/// The names tile_py gives the capsules it claims. A capsule whose name is one of these very
+/// strings (the same pointer, not only the same text: `PyCapsule_SetName` keeps the pointer)
+/// was consumed by tile_py itself, and its deleter is tile_py's already; another consumer's
+/// `used_*` name is its own string.
+static CLAIMED_VERSIONED: &CStr = c"used_dltensor_versioned";
+static CLAIMED_LEGACY: &CStr = c"used_dltensor";
+
 /// What a DLPack capsule's name says: whether its tensor is versioned
-/// (`dltensor_versioned`), and whether it was consumed already (`used_*`).
+/// (`dltensor_versioned`), whether it was consumed already (`used_*`), and whether by tile_py.
 #[derive(Clone, Copy)]
 struct Named {
     versioned: bool,
     consumed: bool,
+    by_tile_py: bool,
 }
 
 /// The name and pointer of a DLPack capsule: refuses a capsule without a name and one of
@@ -32,9 +40,12 @@ fn capsule_contents(
     }
     // SAFETY: non-null capsule names are NUL-terminated C strings.
     let name = unsafe { CStr::from_ptr(name_ptr) };
+    let by_tile_py = std::ptr::eq(name_ptr, CLAIMED_VERSIONED.as_ptr())
+        || std::ptr::eq(name_ptr, CLAIMED_LEGACY.as_ptr());
     let named = |versioned, consumed| Named {
         versioned,
         consumed,
+        by_tile_py,
     };
     let named = match name.to_bytes() {
         b"dltensor" => named(false, false),
@@ -120,9 +131,9 @@ pub(crate) fn claim_capsule(
     let (versioned, ptr) = with_critical_section(cap, || {
         let (versioned, ptr) = capsule_tensor(py, index, cap)?;
         let used = if versioned {
-            c"used_dltensor_versioned"
+            CLAIMED_VERSIONED
         } else {
-            c"used_dltensor"
+            CLAIMED_LEGACY
         };
         // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
         if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
@@ -190,6 +201,17 @@ pub(crate) unsafe fn hold_capsule(
 ) -> PyResult<HeldCapsule> {
     let consumed = with_critical_section(cap, || {
         let (named, ptr) = capsule_contents(py, index, cap)?;
+        if named.by_tile_py {
+            // Its deleter is tile_py's already (a launch or hold holds it, or one in progress
+            // has claimed it): taking it over again would run that deleter twice.
+            return Err(arg_err(
+                Kind::Value,
+                index,
+                "DLPack capsule already consumed by tile_py (passed to launch or hold before, or \
+                 claimed through another argument of this call): tile_py releases it once; pass \
+                 each capsule to tile_py once",
+            ));
+        }
         Ok::<_, PyErr>(named.consumed.then_some((named.versioned, ptr)))
     })?;
     match consumed {
