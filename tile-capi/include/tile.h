@@ -19,9 +19,8 @@ typedef struct DLManagedTensor DLManagedTensor;
 typedef enum tile_status {
   // Success.
   TILE_OK = 0,
-  // A NULL pointer where one is not allowed, or a DLPack tensor whose descriptor is not
-  // valid. Nothing was taken over: a tensor or owner passed to the call is still the
-  // caller's.
+  // A NULL pointer where one is not allowed. Nothing was taken over: a tensor or owner
+  // passed to the call is still the caller's.
   TILE_ERROR_INVALID_ARGUMENT = 1,
   // The CUDA driver (`libcuda.so.1`, or the library `TILE_LIBCUDA` names) could not be
   // loaded or initialised.

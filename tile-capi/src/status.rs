@@ -16,9 +16,8 @@ use std::panic::{self, AssertUnwindSafe};
 pub enum tile_status {
     /// Success.
     TILE_OK = 0,
-    /// A NULL pointer where one is not allowed, or a DLPack tensor whose descriptor is not
-    /// valid. Nothing was taken over: a tensor or owner passed to the call is still the
-    /// caller's.
+    /// A NULL pointer where one is not allowed. Nothing was taken over: a tensor or owner
+    /// passed to the call is still the caller's.
     TILE_ERROR_INVALID_ARGUMENT = 1,
     /// The CUDA driver (`libcuda.so.1`, or the library `TILE_LIBCUDA` names) could not be
     /// loaded or initialised.
@@ -41,7 +40,7 @@ const STATUSES: [(tile_status, &std::ffi::CStr); 6] = [
     (TILE_OK, c"TILE_OK: success"),
     (
         TILE_ERROR_INVALID_ARGUMENT,
-        c"TILE_ERROR_INVALID_ARGUMENT: a NULL pointer or an invalid DLPack descriptor (nothing was taken over)",
+        c"TILE_ERROR_INVALID_ARGUMENT: a NULL pointer (nothing was taken over)",
     ),
     (
         TILE_ERROR_NO_DRIVER,

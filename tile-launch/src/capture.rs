@@ -390,20 +390,21 @@ pub(crate) fn attach(
     graph: CUgraph,
     ctx: &Arc<Context>,
     guards: Vec<Guard>,
-    refused: Refused,
+    refused: Refused<'_>,
 ) -> Result<usize> {
-    let leak = |guards: Vec<Guard>, e: &dyn std::fmt::Display| {
+    let leak = |guards: Vec<Guard>, e: &dyn std::fmt::Display, count: &dyn Fn(usize)| {
         log::error!(
             "tile-launch capture: {e}; {} guard(s) of work already captured are leaked",
             guards.len()
         );
+        count(guards.len());
         std::mem::forget(guards);
     };
     let releaser = match graph_releaser() {
         Ok(r) => r,
         Err(e) => {
-            if refused == Refused::Leak {
-                leak(guards, &e);
+            if let Refused::Leak(count) = refused {
+                leak(guards, &e, count);
             }
             return Err(e);
         }
@@ -428,7 +429,7 @@ pub(crate) fn attach(
         let parcel = unsafe { GraphReleaser::<Guard>::reclaim(p) };
         match refused {
             Refused::Release => ctx.releasing(|| drop(parcel)),
-            Refused::Leak => leak(parcel, &e),
+            Refused::Leak(count) => leak(parcel, &e, count),
         }
         return Err(e.into());
     }
@@ -444,11 +445,12 @@ pub(crate) fn attach(
     }
     .check("cuGraphRetainUserObject");
     if let Err(e) = retained {
-        if refused == Refused::Leak {
+        if let Refused::Leak(count) = refused {
             // Our one reference is never released: the destructor never runs.
             log::error!(
                 "tile-launch capture: {e}; {n} guard(s) of work already captured are leaked"
             );
+            count(n);
             return Err(e.into());
         }
         // SAFETY: we still hold the one reference; releasing it runs the destructor (hand-off).
@@ -462,12 +464,12 @@ pub(crate) fn attach(
 }
 
 /// What [`attach`] does with guards the graph did not take.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Refused {
+#[derive(Clone, Copy)]
+pub(crate) enum Refused<'a> {
     /// Release them: nothing captured uses them (a launch not enqueued yet).
     Release,
-    /// Leak them: work already captured uses them (a hold).
-    Leak,
+    /// Leak them, and count how many: work already captured uses them (a hold).
+    Leak(&'a dyn Fn(usize)),
 }
 
 /// How a capture interacts with potentially unsafe CUDA calls made by other code while it runs

@@ -119,7 +119,7 @@ impl Context {
         })?;
         // From here on `Context`'s Drop balances the retain (and the registration), on the
         // error path too.
-        retained::register(raw, ordinal);
+        retained::register(d, raw, ordinal);
         let mut ctx = Context {
             ordinal,
             device,
@@ -195,9 +195,9 @@ impl Context {
         *SEVERAL.get_or_init(|| Self::device_count().is_ok_and(|n| n > 1))
     }
 
-    /// The device of the context that owns `stream` (`cuStreamGetCtx`; then, unless that is a
-    /// primary context a [`Context`] of this process holds, whose device is known,
-    /// `cuCtxGetDevice` with it pushed and popped). For the default-stream handles (null,
+    /// The device of the context that owns `stream` (`cuStreamGetCtx`; then `cuCtxGetId` when
+    /// that is a primary context a [`Context`] of this process holds, whose device is known,
+    /// else `cuCtxGetDevice` with it pushed and popped). For the default-stream handles (null,
     /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which name a stream of whichever context is
     /// current, the device of the calling thread's current context, or `None` when no context is
     /// current. The calling thread's current context is the same afterwards.
@@ -224,9 +224,10 @@ impl Context {
                 return Ok(None);
             }
         }
-        // A primary context held by a `Context` is alive and is its device's for as long as it
-        // is held: no need to ask the driver (three calls).
-        if let Some(ordinal) = retained::ordinal_of(ctx) {
+        // A primary context held by a `Context` is its device's: its unique id (asked, since a
+        // context destroyed under us, by a reset, may leave its handle to another) names the
+        // device without pushing it (two calls fewer).
+        if let Some(ordinal) = retained::ordinal_of(d, ctx) {
             return Ok(Some(ordinal));
         }
         // SAFETY: `ctx` is a live context (it owns a live stream, or is current); popped below.
@@ -379,46 +380,77 @@ impl Drop for Context {
 }
 
 /// The primary contexts that [`Context`] values hold (retained, not yet released), with their
-/// devices: a context handle found here names that device's primary context for as long as it
-/// is held, so its device is known without asking the driver.
+/// devices and their unique ids (`cuCtxGetId`): a context handle found here whose id is still
+/// the one registered is that device's primary context, so its device is known without making
+/// it current. The id is compared because a primary context can be destroyed while retained
+/// (`cuDevicePrimaryCtxReset` in other code), and its handle then reused; ids are never reused.
 mod retained {
     use std::sync::Mutex;
 
-    use cuda_sys::CUcontext;
+    use cuda_sys::{CUcontext, CuResultExt, Driver};
 
-    /// (context handle, device ordinal, how many `Context` values hold it).
-    static HELD: Mutex<Vec<(usize, i32, usize)>> = Mutex::new(Vec::new());
+    /// One held primary context.
+    struct Held {
+        raw: usize,
+        id: u64,
+        ordinal: i32,
+        /// How many `Context` values hold it.
+        holders: usize,
+    }
 
-    fn held() -> std::sync::MutexGuard<'static, Vec<(usize, i32, usize)>> {
+    static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+    fn held() -> std::sync::MutexGuard<'static, Vec<Held>> {
         HELD.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A `Context` of device `ordinal` now holds `raw`.
-    pub(super) fn register(raw: CUcontext, ordinal: i32) {
+    /// The unique id of context `raw`, or `None` if the driver has none for it.
+    fn id_of(d: &Driver, raw: CUcontext) -> Option<u64> {
+        let mut id = 0u64;
+        // SAFETY: out-pointer to a local; the driver reports an error, not undefined behaviour,
+        // for a destroyed context handle.
+        unsafe { (d.cuCtxGetId)(raw, &mut id) }
+            .check("cuCtxGetId")
+            .ok()
+            .map(|()| id)
+    }
+
+    /// A `Context` of device `ordinal` now holds `raw` (not registered if its id is unknown).
+    pub(super) fn register(d: &Driver, raw: CUcontext, ordinal: i32) {
+        let Some(id) = id_of(d, raw) else { return };
         let mut held = held();
-        match held.iter_mut().find(|(c, _, _)| *c == raw as usize) {
-            Some((_, _, n)) => *n += 1,
-            None => held.push((raw as usize, ordinal, 1)),
+        match held
+            .iter_mut()
+            .find(|h| h.raw == raw as usize && h.id == id)
+        {
+            Some(h) => h.holders += 1,
+            None => held.push(Held {
+                raw: raw as usize,
+                id,
+                ordinal,
+                holders: 1,
+            }),
         }
     }
 
     /// A `Context` holding `raw` is dropped (before it releases the retain).
     pub(super) fn unregister(raw: CUcontext) {
         let mut held = held();
-        if let Some(i) = held.iter().position(|(c, _, _)| *c == raw as usize) {
-            held[i].2 -= 1;
-            if held[i].2 == 0 {
+        if let Some(i) = held.iter().position(|h| h.raw == raw as usize) {
+            held[i].holders -= 1;
+            if held[i].holders == 0 {
                 held.swap_remove(i);
             }
         }
     }
 
-    /// The device of `raw`, if a `Context` holds it.
-    pub(super) fn ordinal_of(raw: CUcontext) -> Option<i32> {
-        held()
+    /// The device of `raw`, if it is a primary context a `Context` holds (one `cuCtxGetId`).
+    pub(super) fn ordinal_of(d: &Driver, raw: CUcontext) -> Option<i32> {
+        let (id, ordinal) = held()
             .iter()
-            .find(|(c, _, _)| *c == raw as usize)
-            .map(|(_, o, _)| *o)
+            .find(|h| h.raw == raw as usize)
+            .map(|h| (h.id, h.ordinal))?;
+        (id_of(d, raw)? == id).then_some(ordinal)
     }
 }
 

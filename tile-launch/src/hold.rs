@@ -73,7 +73,7 @@ impl Stream {
     /// current, its capture status cannot be read (an invalidated capture, say), or the graph
     /// refuses the guards (`cuUserObjectCreate`, `cuGraphRetainUserObject`). Then when the work
     /// that uses them completes cannot be known, and the guards are leaked rather than released
-    /// early (logged).
+    /// early (logged, and counted in [`Stats::guards_leaked`](crate::Stats::guards_leaked)).
     #[doc(alias = "cuStreamGetCaptureInfo")]
     #[doc(alias = "cuUserObjectCreate")]
     pub fn hold(&self, guards: impl IntoIterator<Item = Guard>) -> Result<()> {
@@ -86,22 +86,29 @@ impl Stream {
         // No driver: nothing of this process ever ran on a GPU, so nothing can use the guards.
         let d = driver()?;
         let site = self.launch_site();
+        let tracker = &site.tracker;
         let bytes = held.iter().map(guard_bytes).sum::<u64>();
         let bound = match site.ctx.bind_with(d) {
             Ok(bound) => bound,
-            Err(e) => return Err(leak(held, e.into())),
+            Err(e) => return Err(leak(tracker, held, e.into())),
         };
         let capture = match crate::capture_state::capturing_graph(d, site.raw) {
             Ok(capture) => capture,
-            Err(e) => return Err(leak(held, e.into())),
+            Err(e) => return Err(leak(tracker, held, e.into())),
         };
         if let Some((graph, _)) = capture {
             // The work that uses the guards is in the graph already: what the graph does not
-            // take is leaked, never released while the graph may run that work.
-            return crate::capture::attach(d, graph, site.ctx, held, crate::capture::Refused::Leak)
-                .map(drop);
+            // take is leaked (and counted), never released while the graph may run that work.
+            let count = |n| tracker.count_leaked(n);
+            return crate::capture::attach(
+                d,
+                graph,
+                site.ctx,
+                held,
+                crate::capture::Refused::Leak(&count),
+            )
+            .map(drop);
         }
-        let tracker = &site.tracker;
         let _known = LaunchInProgress::enter(tracker.timeline(), &bound);
         tracker.launch_deferred(held, bytes, || Ok::<(), Error>(()))?;
         Ok(())
@@ -118,13 +125,15 @@ fn guard_bytes(guard: &Guard) -> u64 {
     }
 }
 
-/// Leaks `guards` whose work cannot be known complete, and returns `error`.
-fn leak(guards: Vec<Guard>, error: Error) -> Error {
+/// Leaks `guards` whose work cannot be known complete (counted in the stream's
+/// [`Stats::guards_leaked`](crate::Stats::guards_leaked)), and returns `error`.
+fn leak(tracker: &crate::stream::StreamTracker, guards: Vec<Guard>, error: Error) -> Error {
     log::error!(
         "tile-launch hold: {} guard(s) leaked, since when the stream's work completes cannot be \
          known: {error}",
         guards.len()
     );
+    tracker.count_leaked(guards.len());
     std::mem::forget(guards);
     error
 }

@@ -349,9 +349,11 @@ fn a_deleter_run_inside_a_launch_makes_the_launch_ask_again() {
 }
 
 #[test]
-fn the_device_of_a_stream_of_a_held_primary_context_is_known_from_one_call() {
+fn the_device_of_a_stream_of_a_held_primary_context_is_known_from_two_calls() {
     if !stub::in_child() {
-        return in_child("the_device_of_a_stream_of_a_held_primary_context_is_known_from_one_call");
+        return in_child(
+            "the_device_of_a_stream_of_a_held_primary_context_is_known_from_two_calls",
+        );
     }
     let counter = Counter::open();
     let stream = {
@@ -361,15 +363,22 @@ fn the_device_of_a_stream_of_a_held_primary_context_is_known_from_one_call() {
         // SAFETY: a live stream.
         let device = unsafe { Context::device_of_stream(stream.raw()) };
         assert_eq!(device.unwrap(), Some(0));
-        // The context's device is known while a `Context` holds it: no push, no pop.
-        assert_eq!(counter.take(), calls(&[("cuStreamGetCtx", 1)]));
+        // The context's device is known while a `Context` holds it: its id is asked (a reset
+        // may have left its handle to another context), no push, no pop.
+        assert_eq!(
+            counter.take(),
+            calls(&[("cuStreamGetCtx", 1), ("cuCtxGetId", 1)])
+        );
         stream
     };
     // The stream keeps its context (and so its registration) alive.
     // SAFETY: as above.
     let device = unsafe { Context::device_of_stream(stream.raw()) };
     assert_eq!(device.unwrap(), Some(0));
-    assert_eq!(counter.take(), calls(&[("cuStreamGetCtx", 1)]));
+    assert_eq!(
+        counter.take(),
+        calls(&[("cuStreamGetCtx", 1), ("cuCtxGetId", 1)])
+    );
     drop(stream);
     counter.take();
     // No `Context` holds the primary context any more: the driver is asked.

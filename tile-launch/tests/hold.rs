@@ -274,6 +274,7 @@ fn under_capture_what_the_graph_refuses_is_leaked_not_released() {
     // The other launcher's kernel is in the graph already: its tensor must outlive any replay.
     let err = stream.hold([Guard::from(a)]).unwrap_err();
     assert!(err.to_string().contains("cuUserObjectCreate"), "{err}");
+    assert_eq!(stream.stats().guards_leaked, 1, "the leak is counted");
     stub.refuse_user_objects(false);
     stub.capturing(false);
     stream.synchronize().unwrap();

@@ -202,7 +202,7 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         + (release::queued() + release::releasing()) as u64;
     if pending > 0 {
         eprintln!(
-            "tile_py: {pending} DLPack tensor(s) leaked at exit (their GPU work or their release had not finished)"
+            "tile_py: {pending} tensor(s) or object(s) kept for GPU work leaked at exit (their GPU work or their release had not finished)"
         );
     }
     Ok(pending)

@@ -425,6 +425,32 @@ def test_under_capture_the_graph_owns_what_is_held(stub_driver):
     """)
 
 
+def test_under_capture_what_the_graph_refuses_is_leaked_and_counted(stub_driver):
+    """The other launcher's kernel is in the graph already: objects the graph could not take
+    (cuUserObjectCreate failed) are leaked, never released, and counted."""
+    run_with_stub(stub_driver, """
+    used, used_count = consumed_capsule()
+    plain = Plain()
+    plain_ref = weakref.ref(plain)
+    stub.stub_set_capturing(1)
+    stub.stub_refuse_user_objects(1)
+    try:
+        tile_py.hold(STREAM, used, plain)
+    except tile_py.CudaError as e:
+        assert "cuUserObjectCreate" in str(e), str(e)
+    else:
+        raise AssertionError("the graph's refusal was not reported")
+    stub.stub_refuse_user_objects(0)
+    stub.stub_set_capturing(0)
+    del plain, used
+    gc.collect()
+    stub.stub_destroy_graphs()
+    tile_py.synchronize()
+    assert used_count.calls == 0 and plain_ref() is not None
+    assert tile_py.stats()["guards_leaked"] == 2, tile_py.stats()
+    """)
+
+
 EXIT = """
     import atexit
     import dlpack_ctypes
@@ -472,7 +498,7 @@ def test_at_exit_held_objects_of_unfinished_work_are_leaked_never_released(stub_
     # The exit hook waits for the work up to its timeout, then leaks both (a deleter or a
     # decref of an object the GPU may still use must not run), with one warning.
     assert r.stdout.splitlines() == ["exiting"], r.stdout
-    assert "tile_py: 2 DLPack tensor(s) leaked at exit" in r.stderr, r.stderr
+    assert "tile_py: 2 tensor(s) or object(s) kept for GPU work leaked at exit" in r.stderr, r.stderr
     assert "panicked" not in r.stderr
 
 

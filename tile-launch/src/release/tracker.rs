@@ -847,6 +847,13 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         st
     }
 
+    /// Counts `n` guards leaked outside the queue (in [`Stats::guards_leaked`]): guards whose
+    /// work cannot be known complete, which the caller never drops (a hold the stream could not
+    /// take: its capture status unreadable, or refused by the graph capturing the work).
+    pub fn count_leaked(&self, n: usize) {
+        self.leaked.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     /// Leaks guards: they are never dropped. Returns how many.
     fn leak(&self, guards: Held<G>) -> usize {
         let n = guards.len();
