@@ -9,6 +9,8 @@
 #[path = "../../tile-launch/tests/stub/mod.rs"]
 mod stub;
 
+use stub::Switches;
+
 use std::ffi::{CStr, c_void};
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,51 +22,6 @@ use tile_dlpack::dlpark::ManagedTensorBase;
 use tile_dlpack::ffi::{DLManagedTensorVersioned, DLTensor};
 use tile_dlpack::testing::{DeleterCount, RawTensor, TensorSpec, counted_raw};
 use tile_launch::cuda_sys::CUstream;
-
-/// The stub's switches, in the library `TILE_LIBCUDA` names.
-struct Switches {
-    lib: libloading::Library,
-}
-
-impl Switches {
-    fn open() -> Switches {
-        let path = std::env::var_os("TILE_LIBCUDA").expect("the child runs on the stub driver");
-        // SAFETY: the stub the process loads as its driver; loading it runs no initialiser.
-        let lib = unsafe { libloading::Library::new(path) }.unwrap();
-        Switches { lib }
-    }
-
-    fn set(&self, name: &[u8], on: bool) {
-        // SAFETY: `stub_set_busy` / `stub_set_capturing` take one int.
-        unsafe { self.lib.get::<unsafe extern "C" fn(i32)>(name).unwrap()(i32::from(on)) }
-    }
-
-    fn busy(&self, on: bool) {
-        self.set(b"stub_set_busy\0", on);
-    }
-
-    fn capturing(&self, on: bool) {
-        self.set(b"stub_set_capturing\0", on);
-    }
-
-    fn destroy_graphs(&self) {
-        // SAFETY: `stub_destroy_graphs` takes nothing.
-        unsafe {
-            self.lib
-                .get::<unsafe extern "C" fn()>(b"stub_destroy_graphs\0")
-                .unwrap()()
-        }
-    }
-
-    fn calls(&self, name: &CStr) -> u64 {
-        // SAFETY: `stub_driver_calls` takes a C string and returns a count.
-        unsafe {
-            self.lib
-                .get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"stub_driver_calls\0")
-                .unwrap()(name.as_ptr())
-        }
-    }
-}
 
 /// Runs test `name` in a child process on the stub driver; the child asserts.
 fn in_child(name: &str) {

@@ -5,6 +5,8 @@
 
 mod stub;
 
+use stub::Switches;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -12,54 +14,6 @@ use tile_launch::tile_dlpack::DType;
 use tile_launch::tile_dlpack::Taken;
 use tile_launch::tile_dlpack::testing::{RawTensor, TensorSpec, counted_tensor};
 use tile_launch::{Context, Guard, Stream};
-
-/// The stub's switches, in the library `TILE_LIBCUDA` names.
-struct Switches {
-    lib: libloading::Library,
-}
-
-impl Switches {
-    fn open() -> Switches {
-        Switches {
-            lib: stub::loaded(),
-        }
-    }
-
-    fn set(&self, name: &[u8], on: bool) {
-        // SAFETY: `stub_set_busy` / `stub_set_capturing` take one int.
-        unsafe { self.lib.get::<unsafe extern "C" fn(i32)>(name).unwrap()(i32::from(on)) }
-    }
-
-    fn busy(&self, on: bool) {
-        self.set(b"stub_set_busy\0", on);
-    }
-
-    fn capturing(&self, on: bool) {
-        self.set(b"stub_set_capturing\0", on);
-    }
-
-    fn refuse_user_objects(&self, on: bool) {
-        self.set(b"stub_refuse_user_objects\0", on);
-    }
-
-    fn destroy_graphs(&self) {
-        // SAFETY: `stub_destroy_graphs` takes nothing.
-        unsafe {
-            self.lib
-                .get::<unsafe extern "C" fn()>(b"stub_destroy_graphs\0")
-                .unwrap()()
-        }
-    }
-
-    fn calls(&self, name: &std::ffi::CStr) -> u64 {
-        // SAFETY: `stub_driver_calls` takes a C string and returns a count.
-        unsafe {
-            self.lib
-                .get::<unsafe extern "C" fn(*const std::ffi::c_char) -> u64>(b"stub_driver_calls\0")
-                .unwrap()(name.as_ptr())
-        }
-    }
-}
 
 /// Counts its drops.
 struct Dropped(Arc<AtomicUsize>);

@@ -63,3 +63,54 @@ pub fn loaded() -> libloading::Library {
     // SAFETY: the stub the process already loaded; loading it again runs no initialiser.
     unsafe { libloading::Library::new(path) }.unwrap()
 }
+
+/// In the child: the stub's switches and counters (`bench/profile/cuda_stub.c`), on the library
+/// the process loaded as its driver.
+#[allow(dead_code)] // not every test binary that builds the stub uses every switch
+pub struct Switches {
+    lib: libloading::Library,
+}
+
+#[allow(dead_code)]
+impl Switches {
+    pub fn open() -> Switches {
+        Switches { lib: loaded() }
+    }
+
+    fn set(&self, name: &[u8], on: bool) {
+        // SAFETY: the stub's `stub_set_*` / `stub_refuse_*` switches take one int.
+        unsafe { self.lib.get::<unsafe extern "C" fn(i32)>(name).unwrap()(i32::from(on)) }
+    }
+
+    /// `stub_set_busy`: the work enqueued so far has not finished until cleared.
+    pub fn busy(&self, on: bool) {
+        self.set(b"stub_set_busy\0", on);
+    }
+
+    /// `stub_set_capturing`: every stream captures.
+    pub fn capturing(&self, on: bool) {
+        self.set(b"stub_set_capturing\0", on);
+    }
+
+    /// `stub_refuse_user_objects`: `cuUserObjectCreate` fails until cleared.
+    pub fn refuse_user_objects(&self, on: bool) {
+        self.set(b"stub_refuse_user_objects\0", on);
+    }
+
+    /// `stub_destroy_graphs`: the captured graphs' user objects release what they hold.
+    pub fn destroy_graphs(&self) {
+        // SAFETY: `stub_destroy_graphs` takes nothing.
+        unsafe {
+            self.lib
+                .get::<unsafe extern "C" fn()>(b"stub_destroy_graphs\0")
+                .unwrap()()
+        }
+    }
+
+    /// How many times the stub answered entry point `name`.
+    pub fn calls(&self, name: &std::ffi::CStr) -> u64 {
+        type Count = unsafe extern "C" fn(*const std::ffi::c_char) -> u64;
+        // SAFETY: `stub_driver_calls` takes a C string and returns a count.
+        unsafe { self.lib.get::<Count>(b"stub_driver_calls\0").unwrap()(name.as_ptr()) }
+    }
+}
