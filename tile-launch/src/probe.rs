@@ -24,77 +24,24 @@ pub(crate) fn require_nvrtc() -> Result<()> {
     }
 }
 
-/// `Ok` when the CUDA driver loads for tile (`TILE_LIBCUDA` honoured) and `cudarc` loads a
-/// driver too; kept for the life of the process.
-///
-/// The answer is `cudarc`'s own: first, cheaply, whether one of `cudarc`'s candidate names loads
-/// a library that exports `cuDeviceGet` (the first entry point `cudarc` asks for); if none does,
-/// `cudarc` is asked itself ([`cudarc_loads_driver`]), so that a search that differs from
-/// `cudarc`'s in some way this module does not model can never refuse a driver `cudarc` loads.
+/// `Ok` when the CUDA driver loads for tile (`TILE_LIBCUDA` honoured) and one of `cudarc`'s
+/// candidate names for it loads as a driver (it exports `cuDeviceGet`, the first entry point
+/// `cudarc` asks for); kept for the life of the process.
 ///
 /// # Errors
 ///
-/// [`Error::Driver`] without a driver; [`Error::CudarcDriverUnavailable`] when `cudarc` does not
-/// find one.
+/// [`Error::Driver`] without a driver; [`Error::CudarcDriverUnavailable`] when `cudarc` would
+/// not find one.
 #[cfg(feature = "cudarc")]
 pub(crate) fn require_cudarc_driver() -> Result<()> {
     static FOUND: OnceLock<bool> = OnceLock::new();
     cuda_sys::driver()?;
-    let found = FOUND.get_or_init(|| {
-        first_loadable(&candidates("cuda"), Some(c"cuDeviceGet")).is_some() || cudarc_loads_driver()
-    });
-    if *found {
+    let names = candidates("cuda");
+    if *FOUND.get_or_init(|| first_loadable(&names, Some(c"cuDeviceGet")).is_some()) {
         Ok(())
     } else {
-        Err(Error::CudarcDriverUnavailable {
-            searched: candidates("cuda"),
-        })
+        Err(Error::CudarcDriverUnavailable { searched: names })
     }
-}
-
-/// Whether `cudarc` loads the driver library and finds `cuDeviceGet` in it, asked of `cudarc`
-/// itself (`cudarc::driver::sys::culib`), which panics when it finds none: the panic is caught,
-/// and its message is not printed (a panic hook that stays silent for this thread while it
-/// asks, and otherwise calls the hook that was there before). Where panics abort, `cudarc` is
-/// not asked, and the answer is no.
-#[cfg(feature = "cudarc")]
-fn cudarc_loads_driver() -> bool {
-    if !cfg!(panic = "unwind") {
-        return false;
-    }
-    quiet_panics(|| {
-        // SAFETY: loading the driver library runs its initialisers (as `cudarc` does on first
-        // use); the symbol is only looked up, never called.
-        unsafe {
-            cudarc::driver::sys::culib()
-                .get::<*mut std::ffi::c_void>(b"cuDeviceGet\0")
-                .is_ok()
-        }
-    })
-    .unwrap_or(false)
-}
-
-/// Runs `f`, catching a panic (then `None`) without printing it.
-#[cfg(feature = "cudarc")]
-fn quiet_panics<R>(f: impl FnOnce() -> R) -> Option<R> {
-    use std::cell::Cell;
-    use std::sync::Once;
-    thread_local! {
-        static QUIET: Cell<bool> = const { Cell::new(false) };
-    }
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !QUIET.with(Cell::get) {
-                previous(info);
-            }
-        }));
-    });
-    QUIET.with(|q| q.set(true));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    QUIET.with(|q| q.set(false));
-    result.ok()
 }
 
 /// The first of `names` that the dynamic loader opens, and that exports `symbol` when one is
@@ -164,9 +111,6 @@ mod driver_tests {
         // A symbol the library does export is found (the lookup's type must be pointer-sized:
         // a probe that asked for another type would refuse every library, the driver too).
         assert_eq!(first_loadable(&names, Some(c"malloc")), Some("libc.so.6"));
-        // The fallback that asks `cudarc` itself catches its panic and says no.
-        assert_eq!(quiet_panics(|| -> u8 { panic!("as cudarc does") }), None);
-        assert_eq!(quiet_panics(|| 7), Some(7));
         let msg = Error::CudarcDriverUnavailable {
             searched: names.to_vec(),
         }
