@@ -31,7 +31,7 @@ use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, P
 use smallvec::SmallVec;
 use tile_launch::{Dim3, LaunchConfig, Param};
 
-use crate::completion::LaunchHandle;
+use crate::launch::{ArgList, LaunchHandle, Target, arg_list, submit_converted};
 use crate::convert::INLINE;
 use crate::convert::{
     ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, parse_typestr,
@@ -40,8 +40,6 @@ use crate::exceptions::{Kind, err, launch_err};
 use crate::kernel::Kernel;
 use crate::pytypes::TypeCache;
 use crate::release::COUNTERS;
-use crate::request::{ArgList, arg_list};
-use crate::submit::{Target, submit_converted};
 
 /// cuTile's largest grid dimension (`tile_py.cutile.MAX_GRID_DIM`): larger ones may compute
 /// wrong tile block IDs.

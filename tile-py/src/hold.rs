@@ -26,7 +26,7 @@ use crate::convert::{
 };
 use crate::exceptions::{Kind, arg_err, launch_err};
 use crate::release::{self, COUNTERS, PyGuard, drain};
-use crate::request::ArgList;
+use crate::launch::ArgList;
 use crate::stream_arg::StreamArg;
 
 /// Keeps each of `objects` alive until all the work enqueued on `stream` up to this call has
@@ -156,7 +156,7 @@ pub(crate) fn hold(
         stream.hold(guards)
     };
     // Releases of the held objects must not wait for a later call into tile_py.
-    crate::worker::start();
+    crate::release::start_thread();
     drain(py);
     r.map_err(|e| launch_err(py, e, |_| None))
 }

@@ -639,31 +639,15 @@ impl Kernel {
     /// does. The configuration is checked against the device once, here; each call checks only
     /// its arguments. Raises what `tile_py.launch` raises for the stream and the configuration
     /// (`ValueError` in a child made by `os.fork()` among them).
-    #[pyo3(signature = (stream, grid, *, block, shared_mem = None, cluster = None,
-                        cooperative = None, programmatic_dependent_launch = None),
+    #[pyo3(signature = (stream, grid, **config),
            text_signature = "($self, stream, grid, *, block, shared_mem=None, cluster=None, \
                              cooperative=False, programmatic_dependent_launch=False)")]
-    #[allow(clippy::too_many_arguments)]
     fn bind(
         slf: &Bound<'_, Self>,
         stream: &Bound<'_, PyAny>,
         grid: &Bound<'_, PyAny>,
-        block: &Bound<'_, PyAny>,
-        shared_mem: Option<&Bound<'_, PyAny>>,
-        cluster: Option<&Bound<'_, PyAny>>,
-        cooperative: Option<&Bound<'_, PyAny>>,
-        programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
+        config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<BoundLaunch> {
-        BoundLaunch::new(
-            slf.py(),
-            stream,
-            grid,
-            slf.as_any(),
-            block,
-            shared_mem,
-            cluster,
-            cooperative,
-            programmatic_dependent_launch,
-        )
+        BoundLaunch::bind("Kernel.bind", stream, grid, slf.as_any(), config)
     }
 }

@@ -4,16 +4,16 @@
 //!
 //! # Contract
 //!
-//! - **Checks before consuming.** A launch reads its request ([`request`]), converts and
+//! - **Checks before consuming.** A launch ([`launch`]) reads its request, converts and
 //!   claims every argument ([`convert`]; torch's lazy views, outputs that require grad and JAX
 //!   outputs are refused before anything is exported, [`producers`]), and has tile-launch check
-//!   them all once before any tensor is consumed ([`submit`]). A refused launch hands every
+//!   them all once before any tensor is consumed. A refused launch hands every
 //!   claim back: nothing is lost, nothing is launched.
 //! - **The stream handshake.** Producers are told the launch stream ([`convert`]'s handshake);
 //!   the launch stream waits on a producer's current stream when the two differ.
 //! - **Releasing.** A consumed tensor belongs to the launch's stream until its work is done;
 //!   then its deleter runs exactly once, attached to the interpreter, on a thread that called
-//!   into tile_py or on the release thread ([`release`], [`worker`]).
+//!   into tile_py or on the release thread ([`release`]).
 //! - **Holding for other launchers.** `tile_py.hold` reads objects as a launch reads its
 //!   arguments and puts them on the same release path, for work another launcher enqueued
 //!   ([`hold`]).
@@ -28,7 +28,6 @@
 //! states, validation), `cuda-sys` (a few driver queries), `dlpark` (DLPack flags), `smallvec`
 //! (inline argument buffers) and `pyo3`. Nothing depends on it. `pyo3` appears in this crate
 //! alone.
-mod completion;
 mod convert;
 mod cutile;
 mod device_contexts;
@@ -36,19 +35,15 @@ mod exceptions;
 mod export;
 mod hold;
 mod kernel;
+mod launch;
 mod lifecycle;
 mod prepared;
 mod process;
 mod producers;
 mod pytypes;
 mod release;
-mod request;
 mod stream_arg;
-mod stream_cache;
-mod stream_numbers;
-mod submit;
 mod testing;
-mod worker;
 mod xla;
 mod xla_ffi_sys;
 
@@ -58,7 +53,7 @@ mod _tile_py {
     use pyo3::prelude::*;
 
     #[pymodule_export]
-    use crate::completion::LaunchHandle;
+    use crate::launch::LaunchHandle;
     #[pymodule_export]
     use crate::cutile::{
         _cutile_clear, _cutile_grid, _cutile_info, _cutile_key, launch as _cutile_launch,
@@ -76,7 +71,7 @@ mod _tile_py {
     #[pymodule_export]
     use crate::prepared::BoundLaunch;
     #[pymodule_export]
-    use crate::submit::launch;
+    use crate::launch::launch;
     #[pymodule_export]
     use crate::testing::_testing;
     #[pymodule_export]

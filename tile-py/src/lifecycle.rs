@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 use crate::exceptions::{Kind, err};
 use crate::process::{FINALIZING, forked, refuse_in_fork};
 use crate::release::{COUNTERS, drain};
-use crate::{release, stream_cache, worker};
+use crate::{release, stream_arg};
 
 /// The compute capability `(major, minor)` of `stream`'s device (read once per device with
 /// `cuDeviceGetAttribute` when tile_py first uses it). `stream` as for `launch`. Raises
@@ -44,10 +44,10 @@ pub(crate) fn synchronize(py: Python<'_>) -> PyResult<()> {
         drain(py);
         return Ok(());
     }
-    stream_cache::synchronize_all(py);
+    stream_arg::synchronize_all(py);
     release::settle(py);
     // What the wait released leaves its stream idle: forget it now, not at the next call.
-    stream_cache::forget_idle_streams();
+    stream_arg::forget_idle_streams();
     Ok(())
 }
 
@@ -61,7 +61,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         )
     } else {
         // Streams already forgotten (their work released) keep their totals.
-        (stream_cache::all(), stream_cache::forgotten_stats())
+        (stream_arg::all(), stream_arg::forgotten_stats())
     };
     let st = streams.iter().fold(base, |sum, s| sum.plus(&s.stats()));
     let (pg, pb, hg, hb) = (
@@ -133,7 +133,7 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 pub(crate) fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     if !forked() {
-        for s in stream_cache::all() {
+        for s in stream_arg::all() {
             s.poll();
         }
     }
@@ -168,7 +168,7 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
         .ok()
         .and_then(|d| std::time::Instant::now().checked_add(d));
     loop {
-        let streams = stream_cache::all();
+        let streams = stream_arg::all();
         let busy = py.detach(move || {
             streams
                 .iter()
@@ -191,8 +191,8 @@ pub(crate) fn _shutdown(py: Python<'_>, timeout: f64) -> PyResult<u64> {
     FINALIZING.store(true, Ordering::Release);
     // The same deadline: a deleter blocking on the release thread does not hold exit up; its
     // batch is counted below (`release::releasing()`) as leaked.
-    worker::stop(py, deadline);
-    let pending: u64 = stream_cache::all()
+    release::stop_thread(py, deadline);
+    let pending: u64 = stream_arg::all()
         .iter()
         .map(|s| {
             let st = s.stats();

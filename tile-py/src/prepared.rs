@@ -2,13 +2,11 @@
 //! bound once, launched many times with new arguments.
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
-use crate::completion::LaunchHandle;
-use crate::exceptions::launch_err;
+use crate::launch::{LaunchHandle, LaunchRequest, RequestArgs, Target, call_args, submit};
+use crate::exceptions::{Kind, err, launch_err, show};
 use crate::kernel::Kernel;
-use crate::request::{LaunchRequest, RequestArgs, call_args};
-use crate::submit::{Target, submit};
 
 /// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
 /// `bound(*args, sync=True)`, launches as `tile_py.launch` does and returns a `LaunchHandle`;
@@ -21,46 +19,35 @@ pub(crate) struct BoundLaunch {
     stream_value: i64,
 }
 
-#[pymethods]
 impl BoundLaunch {
-    /// Binds `kernel` to `stream` and a launch configuration; the arguments are as for
-    /// `tile_py.launch`. `Kernel.bind(stream, grid, block=...)` is the same.
-    #[new]
-    #[pyo3(signature = (stream, grid, kernel, *, block, shared_mem = None, cluster = None,
-                        cooperative = None, programmatic_dependent_launch = None),
-           text_signature = "(stream, grid, kernel, *, block, shared_mem=None, cluster=None, \
-                             cooperative=False, programmatic_dependent_launch=False)")]
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        py: Python<'_>,
+    /// `Kernel.bind` and `BoundLaunch(...)` (`func` names the call in errors): reads the
+    /// request, checks the configuration against the device once and prepares the kernel for it.
+    pub(crate) fn bind(
+        func: &'static str,
         stream: &Bound<'_, PyAny>,
         grid: &Bound<'_, PyAny>,
         kernel: &Bound<'_, PyAny>,
-        block: &Bound<'_, PyAny>,
-        shared_mem: Option<&Bound<'_, PyAny>>,
-        cluster: Option<&Bound<'_, PyAny>>,
-        cooperative: Option<&Bound<'_, PyAny>>,
-        programmatic_dependent_launch: Option<&Bound<'_, PyAny>>,
+        config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<BoundLaunch> {
+        let py = stream.py();
+        let k = BindKeywords::read(func, config)?;
         let r = LaunchRequest::parse(
             py,
             &RequestArgs {
-                func: "Kernel.bind",
+                func,
                 stream,
                 grid,
-                block,
-                shared_mem,
-                cluster,
-                cooperative,
-                programmatic_dependent_launch,
+                block: &k.block,
+                shared_mem: k.shared_mem.as_ref(),
+                cluster: k.cluster.as_ref(),
+                cooperative: k.cooperative.as_ref(),
+                programmatic_dependent_launch: k.programmatic_dependent_launch.as_ref(),
                 sync: None,
                 kernel,
                 args: None,
             },
         )?;
         let kernel = r.kernel;
-        // The configuration is checked against the device, and the kernel prepared for it,
-        // once, here.
         let inner = r
             .stream
             .bind(&kernel.get().inner, &r.config)
@@ -70,6 +57,70 @@ impl BoundLaunch {
             inner,
             stream_value: r.stream_value,
         })
+    }
+}
+
+/// The keywords of `Kernel.bind` / `BoundLaunch(...)`, read from the call's `**config`.
+struct BindKeywords<'py> {
+    block: Bound<'py, PyAny>,
+    shared_mem: Option<Bound<'py, PyAny>>,
+    cluster: Option<Bound<'py, PyAny>>,
+    cooperative: Option<Bound<'py, PyAny>>,
+    programmatic_dependent_launch: Option<Bound<'py, PyAny>>,
+}
+
+impl<'py> BindKeywords<'py> {
+    /// `TypeError`, in Python's words, for a keyword `func` does not take or a missing `block`.
+    fn read(func: &str, config: Option<&Bound<'py, PyDict>>) -> PyResult<Self> {
+        let (mut block, mut shared_mem, mut cluster, mut cooperative, mut pdl) =
+            (None, None, None, None, None);
+        for (key, value) in config.into_iter().flat_map(|d| d.iter()) {
+            let slot = match key.extract::<&str>().unwrap_or("") {
+                "block" => &mut block,
+                "shared_mem" => &mut shared_mem,
+                "cluster" => &mut cluster,
+                "cooperative" => &mut cooperative,
+                "programmatic_dependent_launch" => &mut pdl,
+                _ => {
+                    return Err(err(
+                        Kind::Type,
+                        format!("{func}() got an unexpected keyword argument {}", show(&key)),
+                    ));
+                }
+            };
+            *slot = Some(value);
+        }
+        let Some(block) = block else {
+            return Err(err(
+                Kind::Type,
+                format!("{func}() missing required keyword-only argument: 'block'"),
+            ));
+        };
+        Ok(BindKeywords {
+            block,
+            shared_mem,
+            cluster,
+            cooperative,
+            programmatic_dependent_launch: pdl,
+        })
+    }
+}
+
+#[pymethods]
+impl BoundLaunch {
+    /// Binds `kernel` to `stream` and a launch configuration; the arguments are as for
+    /// `tile_py.launch`. `Kernel.bind(stream, grid, block=...)` is the same.
+    #[new]
+    #[pyo3(signature = (stream, grid, kernel, **config),
+           text_signature = "(stream, grid, kernel, *, block, shared_mem=None, cluster=None, \
+                             cooperative=False, programmatic_dependent_launch=False)")]
+    pub(crate) fn new(
+        stream: &Bound<'_, PyAny>,
+        grid: &Bound<'_, PyAny>,
+        kernel: &Bound<'_, PyAny>,
+        config: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<BoundLaunch> {
+        BoundLaunch::bind("Kernel.bind", stream, grid, kernel, config)
     }
 
     /// Launches the bound kernel with `args` (one per declared parameter), as

@@ -124,10 +124,9 @@ pub(crate) fn after_fork_in_child() {
     }
     FORKED.store(true, Ordering::Release);
     crate::release::after_fork_in_child();
-    crate::worker::after_fork_in_child();
     // Read without waiting: `None` when another thread of the parent held the stream cache at
     // the fork (its counters are then not reported).
-    let mut inherited = crate::stream_cache::inherited_stats().unwrap_or_default();
+    let mut inherited = crate::stream_arg::inherited_stats().unwrap_or_default();
     let held = inherited.pending_guards + inherited.held_guards;
     COUNTERS
         .leaked_at_exit

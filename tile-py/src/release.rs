@@ -7,13 +7,14 @@
 //! consumes is held as a [`PyGuard`], whose `Drop` only moves the tensor onto the global
 //! [`RELEASES`] queue, never calling a deleter and never taking the GIL. [`drain`] runs the
 //! queued deleters; it takes a [`Python`] token, so it runs attached by construction. Every
-//! entry point of the module drains before returning, the release thread ([`crate::worker`])
-//! drains every 50 ms without a call, and `atexit` drains one last time. Deleters run with the
+//! entry point of the module drains before returning, the release thread (below) drains
+//! every [`PERIOD`] without a call, and `atexit` drains one last time. Deleters run with the
 //! context of the tensor's device current and the thread's capture mode relaxed
 //! ([`tile_launch::Context::releasing`]), as tile-launch's own releases do.
 //!
-//! Once the interpreter is finalising ([`FINALIZING`](crate::process::FINALIZING), set by the `atexit` hook), nothing is
-//! drained any more: queued and later tensors are counted as leaked instead.
+//! Once the interpreter is finalising ([`FINALIZING`](crate::process::FINALIZING), set by the
+//! `atexit` hook), nothing is drained any more: queued and later tensors are counted as leaked
+//! instead.
 //!
 //! **Barriers.** A drain takes the whole queue as one batch and runs it; a deleter may let the
 //! interpreter switch threads (I/O, a lock, any Python code), so another thread may find the
@@ -27,10 +28,34 @@
 //! batch would deadlock. A barrier called from a deleter thus releases what is queued but not
 //! what other threads are releasing at that moment. Nor does a forked child wait (batches
 //! inherited from the parent's other threads never finish there; they are leaked).
+//!
+//! **The release thread.** tile-launch releases a queued launch's tensors when something asks
+//! its stream's release queue (a launch, a poll, a wait); their deleters then run at the next
+//! [`drain`]. So that a program making no tile_py call for a while does not keep memory only
+//! tile keeps alive (an export the producer copied), one thread, started at tile_py's first
+//! launch or hold ([`start_thread`]), wakes every [`PERIOD`] and, when tile_py holds a stream or
+//! a release is queued, attaches, polls every held stream (one `cuEventQuery` per marker) and
+//! drains: such memory is released within [`PERIOD`] of its work finishing, plus the wait for
+//! the interpreter. Its batches are batches like any other: counted in `stats()["releasing"]`,
+//! waited for by [`settle`].
+//!
+//! - **Fork.** The thread takes tile-py's and tile-launch's locks only while attached, and a
+//!   fork happens on a thread holding the interpreter, so none of them is held by this thread
+//!   when a child is made (its own state lock may be; the child never takes it). The child has
+//!   no such thread and starts none (it never releases anything it inherited, see
+//!   [`crate::process::FORKED`]).
+//! - **Exit.** The thread is not a Python thread: the interpreter neither waits for it nor
+//!   joins it. It stops once the `atexit` hook has run ([`crate::process::FINALIZING`]), and it
+//!   attaches only through [`Python::try_attach`], never while the interpreter is finalising;
+//!   the hook waits, detached, for an attach in progress to end before it returns
+//!   ([`stop_thread`]), up to its deadline: past it (a deleter here that blocks) the hook
+//!   returns and counts the batch as leaked, and the thread is left to the interpreter's
+//!   finalisation (why that is sound: [`stop_thread`]).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use tile_dlpack::dlpark::ffi::DLDeviceType;
@@ -39,8 +64,9 @@ use tile_dlpack::{Taken, Used};
 use crate::process::leaking;
 
 /// The `os.register_at_fork(after_in_child=...)` hook's part here: leaks every queued release
-/// (never runs the parent's deleters).
+/// (never runs the parent's deleters); the child has no release thread.
 pub(crate) fn after_fork_in_child() {
+    thread_after_fork_in_child();
     let mut q = lock();
     let batch = std::mem::take(&mut q.items);
     QUEUED.store(0, Ordering::Release);
@@ -398,4 +424,161 @@ impl Drop for PyGuard {
             defer_release(item);
         }
     }
+}
+
+/// How often the release thread wakes. Memory only tile keeps alive is released within this
+/// time of its work finishing, plus the wait for the interpreter (the README states the bound).
+pub(crate) const PERIOD: Duration = Duration::from_millis(50);
+
+struct ThreadState {
+    /// Whether the thread was started (and has not stopped).
+    running: bool,
+    /// Whether the thread is between its check for exit and the end of its attach.
+    attaching: bool,
+}
+
+static THREAD: Mutex<ThreadState> = Mutex::new(ThreadState {
+    running: false,
+    attaching: false,
+});
+static CHANGED: Condvar = Condvar::new();
+/// Whether the thread was ever started: a lock-free fast path for [`start_thread`].
+static STARTED: AtomicBool = AtomicBool::new(false);
+/// Completed wake-ups that attached (for `tile_py._testing.release_thread()`).
+static CYCLES: AtomicU64 = AtomicU64::new(0);
+
+fn thread_state() -> MutexGuard<'static, ThreadState> {
+    THREAD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts the release thread, once per process (not in a forked child, nor once the
+/// interpreter exits). If the thread cannot be spawned, releases happen at calls into tile_py
+/// as before.
+pub(crate) fn start_thread() {
+    if STARTED.load(Ordering::Acquire) || leaking() {
+        return;
+    }
+    let mut st = thread_state();
+    if STARTED.load(Ordering::Acquire) {
+        return;
+    }
+    STARTED.store(true, Ordering::Release);
+    let spawned = std::thread::Builder::new()
+        .name("tile_py-release".into())
+        .spawn(run_thread);
+    st.running = spawned.is_ok();
+}
+
+/// The thread's loop: sleep, then, attached, poll the held streams and drain.
+fn run_thread() {
+    loop {
+        std::thread::sleep(PERIOD);
+        {
+            let mut st = thread_state();
+            if leaking() {
+                st.running = false;
+                CHANGED.notify_all();
+                return;
+            }
+            if !crate::stream_arg::any_held() && !any_queued() {
+                continue;
+            }
+            st.attaching = true;
+        }
+        // `try_attach` declines while the interpreter is finalising; the `atexit` hook waits
+        // for this attach to end before finalisation begins (`stop_thread`).
+        let attached = Python::try_attach(|py| {
+            if leaking() {
+                return;
+            }
+            for s in crate::stream_arg::all() {
+                s.poll();
+            }
+            drain(py);
+        });
+        if attached.is_some() {
+            CYCLES.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut st = thread_state();
+        st.attaching = false;
+        CHANGED.notify_all();
+    }
+}
+
+/// Called by the `atexit` hook once [`crate::process::FINALIZING`] is set: waits (detached, so
+/// that the thread can take the interpreter and see the flag) until the thread is not inside
+/// an attach, or until `deadline` (`None`: no deadline), whichever comes first; the thread
+/// stops at its next wake-up. Returns whether the thread left its attach (or was not in one).
+///
+/// Past the deadline the thread is still inside a deleter of the batch it is running (one that
+/// blocks, or lets the interpreter go to another thread and waits): the hook returns anyway,
+/// and the batch counts as leaked in its warning (`release::releasing()`). Leaving that thread
+/// to the interpreter's finalisation is sound:
+/// - it is not a Python thread (the interpreter neither joins nor waits for it), attached through
+///   pyo3's `Python::try_attach` (`PyGILState_Ensure`), and it holds no lock of tile-py or
+///   tile-launch that the main thread needs to finish exiting: while a deleter runs it holds
+///   only its batch's bookkeeping, which nothing at exit waits for any longer;
+/// - while its deleter keeps blocking, finalisation and process exit proceed without it and the
+///   exit ends it, as with any daemon thread;
+/// - if the deleter returns before finalisation begins, the thread takes the interpreter like
+///   any daemon thread and runs nothing more of tile_py's: the rest of its batch is leaked, not
+///   run ([`crate::release`] checks [`crate::process::leaking`] between releases), and it never
+///   attaches again;
+/// - if it returns once finalisation has begun, CPython does not let it run Python code: a
+///   thread re-taking the interpreter then never gets it (`take_gil` sees the interpreter
+///   finalising): CPython 3.14 blocks it forever, and process exit ends it; CPython up to 3.13
+///   ends it with `PyThread_exit_thread` (`pthread_exit`), whose forced unwind through the
+///   release thread's Rust frames may abort the process at that point instead of a clean exit
+///   (`try_attach`'s own finalisation check, `Py_IsFinalizing`, only guards a new attach, and
+///   only on 3.13+). That needs a deleter that outlasts the timeout and returns within the few
+///   milliseconds finalisation takes; the alternative, waiting for the deleter, is the unbounded
+///   exit this deadline exists to prevent.
+pub(crate) fn stop_thread(py: Python<'_>, deadline: Option<Instant>) -> bool {
+    if crate::process::FORKED.load(Ordering::Acquire) {
+        // A forked child has no release thread (and may have inherited the lock held).
+        return true;
+    }
+    py.detach(|| {
+        let mut st = thread_state();
+        while st.attaching {
+            st = match deadline {
+                None => CHANGED.wait(st).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let Some(left) = d.checked_duration_since(Instant::now()) else {
+                        return false;
+                    };
+                    CHANGED
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
+        }
+        true
+    })
+}
+
+/// In a child made by `os.fork()`: the thread does not exist there (and none is started).
+fn thread_after_fork_in_child() {
+    // The parent's thread held this lock only while not attached, and the fork happened on an
+    // attached thread: but it may have been between its check and its attach. A fresh state,
+    // without taking the lock, is what the child's (single) thread sees.
+    STARTED.store(true, Ordering::Release);
+    if let Ok(mut st) = THREAD.try_lock() {
+        st.running = false;
+        st.attaching = false;
+    }
+}
+
+/// `tile_py._testing.release_thread()`: `{"running": bool, "period_ms": int, "cycles": int}`.
+pub(crate) fn describe_thread(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let d = pyo3::types::PyDict::new(py);
+    // A forked child has no release thread (and may have inherited the lock held); elsewhere
+    // the lock is only ever held briefly.
+    let running = !crate::process::FORKED.load(Ordering::Acquire)
+        && THREAD.try_lock().map(|st| st.running).unwrap_or(true);
+    d.set_item("running", running)?;
+    d.set_item("period_ms", PERIOD.as_millis() as u64)?;
+    d.set_item("cycles", CYCLES.load(Ordering::Relaxed))?;
+    Ok(d)
 }

@@ -1,15 +1,27 @@
-//! The `stream` argument: parsing Python stream objects (torch, CuPy, cuda.core, `torch.Stream`,
-//! int handles), with per-thread caches that answer a repeated stream object without a Python
-//! call, into the cached tile-launch [`Stream`] of [`crate::stream_cache`].
+//! The `stream` argument and the tile-launch [`Stream`] it names.
+//!
+//! - **Reading it**: Python stream objects (torch, CuPy, cuda.core, `torch.Stream`) and int
+//!   handles, with per-thread caches that answer a repeated stream object without a Python call
+//!   ([`StreamArg`]).
+//! - **The stream numbers** of the DLPack `stream=` convention (which the
+//!   `__cuda_array_interface__` `stream` entry follows) and their raw `CUstream` handles: every
+//!   conversion between the two goes through [`to_raw`] and [`to_number`].
+//! - **The cache**: one tile-launch [`Stream`] (with its release queue) per `(device, handle)`,
+//!   made on a stream's first launch and forgotten once its work is released
+//!   ([`get_with_owner`], [`forget_idle_streams`]).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cuda_sys::CUstream;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
-use tile_launch::{Stream, WeakStream};
+use tile_launch::{Context, Stats, Stream, WeakStream};
 
-use crate::exceptions::{Kind, err, show};
+use crate::exceptions::{Kind, err, launch_err, show};
 use crate::pytypes::{TypeCache, in_package, mro_any};
 
 /// A stream as the caller gave it.
@@ -27,7 +39,7 @@ impl StreamSpec {
     /// default stream (never 0), 2 for the per-thread default stream.
     pub(crate) fn dlpack_value(&self) -> i64 {
         // `raw` is at most `i64::MAX` (checked in `handle_from_int` and `torch_read`).
-        crate::stream_numbers::to_number(self.raw).unwrap_or(i64::MAX)
+        to_number(self.raw).unwrap_or(i64::MAX)
     }
 }
 
@@ -64,7 +76,7 @@ fn handle_from_int(v: &Bound<'_, PyAny>, what: &str, zero_is_legacy: bool) -> Py
             format!("stream handle {n} is not a valid CUstream (0 to 2**63-1 expected); {HOW}"),
         ));
     }
-    Ok(crate::stream_numbers::to_raw(n as u64))
+    Ok(to_raw(n as u64))
 }
 
 /// The stream object this thread launched on last, what it resolved to, and its cached
@@ -145,7 +157,7 @@ fn torch_read(obj: &Bound<'_, PyAny>) -> Option<(usize, i32)> {
     if !(0..=i128::from(i64::MAX)).contains(&h) || !(0..=i128::from(i32::MAX)).contains(&d) {
         return None;
     }
-    let raw = crate::stream_numbers::to_raw(h as u64);
+    let raw = to_raw(h as u64);
     Some((raw, d as i32))
 }
 
@@ -236,7 +248,7 @@ impl<'a, 'py> StreamArg<'a, 'py> {
     }
 
     /// The cached [`Stream`] the argument names: the one a per-thread cache found, else made
-    /// or found in [`crate::stream_cache`] (which may load the driver).
+    /// or found in [`get_with_owner`] (which may load the driver).
     #[inline]
     pub(crate) fn resolve(self, py: Python<'py>) -> PyResult<Stream> {
         match self.cached {
@@ -246,13 +258,13 @@ impl<'a, 'py> StreamArg<'a, 'py> {
     }
 }
 
-/// [`crate::stream_cache::get_with_owner`], remembering the stream in the per-thread caches:
+/// [`get_with_owner`], remembering the stream in the per-thread caches:
 /// for `obj` when it is the object [`StreamArg::parse`] cached, and by `(device, handle)` for a
 /// [`Fast`] stream type.
 fn get_and_cache(py: Python<'_>, obj: &Bound<'_, PyAny>, spec: StreamSpec) -> PyResult<Stream> {
     let cacheable = spec.owner.is_some();
     let (raw, device) = (spec.raw, spec.device);
-    let (s, owner) = crate::stream_cache::get_with_owner(py, spec)?;
+    let (s, owner) = get_with_owner(py, spec)?;
     if cacheable {
         if owner == obj.as_ptr() as usize {
             let entry = LastStream {
@@ -465,4 +477,205 @@ fn device_of(obj: &Bound<'_, PyAny>) -> Option<i32> {
         return Some(i);
     }
     None
+}
+
+/// A cached stream and the address of the Python object it keeps alive (0 for an int handle).
+struct Entry {
+    stream: Stream,
+    owner: usize,
+}
+
+static STREAMS: Mutex<Option<HashMap<(i32, usize), Entry>>> = Mutex::new(None);
+/// `STREAMS`' length, updated under its lock, read without it ([`any_held`]).
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether tile_py holds a stream (one with work whose tensors are not all released). Takes no
+/// lock: read by the release thread ([`release`](crate::release)) to skip attaching when idle.
+pub(crate) fn any_held() -> bool {
+    HELD.load(Ordering::Acquire) > 0
+}
+/// The counters of the streams [`forget_idle`] dropped, so that totals stay totals.
+static GONE: Mutex<Option<Stats>> = Mutex::new(None);
+
+/// Drops the cached streams whose work has been released and that nothing else refers to
+/// ([`Stream::is_forgettable`]: no queued or held guard, no other `Stream` value): their
+/// stream objects are no longer kept alive, their handles (which may be destroyed and reused)
+/// are never touched again, and a later launch on the same handle starts with fresh state.
+/// No driver call. Their counters are kept in [`GONE`].
+fn forget_idle(map: &mut HashMap<(i32, usize), Entry>) -> Vec<Stream> {
+    let mut dropped = Vec::new();
+    map.retain(|_, e| {
+        let forget = e.stream.is_forgettable();
+        if forget {
+            dropped.push(e.stream.clone());
+        }
+        !forget
+    });
+    HELD.store(map.len(), Ordering::Release);
+    if !dropped.is_empty() {
+        let mut gone = GONE.lock().unwrap_or_else(|p| p.into_inner());
+        let sum = dropped
+            .iter()
+            .fold(gone.unwrap_or_default(), |sum, s| sum.plus(&s.stats()));
+        *gone = Some(sum);
+    }
+    dropped
+}
+
+/// [`forget_idle`] on the cache. The forgotten streams (and the stream objects they keep
+/// alive) are dropped after the lock is released: a `__del__` may call into tile_py.
+pub(crate) fn forget_idle_streams() {
+    let dropped = {
+        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_mut().map(forget_idle).unwrap_or_default()
+    };
+    drop(dropped);
+}
+
+/// The counters of the streams already forgotten.
+pub(crate) fn forgotten_stats() -> Stats {
+    GONE.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .unwrap_or_default()
+}
+
+/// In a child made by `os.fork()`: the counters of every stream inherited from the parent (the
+/// cached ones and those already forgotten), read without waiting for a lock (one held at the
+/// fork is never let go in the child) and without dropping or forgetting a stream (a stream's
+/// drop makes driver calls, which fail in the child). `None` when a lock was held at the fork.
+pub(crate) fn inherited_stats() -> Option<Stats> {
+    use std::sync::TryLockError;
+    fn taken<T>(r: Result<T, TryLockError<T>>) -> Option<T> {
+        match r {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+    let gone = taken(GONE.try_lock())?.unwrap_or_default();
+    let g = taken(STREAMS.try_lock())?;
+    Some(
+        g.as_ref()
+            .map(|m| m.values().fold(gone, |sum, e| sum.plus(&e.stream.stats())))
+            .unwrap_or(gone),
+    )
+}
+
+/// The device a raw stream belongs to, or, for the default streams, the current context's
+/// device (0 if none is current).
+fn device_of_raw(raw: usize) -> tile_launch::Result<i32> {
+    // SAFETY: the caller vouches that `raw` is a live stream handle (the launch contract), or it
+    // is one of the default-stream handles.
+    Ok(unsafe { Context::device_of_stream(raw as CUstream) }?.unwrap_or(0))
+}
+
+/// The cached [`Stream`] for `spec`, created on first use, and the address of the object it
+/// keeps alive (0 for none).
+pub(crate) fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stream, usize)> {
+    let to_py = |e| launch_err(py, e, |_| None);
+    let device = match spec.device {
+        Some(d) => d,
+        None => device_of_raw(spec.raw).map_err(to_py)?,
+    };
+    let key = (device, spec.raw);
+    if let Some(hit) = STREAMS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&key))
+        .map(|e| (e.stream.clone(), e.owner))
+    {
+        return Ok(hit);
+    }
+    // A new key: a good time to forget streams whose work is done (stream objects made and
+    // dropped in a loop must not pile up).
+    forget_idle_streams();
+    let owner = spec.owner.as_ref().map_or(0, |o| o.as_ptr() as usize);
+    let ctx = crate::device_contexts::context(device).map_err(to_py)?;
+    let raw = spec.raw as CUstream;
+    let stream = match spec.owner {
+        // SAFETY: `raw` is the handle of the stream object `owner`, a stream of the device's
+        // primary context (PyTorch, CuPy and cuda.core use primary contexts), which stays
+        // valid while `owner` lives; the cached `Stream` holds `owner`.
+        Some(owner) => unsafe { Stream::from_raw_keeping(&ctx, raw, Box::new(owner)) },
+        // SAFETY: an int handle: the caller promises a live stream of this device while it
+        // launches on it, naming that stream until the work launched finished (documented on
+        // `tile_py.launch`); 0 and 2 are the default streams, always valid. Nothing keeps the
+        // stream alive, so it is named only inside launch calls: its release queue is answered
+        // from markers recorded at each launch, and a stream destroyed once its work is done
+        // is never touched again.
+        None => unsafe { Stream::from_raw_launch_only(&ctx, raw) },
+    }
+    .map_err(to_py)?;
+    let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    let e = map.entry(key).or_insert(Entry { stream, owner });
+    let found = (e.stream.clone(), e.owner);
+    HELD.store(map.len(), Ordering::Release);
+    drop(g);
+    Ok(found)
+}
+
+/// Every cached stream with work tile_py still holds, after forgetting the others
+/// ([`forget_idle`]): callers (`synchronize`, `stats`, exit) never touch a stream with nothing
+/// pending.
+pub(crate) fn all() -> Vec<Stream> {
+    let (busy, dropped) = {
+        let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(map) = g.as_mut() else {
+            return Vec::new();
+        };
+        let dropped = forget_idle(map);
+        (
+            map.values().map(|e| e.stream.clone()).collect::<Vec<_>>(),
+            dropped,
+        )
+    };
+    drop(dropped);
+    busy
+}
+
+/// Synchronises every stream with work tile_py still holds (detached from the interpreter),
+/// each even after another failed: a failed wait is counted in that stream's
+/// [`Stats::errors`], and a stream found lost (destroyed, reset, poisoned) has leaked and
+/// counted what it held ([`Stream::synchronize`]), so that [`all`] forgets it next. Never fails.
+pub(crate) fn synchronize_all(py: Python<'_>) {
+    let streams = all();
+    py.detach(move || {
+        for s in &streams {
+            // Counted by the stream's release queue; nothing to report to the caller.
+            let _ = s.synchronize();
+        }
+    });
+}
+
+
+/// `stream=1`: the legacy default stream.
+pub(crate) const LEGACY: i64 = 1;
+/// `stream=2`: the per-thread default stream (its raw handle is `CU_STREAM_PER_THREAD`, 2).
+pub(crate) const PER_THREAD: i64 = 2;
+/// `stream=-1`: no synchronisation (`sync=False`).
+pub(crate) const NO_SYNC: i64 = -1;
+/// The raw handle of the legacy default stream as tile_py keeps it (the null stream; the handle
+/// `CU_STREAM_LEGACY`, 1, names the same stream).
+pub(crate) const LEGACY_RAW: usize = 0;
+
+/// The raw handle of stream number `n` (1 is the legacy default stream, the null handle; any
+/// other number is the handle itself, 2 the per-thread default stream).
+pub(crate) fn to_raw(n: u64) -> usize {
+    if n == LEGACY as u64 {
+        LEGACY_RAW
+    } else {
+        n as usize
+    }
+}
+
+/// The stream number of the raw handle `raw` (the null handle and `CU_STREAM_LEGACY` are the
+/// legacy default stream's 1), or `None` for a handle no `stream=` value can carry (2**63 and
+/// above, which would arrive negative).
+pub(crate) fn to_number(raw: usize) -> Option<i64> {
+    match raw {
+        0 | 1 => Some(LEGACY),
+        r => i64::try_from(r).ok(),
+    }
 }

@@ -13,8 +13,7 @@ use tile_launch::{Arg, Param};
 use crate::convert::{Converted, Handshake, convert_args};
 use crate::exceptions::launch_err;
 use crate::release::{self, COUNTERS, PyGuard, drain};
-use crate::request::{arg_list, check_count, parse_config};
-use crate::submit::expected;
+use crate::launch::{arg_list, check_count, expected, parse_config};
 use crate::{kernel, stream_arg};
 
 /// The `_testing` submodule of the extension (re-exported as `tile_py._testing`).
@@ -165,7 +164,7 @@ fn pack_args(
 /// (`cycles`: wake-ups that attached to poll and drain).
 #[pyfunction]
 fn release_thread(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    crate::worker::describe(py)
+    crate::release::describe_thread(py)
 }
 
 /// Queues the release of a reference to `obj` (its decref) as a launch's guard does once its
@@ -173,7 +172,7 @@ fn release_thread(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 fn queue_release(obj: Py<PyAny>) {
     release::defer_release(release::Release::Object(obj));
-    crate::worker::start();
+    crate::release::start_thread();
 }
 
 /// The `atexit` hook, run by hand: waits up to `timeout` seconds in all for pending work and

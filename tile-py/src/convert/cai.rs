@@ -262,7 +262,7 @@ pub(crate) fn from_cai(
             if n < 0 {
                 return Err(cai.bad(format_args!("'stream' is {n}")));
             }
-            hs.sync.then_some(crate::stream_numbers::to_raw(n as u64))
+            hs.sync.then_some(crate::stream_arg::to_raw(n as u64))
         }
         _ => None,
     };

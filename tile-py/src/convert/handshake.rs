@@ -108,7 +108,7 @@ impl Keywords {
 /// every CUDA producer supports, and the launch stream waits for the legacy stream on the
 /// device (an event, through [`TensorArg::ready_on`](tile_launch::TensorArg::ready_on)).
 pub(crate) fn offered_stream(hs: &Handshake) -> (i64, Option<usize>) {
-    use crate::stream_numbers::{LEGACY, LEGACY_RAW, PER_THREAD};
+    use crate::stream_arg::{LEGACY, LEGACY_RAW, PER_THREAD};
     if hs.sync && hs.dlpack_stream == PER_THREAD {
         (LEGACY, Some(LEGACY_RAW))
     } else {
@@ -188,7 +188,7 @@ fn read_cupy_stream(py: Python<'_>, hs: &Handshake) -> FamilyStream {
 /// legacy default stream; 2: the per-thread default stream), for a launch with handshake `hs`.
 pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
     // The stream's number in DLPack's `stream=` convention (1: legacy default stream).
-    let Some(offer) = crate::stream_numbers::to_number(ptr) else {
+    let Some(offer) = crate::stream_arg::to_number(ptr) else {
         return FamilyStream::Unknown;
     };
     if offer == hs.dlpack_stream {
@@ -199,7 +199,7 @@ pub(crate) fn family_stream(ptr: usize, hs: &Handshake) -> FamilyStream {
     }
     FamilyStream::Known {
         offer,
-        ready_on: Some(crate::stream_numbers::to_raw(offer as u64)),
+        ready_on: Some(crate::stream_arg::to_raw(offer as u64)),
     }
 }
 

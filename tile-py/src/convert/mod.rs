@@ -73,7 +73,7 @@ impl Handshake {
             dlpack_stream: if sync {
                 dlpack_stream
             } else {
-                crate::stream_numbers::NO_SYNC
+                crate::stream_arg::NO_SYNC
             },
             sync,
             device,

@@ -30,7 +30,7 @@ use tile_launch::{Param, Scalar};
 use crate::convert::convert_scalar;
 use crate::exceptions::{Kind, err, show};
 use crate::kernel::parse_params;
-use crate::request::{as_kernel, parse_config};
+use crate::launch::{as_kernel, parse_config};
 use roles::{Role, Roles};
 
 /// The handler as a PyCapsule without a name, as `jax.ffi.register_ffi_target` takes handlers
