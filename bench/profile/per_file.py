@@ -35,11 +35,14 @@ def self_cost_by_file(path):
                 if len(parts) >= 2:
                     costs[fi or fl] += int(parts[1])
                 continue
-            m = re.match(r"(fl|fi|fe)=\((\d+)\)(?: (.*))?", line)
+            m = re.match(r"(c?)(fl|fi|fe)=\((\d+)\)(?: (.*))?", line)
             if m:
-                key, ident, name = m.groups()
+                callee, key, ident, name = m.groups()
                 if name:
+                    # A file is named at its first mention, which may be a callee's (`cfi=`).
                     names[ident] = name.strip()
+                if callee:
+                    continue
                 if key == "fl":
                     fl, fi = names.get(ident), None
                 else:
@@ -52,15 +55,36 @@ def self_cost_by_file(path):
     return costs
 
 
+def group(name):
+    """Where a file outside the project belongs: a crate of the registry, Rust's standard
+    library, the interpreter, the stub driver or the test producer, the C library."""
+    if not name or name == "???":
+        return "no line table (stripped code)"
+    m = re.search(r"/registry/src/[^/]+/([A-Za-z0-9_]+(?:-[A-Za-z_][A-Za-z0-9_]*)*)-\d", name)
+    if m:
+        return f"crate {m.group(1)}"
+    if name.startswith("/rustc/"):
+        return "Rust std / core / alloc"
+    if "Python-3" in name or "/Include/" in name:
+        return "CPython"
+    if name.endswith("cuda_stub.c"):
+        return "stub driver"
+    if name.endswith("fake_exchange.c"):
+        return "producer (fake_exchange.c)"
+    return "C library and other"
+
+
 def main():
     short, n_short, long, n_long = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     a, b = self_cost_by_file(short), self_cost_by_file(long)
     per = {}
+    outside = defaultdict(float)
     for name in set(a) | set(b):
+        d = (b.get(name, 0) - a.get(name, 0)) / (n_long - n_short)
         m = name and PROJECT.search(name)
         if not m:
+            outside[group(name)] += d
             continue
-        d = (b.get(name, 0) - a.get(name, 0)) / (n_long - n_short)
         if d >= 0.5:
             key = f"{m.group(1)}/src/{m.group(2)}"
             per[key] = per.get(key, 0) + d
@@ -68,6 +92,11 @@ def main():
     for key, d in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"{d:10.1f}  {key}")
     print(f"{total:10.1f}  in {len(per)} files of the project, per launch")
+    print()
+    for key, d in sorted(outside.items(), key=lambda kv: -kv[1]):
+        if abs(d) >= 0.5:
+            print(f"{d:10.1f}  {key}")
+    print(f"{total + sum(outside.values()):10.1f}  per launch in all")
 
 
 if __name__ == "__main__":

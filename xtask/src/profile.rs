@@ -83,6 +83,13 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         stub.as_os_str(),
         root.join("bench/profile/cuda_stub.c").as_os_str(),
     ]))?;
+    if let Some(path) = rest.iter().find_map(|a| {
+        (a == "--files")
+            .then_some("torch")
+            .or_else(|| a.strip_prefix("--files="))
+    }) {
+        return files(&root, &out, &stub, path, launches);
+    }
     run_cmd(cargo().args([
         "build",
         "--release",
@@ -377,20 +384,7 @@ fn python_paths(
         return Ok(());
     };
     let text = String::from_utf8_lossy(&probe.stdout).to_string();
-    let mut lines = text.lines();
-    let (Some(include), Some(suffix)) = (lines.next(), lines.next()) else {
-        bail!("unexpected answer from {}: {text}", py.display());
-    };
-    let ext_dir = out.join("py");
-    std::fs::create_dir_all(&ext_dir)?;
-    run_cmd(
-        Command::new("cc")
-            .args(["-O2", "-shared", "-fPIC"])
-            .arg(format!("-I{include}"))
-            .arg("-o")
-            .arg(ext_dir.join(format!("fake_exchange{suffix}")))
-            .arg(root.join("bench/profile/fake_exchange.c")),
-    )?;
+    let ext_dir = fake_exchange(root, out, &py, &text)?;
     let script = root.join("bench/profile/py_launch_profile.py");
     println!(
         "\ntile_py: host instructions per launch (callgrind, stub driver, interpreter included; \
@@ -457,6 +451,98 @@ fn python_paths(
     }
     print_breakdowns("tile_py ", &rows[first..]);
     Ok(())
+}
+
+/// Builds `bench/profile/fake_exchange.c` (the torch-like producer) into `out/py` for the
+/// interpreter `py`, whose include folder and extension suffix are the two lines of `probe`.
+/// Returns the folder, for `PYTHONPATH`.
+fn fake_exchange(root: &Path, out: &Path, py: &Path, probe: &str) -> Result<std::path::PathBuf> {
+    let mut lines = probe.lines();
+    let (Some(include), Some(suffix)) = (lines.next(), lines.next()) else {
+        bail!("unexpected answer from {}: {probe}", py.display());
+    };
+    let ext_dir = out.join("py");
+    std::fs::create_dir_all(&ext_dir)?;
+    run_cmd(
+        Command::new("cc")
+            .args(["-O2", "-shared", "-fPIC"])
+            .arg(format!("-I{include}"))
+            .arg("-o")
+            .arg(ext_dir.join(format!("fake_exchange{suffix}")))
+            .arg(root.join("bench/profile/fake_exchange.c")),
+    )?;
+    Ok(ext_dir)
+}
+
+/// `cargo xtask profile --files[=PATH]`: the source files one launch of the Python path `PATH`
+/// runs code in, with its instructions per launch in each, inlined code counted where it was
+/// written (`bench/profile/per_file.py`). The wheel's extension is stripped, so the extension is
+/// built again with line tables (`cargo build --release`, the workspace's `debug = 1`) and put
+/// beside a copy of the package's Python files; the counts can differ from the wheel's by the
+/// linker's choices, never by the code.
+fn files(root: &Path, out: &Path, stub: &Path, path: &str, launches: u64) -> Result<()> {
+    run_cmd(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "tile-py",
+        "--features",
+        "pyo3/extension-module",
+    ]))?;
+    let pkg = out.join("files/tile_py");
+    std::fs::create_dir_all(&pkg)?;
+    for entry in std::fs::read_dir(root.join("tile-py/python/tile_py"))? {
+        let entry = entry?;
+        if entry.path().extension().is_some_and(|e| e == "py") {
+            std::fs::copy(entry.path(), pkg.join(entry.file_name()))?;
+        }
+    }
+    std::fs::copy(
+        root.join("target/release/lib_tile_py.so"),
+        pkg.join("_tile_py.abi3.so"),
+    )?;
+    let py = root.join("target/py-venv/bin/python");
+    let probe = Command::new(&py)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['include']); \
+             print(sysconfig.get_config_var('EXT_SUFFIX'))",
+        ])
+        .output()
+        .with_context(|| format!("cannot run {} (run `cargo xtask wheel` first)", py.display()))?;
+    let ext_dir = fake_exchange(root, out, &py, &String::from_utf8_lossy(&probe.stdout))?;
+    let pythonpath = std::env::join_paths([out.join("files"), ext_dir])?;
+    let mut runs = Vec::new();
+    for n in [launches, 3 * launches] {
+        let file = out.join(format!("callgrind.files-{path}.{n}"));
+        let o = Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", file.display()))
+            .arg(&py)
+            .arg(root.join("bench/profile/py_launch_profile.py"))
+            .args([path, &n.to_string()])
+            .env("TILE_LIBCUDA", stub)
+            .env("LD_LIBRARY_PATH", out)
+            .env("PYTHONPATH", &pythonpath)
+            .output()
+            .context("cannot run valgrind")?;
+        if !o.status.success() {
+            bail!(
+                "py_launch_profile.py {path} failed under valgrind:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        runs.push((file, n));
+    }
+    println!("instructions per launch of the Python path `{path}`, by source file:");
+    run_cmd(
+        Command::new("python3")
+            .arg(root.join("bench/profile/per_file.py"))
+            .arg(&runs[0].0)
+            .arg(runs[0].1.to_string())
+            .arg(&runs[1].0)
+            .arg(runs[1].1.to_string()),
+    )
 }
 
 /// The driver calls per launch that a measured loop reported (the stub counts them): the
