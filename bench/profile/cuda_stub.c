@@ -53,6 +53,7 @@ typedef int CUresult;
     X(cuCtxGetDevice, ctx_get_device) \
     X(cuCtxGetId, ctx_get_id) \
     X(cuStreamGetCtx, stream_get_ctx) \
+    X(cuStreamGetId, stream_get_id) \
     X(cuStreamCreate, stream_create) \
     X(cuStreamCreateWithPriority, make_handle_flags_priority) \
     X(cuEventCreate, event_create) \
@@ -273,6 +274,8 @@ static CUresult ctx_pop(void **ctx) {
 static CUresult ctx_get_device(int *d) { COUNT(cuCtxGetDevice); *d = 0; return SUCCESS; }
 static CUresult ctx_get_id(void *ctx, unsigned long long *id) { COUNT(cuCtxGetId); (void)ctx; *id = 1; return SUCCESS; }
 static CUresult stream_get_ctx(void *s, void **ctx) { COUNT(cuStreamGetCtx); (void)s; *ctx = primary; return SUCCESS; }
+/* A stream's id: its handle (the stub never destroys a stream's handle for another). */
+static CUresult stream_get_id(void *s, unsigned long long *id) { COUNT(cuStreamGetId); *id = (unsigned long long)(uintptr_t)s; return SUCCESS; }
 
 static CUresult make_handle(void **out) { *out = fresh(); return SUCCESS; }
 static CUresult stream_create(void **out, unsigned flags) { COUNT(cuStreamCreate); (void)flags; return make_handle(out); }

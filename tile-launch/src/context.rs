@@ -195,9 +195,12 @@ impl Context {
         *SEVERAL.get_or_init(|| Self::device_count().is_ok_and(|n| n > 1))
     }
 
-    /// The device of the context that owns `stream` (`cuStreamGetCtx`; then `cuCtxGetId` when
-    /// that is a primary context a [`Context`] of this process holds, whose device is known,
-    /// else `cuCtxGetDevice` with it pushed and popped). For the default-stream handles (null,
+    /// The device of the context that owns `stream`: one `cuStreamGetId` for a stream whose
+    /// device this process found before (a stream's id is unique for the life of the process
+    /// and a stream never changes context, so a handle destroyed and reused by another stream
+    /// is a new id); else `cuStreamGetCtx`, then `cuCtxGetId` when that is a primary context a
+    /// [`Context`] of this process holds, whose device is known, or `cuCtxGetDevice` with it
+    /// pushed and popped. For the default-stream handles (null,
     /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which name a stream of whichever context is
     /// current, the device of the calling thread's current context, or `None` when no context is
     /// current. The calling thread's current context is the same afterwards.
@@ -210,36 +213,38 @@ impl Context {
     ///
     /// [`Error::Driver`](crate::Error::Driver) without a driver; [`Error::Cuda`](crate::Error::Cuda)
     /// if a driver call fails (e.g. `CUDA_ERROR_INVALID_HANDLE` for a destroyed stream).
+    #[doc(alias = "cuStreamGetId")]
     #[doc(alias = "cuStreamGetCtx")]
     pub unsafe fn device_of_stream(stream: cuda_sys::CUstream) -> Result<Option<i32>> {
         let d = driver()?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         if HandleKind::of(stream) == HandleKind::Explicit {
+            let mut id = 0u64;
             // SAFETY: the caller vouches that `stream` is a live stream; out-pointer to a local.
-            unsafe { (d.cuStreamGetCtx)(stream, &mut ctx) }.check("cuStreamGetCtx")?;
-        } else {
-            // SAFETY: out-pointer to a local.
-            unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
-            if ctx.is_null() {
-                return Ok(None);
+            // Refused for a capturing stream by some drivers: then asked as below.
+            let id = unsafe { (d.cuStreamGetId)(stream, &mut id) }
+                .check("cuStreamGetId")
+                .ok()
+                .map(|()| id);
+            if let Some(ordinal) = id.and_then(stream_ids::ordinal_of) {
+                return Ok(Some(ordinal));
             }
-        }
-        // A primary context held by a `Context` is its device's: its unique id (asked, since a
-        // context destroyed under us, by a reset, may leave its handle to another) names the
-        // device without pushing it (two calls fewer).
-        if let Some(ordinal) = retained::ordinal_of(d, ctx) {
+            // SAFETY: as above.
+            unsafe { (d.cuStreamGetCtx)(stream, &mut ctx) }.check("cuStreamGetCtx")?;
+            // SAFETY: `ctx` owns a live stream.
+            let ordinal = unsafe { device_of_context(d, ctx) }?;
+            if let Some(id) = id {
+                stream_ids::remember(id, ordinal);
+            }
             return Ok(Some(ordinal));
         }
-        // SAFETY: `ctx` is a live context (it owns a live stream, or is current); popped below.
-        unsafe { (d.cuCtxPushCurrent)(ctx) }.check("cuCtxPushCurrent")?;
-        let mut device: CUdevice = 0;
-        // SAFETY: out-pointer to a local; a context is current.
-        let got = unsafe { (d.cuCtxGetDevice)(&mut device) }.check("cuCtxGetDevice");
-        let mut popped: CUcontext = std::ptr::null_mut();
-        // SAFETY: pops the context pushed above, on this thread.
-        unsafe { (d.cuCtxPopCurrent)(&mut popped) }.check("cuCtxPopCurrent")?;
-        got?;
-        Ok(Some(device))
+        // SAFETY: out-pointer to a local.
+        unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
+        if ctx.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: `ctx` is the current context.
+        unsafe { device_of_context(d, ctx) }.map(Some)
     }
 
     /// The device that the memory at `ptr` belongs to, or `None` when there is no driver or the
@@ -384,6 +389,54 @@ impl Drop for Context {
 /// the one registered is that device's primary context, so its device is known without making
 /// it current. The id is compared because a primary context can be destroyed while retained
 /// (`cuDevicePrimaryCtxReset` in other code), and its handle then reused; ids are never reused.
+/// The device of context `ctx`: a primary context held by a `Context` is its device's, named by
+/// its unique id (asked, since a context destroyed under us, by a reset, may leave its handle to
+/// another) without pushing it; any other context is pushed, asked (`cuCtxGetDevice`) and popped.
+///
+/// # Safety
+///
+/// `ctx` must be a live context (one that owns a live stream, or the current one).
+unsafe fn device_of_context(d: &Driver, ctx: CUcontext) -> Result<i32> {
+    if let Some(ordinal) = retained::ordinal_of(d, ctx) {
+        return Ok(ordinal);
+    }
+    // SAFETY: `ctx` is live (the caller's promise); popped below.
+    unsafe { (d.cuCtxPushCurrent)(ctx) }.check("cuCtxPushCurrent")?;
+    let mut device: CUdevice = 0;
+    // SAFETY: out-pointer to a local; a context is current.
+    let got = unsafe { (d.cuCtxGetDevice)(&mut device) }.check("cuCtxGetDevice");
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above, on this thread.
+    unsafe { (d.cuCtxPopCurrent)(&mut popped) }.check("cuCtxPopCurrent")?;
+    got?;
+    Ok(device)
+}
+
+/// The devices of the streams [`Context::device_of_stream`] asked about lately, by stream id.
+mod stream_ids {
+    use std::sync::Mutex;
+
+    /// How many streams are remembered: the newest replaces the oldest.
+    const KEPT: usize = 64;
+
+    static KNOWN: Mutex<Vec<(u64, i32)>> = Mutex::new(Vec::new());
+
+    /// The device of the stream with id `id`, if remembered.
+    pub(super) fn ordinal_of(id: u64) -> Option<i32> {
+        let known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+        known.iter().rev().find(|k| k.0 == id).map(|k| k.1)
+    }
+
+    /// Remembers that the stream with id `id` belongs to device `ordinal`.
+    pub(super) fn remember(id: u64, ordinal: i32) {
+        let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() == KEPT {
+            known.remove(0);
+        }
+        known.push((id, ordinal));
+    }
+}
+
 mod retained {
     use std::sync::Mutex;
 

@@ -2046,3 +2046,44 @@ fn a_barrier_inside_a_deleter_does_not_wait_for_itself_or_a_crossing_one() {
     assert_eq!(released, vec![2, 2]);
     assert_eq!(dropped, 4);
 }
+
+#[test]
+fn a_poll_asks_the_newest_marker_first_and_the_oldest_only_when_it_is_not_complete() {
+    // A marker per launch (as on a launch-only handle): markers complete in stream order, so the
+    // newest complete answers for every older one with one query.
+    let h = Harness::new(ReleaseConfig {
+        marker_every: 1,
+        poll_every: 1_000,
+        ..ReleaseConfig::default()
+    });
+    for _ in 0..16 {
+        h.launch(1).defer();
+    }
+    assert_eq!(h.fake.markers_recorded(), 16);
+    h.fake.complete_all();
+    let before = h.fake.calls().query;
+    assert_eq!(h.tracker.poll(), 16);
+    assert_eq!(h.fake.calls().query - before, 1, "one query for 16 markers");
+    assert_eq!(h.dropped(), 16);
+    h.assert_sound();
+
+    // The newest not complete: the oldest are asked, in order, and what they cover released,
+    // never what comes after the first one still running.
+    for _ in 0..8 {
+        h.launch(1).defer();
+    }
+    h.fake.complete_through(h.fake.markers_recorded() - 5);
+    let before = h.fake.calls().query;
+    assert_eq!(h.tracker.poll(), 3);
+    assert_eq!(
+        h.fake.calls().query - before,
+        1 + 4,
+        "the newest, then the oldest four"
+    );
+    assert_eq!(h.stats().pending_guards, 5);
+    h.assert_sound();
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 5);
+    assert_eq!(h.dropped(), 24);
+    h.assert_sound();
+}

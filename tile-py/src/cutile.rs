@@ -31,13 +31,13 @@ use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, P
 use smallvec::SmallVec;
 use tile_launch::{Dim3, LaunchConfig, Param};
 
-use crate::launch::{ArgList, LaunchHandle, Target, arg_list, submit_converted};
 use crate::convert::INLINE;
 use crate::convert::{
     ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, parse_typestr,
 };
 use crate::exceptions::{Kind, err, launch_err};
 use crate::kernel::Kernel;
+use crate::launch::{ArgList, LaunchHandle, Target, arg_list, submit_converted};
 use crate::pytypes::TypeCache;
 use crate::release::COUNTERS;
 

@@ -509,7 +509,12 @@ fn files(root: &Path, out: &Path, stub: &Path, path: &str, launches: u64) -> Res
              print(sysconfig.get_config_var('EXT_SUFFIX'))",
         ])
         .output()
-        .with_context(|| format!("cannot run {} (run `cargo xtask wheel` first)", py.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot run {} (run `cargo xtask wheel` first)",
+                py.display()
+            )
+        })?;
     let ext_dir = fake_exchange(root, out, &py, &String::from_utf8_lossy(&probe.stdout))?;
     let pythonpath = std::env::join_paths([out.join("files"), ext_dir])?;
     let mut runs = Vec::new();

@@ -722,6 +722,20 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
 
     /// Queries markers oldest first and marks what completed.
     fn poll_locked(&self, st: &mut State<T, G>) -> Result<(), T::Error> {
+        // Markers complete in the order they were recorded: a tracker records on one stream
+        // (for a launch-only handle, one stream at a time: its safety contract keeps the handle
+        // naming a stream until that stream's work has finished, so a marker recorded after the
+        // handle came to name another stream finds the older work finished). The newest marker
+        // complete thus answers for all (one query where a marker per launch would need one
+        // each); only when it is not are the oldest asked, to release what has finished.
+        if st.markers.len() > 1
+            && let Some(newest) = st.markers.back()
+            && self.timeline.query(&newest.marker)?
+        {
+            let covers = newest.covers;
+            st.mark_completed(covers, &self.timeline);
+            return Ok(());
+        }
         while let Some(front) = st.markers.front() {
             if !self.timeline.query(&front.marker)? {
                 break;
