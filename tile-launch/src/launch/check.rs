@@ -108,6 +108,42 @@ impl<'a> Checked<'_, 'a> {
     }
 }
 
+impl Stream {
+    /// Checks a launch of `kernel` with `config` and `args` on this stream, consuming nothing,
+    /// and returns it [`Checked`], ready to be launched. A failed check consumes nothing:
+    /// tensors handed over already consumed are released, `Unused` ones are left to their
+    /// producers.
+    ///
+    /// Checks, in this order: the configuration against the device's limits, every argument
+    /// against the kernel's [`Signature`](crate::Signature) (count, kind, dtype, device,
+    /// writability of outputs, dense row-major layout for plain pointer parameters, scalar
+    /// range), the kernel's own limits for the configuration (dynamic shared memory, cooperative
+    /// occupancy), the memory of each tensor (unless [trusted](crate::TensorArg::trust_memory),
+    /// the driver must know its data pointer as device, managed or page-locked host memory: one
+    /// `cuPointerGetAttributes` per tensor), whether the stream is capturing a graph (one
+    /// `cuStreamGetCaptureInfo`), and then that each producer stream joins that capture.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig), [`Error::ArgumentCount`](crate::Error::ArgumentCount), [`Error::ArgumentKind`](crate::Error::ArgumentKind),
+    /// [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::DeviceMismatch`](crate::Error::DeviceMismatch), [`Error::PointerDeviceMismatch`](crate::Error::PointerDeviceMismatch),
+    /// [`Error::NotDeviceMemory`](crate::Error::NotDeviceMemory), [`Error::NotContiguous`](crate::Error::NotContiguous), [`Error::Descriptor`](crate::Error::Descriptor),
+    /// [`Error::NdimMismatch`](crate::Error::NdimMismatch), [`Error::IndexOverflow`](crate::Error::IndexOverflow), [`Error::ProducerOutsideCapture`](crate::Error::ProducerOutsideCapture),
+    /// and [`Error::Cuda`](crate::Error::Cuda) from a driver call the checks make (e.g.
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+    #[doc(alias = "cuStreamGetCaptureInfo")]
+    #[doc(alias = "cuPointerGetAttributes")]
+    #[inline]
+    pub fn check<'s, 'a>(
+        &'s self,
+        kernel: &'s Kernel,
+        config: &'s LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<Checked<'s, 'a>> {
+        check(self, kernel, Config::ToCheck(config), args)
+    }
+}
+
 /// The graph the stream is capturing into, and the capture's id.
 pub(super) type InCapture = (CUgraph, u64);
 
