@@ -210,7 +210,7 @@ fn release_refused(d: &Driver, args: &mut ArgList<'_>) {
     if !args.iter().any(consumed) {
         return;
     }
-    let _ = crate::capture_state::relaxed(d, || {
+    let _ = crate::capture::relaxed(d, || {
         args.clear();
         Ok(())
     });
@@ -236,7 +236,7 @@ fn check_bound<'c>(
             check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?,
         ),
     };
-    let capture = crate::capture_state::capturing_graph(d, site.raw)?;
+    let capture = crate::capture::capturing_graph(d, site.raw)?;
     check_pointer_memory(
         d,
         args,
@@ -267,7 +267,7 @@ fn check_capture_joins(
         let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
             continue;
         };
-        let theirs = match crate::capture_state::capture_id(d, producer) {
+        let theirs = match crate::capture::capture_id(d, producer) {
             Ok(id) => id,
             // The legacy stream asked about while a blocking stream captures: not part of it.
             Err(e) if e.code == cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => None,
@@ -326,7 +326,7 @@ fn check_pointer_memory(
                 // no backing the driver can describe until the graph runs: it is told from host
                 // memory by the capture's own allocation nodes.
                 if let Some(graph) = capture
-                    && crate::capture_state::graph_allocates(d, graph, view.data_ptr(), 0)?
+                    && crate::capture::graph_allocates(d, graph, view.data_ptr(), 0)?
                 {
                     continue;
                 }
