@@ -40,7 +40,7 @@ const TASKS: &[(&str, &[&str])] = &[
     ("wheel", &[]),
     ("gpu-bundle", &[]),
     ("bench", &["--burst="]),
-    ("profile", &["--launches="]),
+    ("profile", &["--launches=", "--rust"]),
     ("doc", &["--open"]),
 ];
 
@@ -121,13 +121,14 @@ tasks:
                       bench/results/. On a GPU machine without Rust:
                       bash target/gpu-bundle/run.sh --bench [DIR] [--burst N]
                       (DIR defaults to ./bench-results)
-  profile [--launches=N]
+  profile [--launches=N] [--rust]
                       host instructions per launch of tile-launch's launch paths (raw, export,
                       scalars, deferred, bound, queued, int; N launches each, default 2000),
                       counted by callgrind against a stub driver (bench/profile/cuda_stub.c; no
                       GPU needed; needs valgrind and cc), and the driver calls per launch the
                       stub counts, then where the deferred path's instructions go; then
-                      tile_py.launch's paths when target/py-venv has tile_py
+                      tile_py.launch's paths when target/py-venv has tile_py (--rust: the Rust
+                      rows only, printed and not written to bench/results/)
   doc [--open]        the library crates' API docs with the features docs.rs documents
                       ([package.metadata.docs.rs]; a plain `cargo doc` leaves them out)
 

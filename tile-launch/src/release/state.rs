@@ -90,6 +90,10 @@ pub(super) struct MarkerSlot<M> {
     pub(super) marker: Arc<M>,
 }
 
+/// The largest batch vector kept for reuse, in launches (a larger one, made for a release of
+/// many launches at once, is freed).
+const MAX_SPARE_BATCH: usize = 1024;
+
 /// Everything behind the tracker's lock.
 pub(super) struct State<T: Timeline, G> {
     /// The sequence number the next launch gets.
@@ -126,6 +130,10 @@ pub(super) struct State<T: Timeline, G> {
     /// Threads waiting in a barrier for batches to finish: a finished batch wakes them only
     /// when there are any (a wake-up is a system call).
     pub(super) barrier_waiters: usize,
+    /// An emptied batch vector, reused by the next batch: a batch vector freed and allocated
+    /// again at every release would make the allocator reorganise its free lists then, at a
+    /// cost per released tensor.
+    pub(super) spare_batch: Vec<Held<G>>,
 }
 
 /// A release batch in flight: taken under the lock, its guards being dropped outside it.
@@ -263,11 +271,17 @@ impl<T: Timeline, G> State<T, G> {
         self.releasing.iter().map(|b| b.guards).sum()
     }
 
-    /// Marks the batch `ticket` finished (its guards dropped). Returns whether a barrier is
-    /// waiting (to be woken).
-    pub(super) fn finish_batch(&mut self, ticket: u64) -> bool {
+    /// Marks the batch `ticket` finished (its guards dropped), keeping its emptied vector
+    /// `spare` for the next batch. Returns whether a barrier is waiting (to be woken).
+    pub(super) fn finish_batch(&mut self, ticket: u64, spare: Vec<Held<G>>) -> bool {
         if let Some(i) = self.releasing.iter().position(|b| b.ticket == ticket) {
             self.releasing.swap_remove(i);
+        }
+        if spare.is_empty()
+            && spare.capacity() > self.spare_batch.capacity()
+            && spare.capacity() <= MAX_SPARE_BATCH
+        {
+            self.spare_batch = spare;
         }
         self.barrier_waiters > 0
     }
@@ -293,8 +307,9 @@ impl<T: Timeline, G> State<T, G> {
         if !any_done {
             return own.map(|(_, guards, _)| guards).into_iter().collect();
         }
+        let mut batch = mem::take(&mut self.spare_batch);
         let done = self.deferred.take_below(self.completed_through);
-        let mut batch = Vec::with_capacity(done.len() + 1);
+        batch.reserve(done.len() + 1);
         let (mut guards_done, mut bytes_done) = (0usize, 0u64);
         for (seq, entry) in done {
             if own.as_ref().is_some_and(|(own_seq, ..)| *own_seq < seq)

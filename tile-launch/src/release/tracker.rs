@@ -165,6 +165,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 releasing: Vec::new(),
                 next_batch: 0,
                 barrier_waiters: 0,
+                spare_batch: Vec::new(),
             }),
             settled: Condvar::new(),
             released: AtomicU64::new(0),
@@ -875,6 +876,8 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             tracker: &'a Tracker<T, G>,
             ticket: Option<u64>,
             released: usize,
+            /// The batch's vector once emptied, kept for the next batch.
+            spare: Vec<Held<G>>,
         }
         impl<T: Timeline, G: Send + 'static> Drop for Finish<'_, T, G> {
             fn drop(&mut self) {
@@ -889,49 +892,48 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 // snapshot never counts a guard in both, nor in neither.
                 t.released
                     .fetch_add(self.released as u64, Ordering::Relaxed);
-                if st.finish_batch(ticket) {
+                if st.finish_batch(ticket, mem::take(&mut self.spare)) {
                     t.settled.notify_all();
                 }
             }
         }
         let Batch {
-            guards: batch,
+            guards: mut batch,
             ticket,
         } = batch;
         let mut finish = Finish {
             tracker: self,
             ticket,
             released: 0,
+            spare: Vec::new(),
         };
         let _releasing = InRelease::enter();
         let mut released = 0usize;
         let mut panics = 0u64;
-        let mut batch = Some(batch);
         let recycle = self.recycle;
         self.timeline.releasing(&mut || {
-            let Some(batch) = batch.take() else { return };
-            Self::drop_all(batch, recycle, &mut released, &mut panics);
+            Self::drop_all(&mut batch, recycle, &mut released, &mut panics);
         });
-        // Were `releasing` not to call us back, the guards are dropped here all the same.
-        if let Some(batch) = batch.take() {
-            Self::drop_all(batch, recycle, &mut released, &mut panics);
-        }
+        // Were `releasing` not to call us back, the guards are dropped here all the same (and
+        // if it did, the batch is empty now).
+        Self::drop_all(&mut batch, recycle, &mut released, &mut panics);
         if panics > 0 {
             self.release_panics.fetch_add(panics, Ordering::Relaxed);
         }
         finish.released = released;
+        finish.spare = batch;
         released
     }
 
     /// Drops every guard of `batch` in order, each inside `catch_unwind`, then hands each
-    /// emptied vector to `recycle` (or frees it).
+    /// emptied vector to `recycle` (or frees it). Leaves `batch` empty.
     fn drop_all(
-        batch: Vec<Held<G>>,
+        batch: &mut Vec<Held<G>>,
         recycle: Option<fn(Vec<G>)>,
         released: &mut usize,
         panics: &mut u64,
     ) {
-        for held in batch {
+        for held in batch.drain(..) {
             let mut guards = ManuallyDrop::into_inner(held);
             for guard in guards.drain(..) {
                 *released += 1;
