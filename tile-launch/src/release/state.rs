@@ -242,6 +242,15 @@ impl<T: Timeline, G> State<T, G> {
         self.held_bytes = self.held_bytes.saturating_sub(bytes);
     }
 
+    /// Whether a queued launch is known to have completed ([`State::take_completed`] would take
+    /// it).
+    #[inline]
+    pub(super) fn has_completed(&self) -> bool {
+        self.deferred
+            .first()
+            .is_some_and(|oldest| oldest < self.completed_through)
+    }
+
     /// Takes every queued launch known to have completed, in launch order, with `own` (a handle's
     /// launch that is known to have completed) at its place in that order, and registers the
     /// batch as in flight ([`State::releasing`]) when it holds anything.
@@ -300,11 +309,7 @@ impl<T: Timeline, G> State<T, G> {
             let (n, b) = (guards.len(), *bytes);
             self.unhold(n, b);
         }
-        let any_done = self
-            .deferred
-            .first()
-            .is_some_and(|oldest| oldest < self.completed_through);
-        if !any_done {
+        if !self.has_completed() {
             return own.map(|(_, guards, _)| guards).into_iter().collect();
         }
         let mut batch = mem::take(&mut self.spare_batch);
