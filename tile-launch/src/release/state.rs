@@ -49,6 +49,7 @@ impl<G> Deferred<G> {
     }
 
     /// Queues `entry` at its place in sequence order (each `seq` is queued at most once).
+    #[inline]
     pub(super) fn insert(&mut self, seq: u64, entry: Entry<G>) {
         if self.last().is_some_and(|last| last > seq) {
             let at = self.entries.partition_point(|(s, _)| *s < seq);
@@ -231,6 +232,7 @@ impl<T: Timeline, G> State<T, G> {
         }
     }
 
+    #[inline]
     pub(super) fn insert_deferred(&mut self, seq: u64, guards: Held<G>, bytes: u64) {
         self.deferred_guards += guards.len();
         self.deferred_bytes = self.deferred_bytes.saturating_add(bytes);

@@ -251,8 +251,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     ) -> Result<(u64, Held<G>), E> {
         let guards: Held<G> = ManuallyDrop::new(guards);
         let n = guards.len();
-        let st = self.lock();
-        let mut st = self.make_room(st, n, bytes);
+        let mut st = self.lock();
+        if self.over_bound(&st, n, bytes) {
+            st = self.make_room(st, n, bytes);
+        }
         match panic::catch_unwind(AssertUnwindSafe(enqueue)) {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
@@ -796,6 +798,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// byte bound applies only to a launch that adds bytes, and only while queued launches hold
     /// bytes: one that adds none never waits for older work because of bytes, and a large one
     /// waits at most until the bytes queued before it are released.
+    #[inline]
     fn over_bound(&self, st: &State<T, G>, extra_guards: usize, extra_bytes: u64) -> bool {
         !st.deferred.is_empty()
             && (st.deferred_guards.saturating_add(extra_guards) > self.config.max_pending_guards
@@ -936,21 +939,26 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     ) {
         for held in batch.drain(..) {
             let mut guards = ManuallyDrop::into_inner(held);
-            for guard in guards.drain(..) {
-                *released += 1;
-                if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(move || drop(guard))) {
-                    *panics += 1;
-                    log::error!(
-                        "tile-launch release queue: a guard's drop (a tensor's deleter) panicked: {}",
-                        panic_message(&*payload)
-                    );
-                    // Dropping the payload may panic in turn; if it does, forget that one.
-                    if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload)))
-                    {
-                        mem::forget(again);
-                    }
+            let mut each = guards.drain(..);
+            // One `catch_unwind` for a launch's guards: after a drop that panicked, the next
+            // round drops the guards after it.
+            while let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| {
+                for guard in each.by_ref() {
+                    *released += 1;
+                    drop(guard);
+                }
+            })) {
+                *panics += 1;
+                log::error!(
+                    "tile-launch release queue: a guard's drop (a tensor's deleter) panicked: {}",
+                    panic_message(&*payload)
+                );
+                // Dropping the payload may panic in turn; if it does, forget that one.
+                if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                    mem::forget(again);
                 }
             }
+            drop(each);
             if let Some(recycle) = recycle
                 && guards.capacity() > 0
             {
