@@ -109,29 +109,27 @@ impl<'a> Checked<'_, 'a> {
         // whole buffer into an iterator (arguments are about 100 bytes each).
         for (index, arg) in self.args.drain(..).enumerate() {
             let Arg::Tensor(t) = arg else { continue };
-            let used = match t.source {
-                TensorSource::Unused(u) => match u.consume() {
-                    Ok(used) => Some(used),
-                    Err(source) => {
-                        refused.get_or_insert(Error::Descriptor { index, source });
-                        None
-                    }
-                },
-                TensorSource::Used(u) => Some(u),
-                // Its owner keeps the memory alive; nothing is held or released here.
-                TensorSource::Borrowed(_) => None,
-            };
-            if let Some(used) = used {
-                guards.push(match release {
-                    Some(f) => Guard::HandedOff(HandOff::new(used, f)),
-                    None => Guard::Tensor(used),
-                });
-            }
             if let Some(p) = t.ready_on.filter(|p| *p != raw)
                 && !waits.contains(&p)
             {
                 waits.push(p);
             }
+            let used = match t.source {
+                TensorSource::Used(u) => u,
+                TensorSource::Unused(u) => match u.consume() {
+                    Ok(used) => used,
+                    Err(source) => {
+                        refused.get_or_insert(Error::Descriptor { index, source });
+                        continue;
+                    }
+                },
+                // Its owner keeps the memory alive; nothing is held or released here.
+                TensorSource::Borrowed(_) => continue,
+            };
+            guards.push(match release {
+                Some(f) => Guard::HandedOff(HandOff::new(used, f)),
+                None => Guard::Tensor(used),
+            });
         }
         guards.append(&mut owners);
         if let Some(e) = refused {
