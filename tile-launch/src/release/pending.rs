@@ -401,6 +401,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// # Panics
     ///
     /// As [`launch`](Tracker::launch).
+    #[inline]
     pub fn launch_deferred<E>(
         self: &Arc<Self>,
         guards: Vec<G>,
