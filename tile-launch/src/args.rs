@@ -264,14 +264,7 @@ pub fn check_args(
     args: &[Arg<'_>],
     device_ordinal: i32,
 ) -> Result<()> {
-    check_all(
-        kernel_name,
-        signature,
-        args,
-        device_ordinal,
-        &mut Pointers::new(),
-    )
-    .map(drop)
+    pack_args(kernel_name, signature, args, device_ordinal).map(drop)
 }
 
 /// What [`check_all`] found: the parameter values, and what the launch's guards will hold.
