@@ -1,6 +1,7 @@
-//! `cargo xtask profile [--launches=N] [--rust]`: host instructions per launch of tile-launch's launch
-//! paths, counted by callgrind against the stub driver `bench/profile/cuda_stub.c` (no GPU
-//! needed; the counts are exact and repeatable for one build). For each path of the example
+//! `cargo xtask profile [--launches=N] [--rust]`: host instructions per launch of
+//! tile-launch's launch paths, counted by callgrind against the stub driver
+//! `bench/profile/cuda_stub.c` (no GPU needed; the counts are exact and repeatable for one
+//! build). For each path of the example
 //! `launch_profile` it runs the example twice under `valgrind --tool=callgrind`, counting only
 //! its measured loop, and prints instructions per launch; then, for the three-tensor deferred
 //! path, the functions that cost the most per launch (inclusive). Needs `valgrind` and a C
