@@ -1,14 +1,13 @@
 //! `cargo xtask profile [--launches=N] [--rust]`: host instructions per launch of
 //! tile-launch's launch paths, counted by callgrind against the stub driver
 //! `bench/profile/cuda_stub.c` (no GPU needed; the counts are exact and repeatable for one
-//! build). For each path of the example
-//! `launch_profile` it runs the example twice under `valgrind --tool=callgrind`, counting only
-//! its measured loop, and prints instructions per launch; then, for the three-tensor deferred
-//! path, the functions that cost the most per launch (inclusive). Needs `valgrind` and a C
-//! compiler (`cc`). The stub's own functions cost next to nothing, so the counts are
-//! tile-launch's (and the test's DLPack exports'), never the driver's. Beside each count it
-//! prints the driver calls per launch, which the stub counts and the measured loop reports, and
-//! then which entry points they were.
+//! build). For each path of the example `launch_profile` it runs the example twice under
+//! `valgrind --tool=callgrind`, counting only its measured loop, and prints instructions per
+//! launch; then, for the three-tensor deferred path, the functions that cost the most per launch
+//! (inclusive). Needs `valgrind` and a C compiler (`cc`). The stub's own functions cost next to
+//! nothing, so the counts are tile-launch's (and the test's DLPack exports'), never the
+//! driver's. Beside each count it prints the driver calls per launch, which the stub counts and
+//! the measured loop reports, and then which entry points they were.
 //!
 //! The tile_py paths include the peer: cuTile's own `ct.launch` (when cuda-tile is installed in
 //! the virtual environment), with the same kernel, arguments and stub as tile_py's cached
