@@ -264,7 +264,7 @@ pub fn check_args(
     args: &[Arg<'_>],
     device_ordinal: i32,
 ) -> Result<()> {
-    check_all(kernel_name, signature, args, device_ordinal).map(drop)
+    pack_args(kernel_name, signature, args, device_ordinal).map(drop)
 }
 
 /// What [`check_all`] found: the parameter values, and what the launch's guards will hold.
@@ -276,6 +276,25 @@ pub(crate) struct Found {
     pub tensors: usize,
     /// Bytes only the release queue would keep alive ([`queue_bytes`] of each tensor).
     pub bytes: u64,
+}
+
+/// The data pointer of each tensor whose memory a launch may ask the driver about once the
+/// other checks have passed (`launch/check.rs`), as [`check_all`] read them from the views it
+/// validated (rather than from second views).
+pub(crate) type Pointers = SmallVec<[PointerArg; 4]>;
+
+/// A non-empty tensor argument's data pointer, as [`check_all`] found it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PointerArg {
+    /// Zero-based argument index.
+    pub index: usize,
+    /// The tensor's DLPack device (CUDA, CUDA host or CUDA managed: [`check_all`] refuses
+    /// every other).
+    pub tensor: tile_dlpack::Device,
+    /// The tensor's data pointer (`data + byte_offset`).
+    pub ptr: u64,
+    /// [`TensorArg::trust_memory`].
+    pub trusted: bool,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -294,14 +313,24 @@ pub fn pack_args(
     args: &[Arg<'_>],
     device_ordinal: i32,
 ) -> Result<Vec<u64>> {
-    check_all(kernel_name, signature, args, device_ordinal).map(|f| f.values.into_vec())
+    check_all(
+        kernel_name,
+        signature,
+        args,
+        device_ordinal,
+        &mut Pointers::new(),
+    )
+    .map(|f| f.values.into_vec())
 }
 
+/// Checks `args` against `signature` on device `ordinal` and packs their values; pushes onto
+/// `pointers` each tensor whose memory the launch may ask the driver about.
 pub(crate) fn check_all(
     kernel_name: &str,
     signature: &Signature,
     args: &[Arg<'_>],
     ordinal: i32,
+    pointers: &mut Pointers,
 ) -> Result<Found> {
     let params = signature.params();
     if args.len() != params.len() {
@@ -317,7 +346,7 @@ pub(crate) fn check_all(
         bytes: 0,
     };
     for (index, (arg, param)) in args.iter().zip(params).enumerate() {
-        check_arg(index, arg, param, ordinal, &mut found)?;
+        check_arg(index, arg, param, ordinal, &mut found, pointers)?;
     }
     Ok(found)
 }
@@ -328,6 +357,7 @@ fn check_arg(
     param: &Param,
     ordinal: i32,
     found: &mut Found,
+    pointers: &mut Pointers,
 ) -> Result<()> {
     let out = &mut found.values;
     // `dense`: a plain pointer parameter, which the kernel indexes densely.
@@ -405,6 +435,17 @@ fn check_arg(
             index,
             tensor: dev,
             stream_device: ordinal,
+        });
+    }
+    // Trusted memory on the host or managed is never asked about; an empty tensor has no data.
+    if (!t.memory_trusted || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA)
+        && view.nbytes_spanned() != 0
+    {
+        pointers.push(PointerArg {
+            index,
+            tensor: dev,
+            ptr: view.data_ptr(),
+            trusted: t.memory_trusted,
         });
     }
     if intent.writes() {

@@ -112,7 +112,7 @@ impl Context {
         // SAFETY: out-pointer to a local; the driver is initialised by `driver()`.
         unsafe { (d.cuDeviceGet)(&mut device, ordinal) }.check("cuDeviceGet")?;
         let mut raw: CUcontext = std::ptr::null_mut();
-        crate::capture_state::relaxed(d, || {
+        crate::capture::relaxed(d, || {
             // SAFETY: out-pointer to a local; `device` came from `cuDeviceGet`.
             unsafe { (d.cuDevicePrimaryCtxRetain)(&mut raw, device) }
                 .check("cuDevicePrimaryCtxRetain")
@@ -372,7 +372,7 @@ impl Drop for Context {
     fn drop(&mut self) {
         retained::unregister(self.raw);
         if let Ok(d) = driver() {
-            let r = crate::capture_state::relaxed(d, || {
+            let r = crate::capture::relaxed(d, || {
                 // SAFETY: balances the retain in `new`; nothing uses `self.raw` after this.
                 unsafe { (d.cuDevicePrimaryCtxRelease)(self.device) }
                     .check("cuDevicePrimaryCtxRelease")
@@ -606,7 +606,7 @@ pub(crate) fn releasing_in<R>(
     }
     let mut release = Some(release);
     let mut out = None;
-    let relaxed = crate::capture_state::relaxed(d, || {
+    let relaxed = crate::capture::relaxed(d, || {
         if let Some(f) = release.take() {
             out = Some(f());
         }

@@ -557,7 +557,7 @@ fn save_context() -> Result<SavedContext> {
 
 /// Whether `stream` (of the current context) is capturing, actively or invalidated.
 fn is_capturing(stream: CUstream) -> Result<bool> {
-    Ok(crate::capture_state::is_capturing(driver()?, stream)?)
+    Ok(crate::capture::is_capturing(driver()?, stream)?)
 }
 
 /// The driver calls of this module, one thin wrapper each.

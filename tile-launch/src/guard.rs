@@ -79,7 +79,7 @@ thread_local! {
 
 /// An empty guard vector with room for `n` guards: a spare of this thread's when one is
 /// large enough, else a new one (no allocation for `n == 0`).
-#[inline]
+#[inline(always)]
 pub(crate) fn spare_guards(n: usize) -> Vec<Guard> {
     if n == 0 {
         return Vec::new();

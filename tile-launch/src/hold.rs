@@ -92,7 +92,7 @@ impl Stream {
             Ok(bound) => bound,
             Err(e) => return Err(leak(tracker, held, e.into())),
         };
-        let capture = match crate::capture_state::capturing_graph(d, site.raw) {
+        let capture = match crate::capture::capturing_graph(d, site.raw) {
             Ok(capture) => capture,
             Err(e) => return Err(leak(tracker, held, e.into())),
         };

@@ -74,7 +74,6 @@
 
 mod args;
 pub mod capture;
-mod capture_state;
 mod config;
 mod context;
 mod error;

@@ -48,7 +48,7 @@ unsafe impl Sync for LibraryInner {}
 impl Drop for LibraryInner {
     fn drop(&mut self) {
         let (d, raw) = (self.d, self.raw);
-        let r = crate::capture_state::relaxed(d, || {
+        let r = crate::capture::relaxed(d, || {
             // SAFETY: every kernel of this library holds an `Arc` to it, so none is alive.
             unsafe { (d.cuLibraryUnload)(raw) }.check("cuLibraryUnload")
         });
@@ -127,7 +127,7 @@ impl Library {
             owned.push(0);
             &owned
         };
-        let (raw, home) = crate::capture_state::relaxed(d, || {
+        let (raw, home) = crate::capture::relaxed(d, || {
             let home = current_ordinal(d)?;
             let mut raw: CUlibrary = std::ptr::null_mut();
             // SAFETY: `bytes` outlives the call and is NUL-terminated; no JIT or library
@@ -244,7 +244,7 @@ impl Library {
     pub fn kernel(&self, name: &str, signature: Signature) -> Result<Kernel> {
         let d = self.inner.d;
         let cname = CString::new(name).map_err(|_| Error::KernelName { name: name.into() })?;
-        let raw = crate::capture_state::relaxed_with(d, || -> Result<CUkernel> {
+        let raw = crate::capture::relaxed_with(d, || -> Result<CUkernel> {
             let mut raw: CUkernel = std::ptr::null_mut();
             // SAFETY: `cname` is NUL-terminated and outlives the call; the library is loaded.
             unsafe { (d.cuLibraryGetKernel)(&mut raw, self.inner.raw, cname.as_ptr()) }
@@ -485,7 +485,7 @@ impl Kernel {
             return Ok(k.static_shared);
         }
         let mut v: std::ffi::c_int = 0;
-        crate::capture_state::relaxed(d, || {
+        crate::capture::relaxed(d, || {
             // SAFETY: out-pointer to a local; `self.raw` is a kernel of a loaded library and
             // `ctx.device()` a valid device.
             unsafe {
@@ -543,7 +543,7 @@ impl Kernel {
         if self.opted_in(ctx.ordinal(), id) {
             return Ok(());
         }
-        crate::capture_state::relaxed_with(d, || -> Result<()> {
+        crate::capture::relaxed_with(d, || -> Result<()> {
             let func = self.function(d)?;
             let mut now: std::ffi::c_int = 0;
             // SAFETY: out-pointer to a local; `func` is the kernel's function in the current
@@ -595,7 +595,7 @@ impl Kernel {
     fn check_cooperative(&self, d: &Driver, ctx: &Context, config: &LaunchConfig) -> Result<()> {
         let block = std::ffi::c_int::try_from(config.block.volume()).unwrap_or(0);
         let mut per_sm: std::ffi::c_int = 0;
-        crate::capture_state::relaxed_with(d, || -> Result<()> {
+        crate::capture::relaxed_with(d, || -> Result<()> {
             let func = self.function(d)?;
             // SAFETY: out-pointer to a local; `func` is the kernel's function in the current
             // context; block size and shared memory were validated against the device's limits.

@@ -76,7 +76,7 @@ mod tracker;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 
-pub use pending::{Pending, Queued, Retired};
+pub use pending::{Launched, Pending, Queued, Retired};
 pub use tracker::Tracker;
 
 /// One CUDA stream's ordering, seen abstractly: markers recorded on the stream complete in the
@@ -253,7 +253,7 @@ pub struct ReleaseConfig {
     /// Launches between two amortised markers: at a launch, a marker is recorded when the queue
     /// holds launches no marker covers yet and at least this many launches happened since the
     /// last marker. `0` is treated as `1` (a marker at every launch that finds uncovered queued
-    /// work). Explicit requests ([`Pending::retire`], [`Pending::is_complete`],
+    /// work). Explicit requests ([`Pending::retire`], [`Launched::is_complete`],
     /// [`Tracker::poll`], [`Tracker::synchronize`]) record a marker whenever none covers what
     /// they need.
     pub marker_every: u32,

@@ -123,7 +123,7 @@ impl Stream {
         let d = driver()?;
         let _bound = ctx.bind()?;
         let mut raw: CUstream = std::ptr::null_mut();
-        crate::capture_state::relaxed(d, || {
+        crate::capture::relaxed(d, || {
             // SAFETY: out-pointer to a local; the context is current.
             unsafe { (d.cuStreamCreate)(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING.0) }
                 .check("cuStreamCreate")

@@ -109,7 +109,7 @@ impl LaunchInProgress {
             return Ok(());
         }
         let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        let previous = crate::capture_state::exchange_mode(d, relaxed)?;
+        let previous = crate::capture::exchange_mode(d, relaxed)?;
         IN_LAUNCH.with(|k| {
             k.set(InLaunch {
                 relaxed_from: previous.0,
@@ -141,7 +141,7 @@ impl Drop for LaunchInProgress {
         // (forgotten, since the deleter runs); its own relaxed mode goes back first.
         if relaxed_from != NOT_RELAXED {
             let mode = CUstreamCaptureMode(relaxed_from);
-            if let Err(e) = crate::capture_state::exchange_mode(self.d, mode) {
+            if let Err(e) = crate::capture::exchange_mode(self.d, mode) {
                 log::error!("restoring the caller's stream-capture mode: {e}");
             }
         }
@@ -237,7 +237,7 @@ impl CudaTimeline {
         let d = self.d;
         let _bound = self.ctx.bind_with(d)?;
         let mut ev: CUevent = std::ptr::null_mut();
-        crate::capture_state::relaxed(d, || {
+        crate::capture::relaxed(d, || {
             // SAFETY: out-pointer to a local; the stream's context is current.
             unsafe { (d.cuEventCreate)(&mut ev, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }
                 .check("cuEventCreate")
@@ -329,7 +329,7 @@ impl CudaTimeline {
     /// ([`LaunchInProgress`]). The stream's context must be current (a default-stream handle
     /// names that context's stream).
     fn refuse_if_capturing(&self, function: &'static str) -> Result<(), CudaError> {
-        if crate::capture_state::is_capturing(self.d, self.raw)? {
+        if crate::capture::is_capturing(self.d, self.raw)? {
             return Err(CudaError::new(
                 CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                 function,
@@ -423,13 +423,13 @@ impl Timeline for CudaTimeline {
             return query();
         }
         let _bound = self.ctx.bind_with(d)?;
-        crate::capture_state::relaxed(d, query)
+        crate::capture::relaxed(d, query)
     }
 
     fn wait(&self, marker: &Event) -> Result<(), Self::Error> {
         let d = self.d;
         let _bound = self.ctx.bind_with(d)?;
-        crate::capture_state::relaxed(d, || {
+        crate::capture::relaxed(d, || {
             // SAFETY: `marker` is a live event.
             unsafe { (d.cuEventSynchronize)(marker.0) }.check("cuEventSynchronize")
         })
@@ -440,7 +440,7 @@ impl Timeline for CudaTimeline {
         self.refuse_if_unreachable(SYNCHRONIZE_REFUSED)?;
         let _bound = self.ctx.bind_with(d)?;
         self.refuse_if_capturing("cuStreamSynchronize")?;
-        crate::capture_state::relaxed(d, || {
+        crate::capture::relaxed(d, || {
             // SAFETY: `self.raw` is a live stream.
             unsafe { (d.cuStreamSynchronize)(self.raw) }.check("cuStreamSynchronize")
         })
@@ -464,7 +464,7 @@ impl Timeline for CudaTimeline {
             return true;
         };
         // On a query error, `record` is tried and reports.
-        !crate::capture_state::is_capturing(self.d, self.raw).unwrap_or(false)
+        !crate::capture::is_capturing(self.d, self.raw).unwrap_or(false)
     }
 
     fn thread_bound(&self) -> bool {
@@ -496,7 +496,7 @@ impl Drop for CudaTimeline {
         let mut events = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
         events.append(self.waits.get_mut().unwrap_or_else(|p| p.into_inner()));
         for ev in events {
-            let destroyed = crate::capture_state::relaxed(d, || {
+            let destroyed = crate::capture::relaxed(d, || {
                 // SAFETY: the event is ours and no longer used.
                 unsafe { (d.cuEventDestroy)(ev.0) }.check("cuEventDestroy")
             });
@@ -505,7 +505,7 @@ impl Drop for CudaTimeline {
             }
         }
         if self.owned {
-            let destroyed = crate::capture_state::relaxed(d, || {
+            let destroyed = crate::capture::relaxed(d, || {
                 // SAFETY: we created this stream and nothing refers to it any more (every
                 // tracker handle that could record on it is gone).
                 unsafe { (d.cuStreamDestroy)(self.raw) }.check("cuStreamDestroy")

@@ -40,7 +40,7 @@ const TASKS: &[(&str, &[&str])] = &[
     ("wheel", &[]),
     ("gpu-bundle", &[]),
     ("bench", &["--burst="]),
-    ("profile", &["--launches=", "--files", "--files="]),
+    ("profile", &["--launches=", "--rust", "--files", "--files="]),
     ("doc", &["--open"]),
 ];
 
@@ -121,13 +121,14 @@ tasks:
                       bench/results/. On a GPU machine without Rust:
                       bash target/gpu-bundle/run.sh --bench [DIR] [--burst N]
                       (DIR defaults to ./bench-results)
-  profile [--launches=N] [--files[=PATH]]
+  profile [--launches=N] [--rust] [--files[=PATH]]
                       host instructions per launch of tile-launch's launch paths (raw, export,
                       scalars, deferred, bound, queued, int; N launches each, default 2000),
                       counted by callgrind against a stub driver (bench/profile/cuda_stub.c; no
                       GPU needed; needs valgrind and cc), and the driver calls per launch the
                       stub counts, then where the deferred path's instructions go; then
-                      tile_py.launch's paths when target/py-venv has tile_py.
+                      tile_py.launch's paths when target/py-venv has tile_py (--rust: the Rust
+                      rows only, printed and not written to bench/results/).
                       --files[=PATH]: only the source files one launch of the Python path
                       PATH (default torch) runs code in, with instructions per launch in
                       each (the extension rebuilt with line tables); the rest grouped

@@ -1,18 +1,19 @@
-//! `cargo xtask profile [--launches=N]`: host instructions per launch of tile-launch's launch
-//! paths, counted by callgrind against the stub driver `bench/profile/cuda_stub.c` (no GPU
-//! needed; the counts are exact and repeatable for one build). For each path of the example
-//! `launch_profile` it runs the example twice under `valgrind --tool=callgrind`, counting only
-//! its measured loop, and prints instructions per launch; then, for the three-tensor deferred
-//! path, the functions that cost the most per launch (inclusive). Needs `valgrind` and a C
-//! compiler (`cc`). The stub's own functions cost next to nothing, so the counts are
-//! tile-launch's (and the test's DLPack exports'), never the driver's. Beside each count it
-//! prints the driver calls per launch, which the stub counts and the measured loop reports, and
-//! then which entry points they were.
+//! `cargo xtask profile [--launches=N] [--rust]`: host instructions per launch of
+//! tile-launch's launch paths, counted by callgrind against the stub driver
+//! `bench/profile/cuda_stub.c` (no GPU needed; the counts are exact and repeatable for one
+//! build). For each path of the example `launch_profile` it runs the example twice under
+//! `valgrind --tool=callgrind`, counting only its measured loop, and prints instructions per
+//! launch; then, for the three-tensor deferred path, the functions that cost the most per launch
+//! (inclusive). Needs `valgrind` and a C compiler (`cc`). The stub's own functions cost next to
+//! nothing, so the counts are tile-launch's (and the test's DLPack exports'), never the
+//! driver's. Beside each count it prints the driver calls per launch, which the stub counts and
+//! the measured loop reports, and then which entry points they were.
 //!
 //! The tile_py paths include the peer: cuTile's own `ct.launch` (when cuda-tile is installed in
 //! the virtual environment), with the same kernel, arguments and stub as tile_py's cached
 //! cuTile launch. The run ends with the ratios against it and the per-tensor costs, and writes
-//! every row to `bench/results/<UTC time>-profile.json`.
+//! every row to `bench/results/<UTC time>-profile.json`. With `--rust`, only the Rust rows and
+//! their per-tensor cost are printed, and nothing is written.
 
 use std::path::Path;
 use std::process::Command;
@@ -149,6 +150,10 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         if shown == 25 {
             break;
         }
+    }
+    if rest.iter().any(|a| a == "--rust") {
+        summarise(&rows);
+        return Ok(());
     }
     python_paths(&root, &out, &stub, launches, &mut rows)?;
     summarise(&rows);

@@ -5,7 +5,9 @@ use std::ffi::c_void;
 
 use cuda_sys::{CUgraph, CUstream, Driver};
 
-use crate::args::{Arg, ArgList, Found, ParamValues, TensorSource, check_all};
+use crate::args::{
+    Arg, ArgList, Found, ParamValues, PointerArg, Pointers, TensorSource, check_all,
+};
 use crate::config::{LaunchConfig, ValidConfig};
 use crate::context::ContextGuard;
 use crate::error::{Error, Result};
@@ -108,6 +110,42 @@ impl<'a> Checked<'_, 'a> {
     }
 }
 
+impl Stream {
+    /// Checks a launch of `kernel` with `config` and `args` on this stream, consuming nothing,
+    /// and returns it [`Checked`], ready to be launched. A failed check consumes nothing:
+    /// tensors handed over already consumed are released, `Unused` ones are left to their
+    /// producers.
+    ///
+    /// Checks, in this order: the configuration against the device's limits, every argument
+    /// against the kernel's [`Signature`](crate::Signature) (count, kind, dtype, device,
+    /// writability of outputs, dense row-major layout for plain pointer parameters, scalar
+    /// range), the kernel's own limits for the configuration (dynamic shared memory, cooperative
+    /// occupancy), the memory of each tensor (unless [trusted](crate::TensorArg::trust_memory),
+    /// the driver must know its data pointer as device, managed or page-locked host memory: one
+    /// `cuPointerGetAttributes` per tensor), whether the stream is capturing a graph (one
+    /// `cuStreamGetCaptureInfo`), and then that each producer stream joins that capture.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig), [`Error::ArgumentCount`](crate::Error::ArgumentCount), [`Error::ArgumentKind`](crate::Error::ArgumentKind),
+    /// [`Error::DtypeMismatch`](crate::Error::DtypeMismatch), [`Error::DeviceMismatch`](crate::Error::DeviceMismatch), [`Error::PointerDeviceMismatch`](crate::Error::PointerDeviceMismatch),
+    /// [`Error::NotDeviceMemory`](crate::Error::NotDeviceMemory), [`Error::NotContiguous`](crate::Error::NotContiguous), [`Error::Descriptor`](crate::Error::Descriptor),
+    /// [`Error::NdimMismatch`](crate::Error::NdimMismatch), [`Error::IndexOverflow`](crate::Error::IndexOverflow), [`Error::ProducerOutsideCapture`](crate::Error::ProducerOutsideCapture),
+    /// and [`Error::Cuda`](crate::Error::Cuda) from a driver call the checks make (e.g.
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+    #[doc(alias = "cuStreamGetCaptureInfo")]
+    #[doc(alias = "cuPointerGetAttributes")]
+    #[inline]
+    pub fn check<'s, 'a>(
+        &'s self,
+        kernel: &'s Kernel,
+        config: &'s LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<Checked<'s, 'a>> {
+        check(self, kernel, Config::ToCheck(config), args)
+    }
+}
+
 /// The graph the stream is capturing into, and the capture's id.
 pub(super) type InCapture = (CUgraph, u64);
 
@@ -174,7 +212,7 @@ fn release_refused(d: &Driver, args: &mut ArgList<'_>) {
     if !args.iter().any(consumed) {
         return;
     }
-    let _ = crate::capture_state::relaxed(d, || {
+    let _ = crate::capture::relaxed(d, || {
         args.clear();
         Ok(())
     });
@@ -189,21 +227,34 @@ fn check_bound<'c>(
     args: &[Arg<'_>],
 ) -> Result<(&'c ValidConfig, Found, Option<InCapture>)> {
     let ctx = site.ctx;
+    let mut pointers = Pointers::new();
     let (config, found) = match config {
         Config::ToCheck(config) => {
             let device = config.validate_for(ctx.limits())?;
-            let found = check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?;
+            let found = check_all(
+                kernel.name(),
+                kernel.signature(),
+                args,
+                ctx.ordinal(),
+                &mut pointers,
+            )?;
             (device.prepare(kernel, d, ctx)?, found)
         }
         Config::Valid(config) => (
             config,
-            check_all(kernel.name(), kernel.signature(), args, ctx.ordinal())?,
+            check_all(
+                kernel.name(),
+                kernel.signature(),
+                args,
+                ctx.ordinal(),
+                &mut pointers,
+            )?,
         ),
     };
-    let capture = crate::capture_state::capturing_graph(d, site.raw)?;
+    let capture = crate::capture::capturing_graph(d, site.raw)?;
     check_pointer_memory(
         d,
-        args,
+        &pointers,
         ctx.ordinal(),
         site.check_pointer_devices,
         capture.map(|(graph, _)| graph),
@@ -231,7 +282,7 @@ fn check_capture_joins(
         let Some(producer) = t.ready_on.filter(|s| *s != stream) else {
             continue;
         };
-        let theirs = match crate::capture_state::capture_id(d, producer) {
+        let theirs = match crate::capture::capture_id(d, producer) {
             Ok(id) => id,
             // The legacy stream asked about while a blocking stream captures: not part of it.
             Err(e) if e.code == cuda_sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT => None,
@@ -244,8 +295,8 @@ fn check_capture_joins(
     Ok(())
 }
 
-/// Checks the memory of every non-empty CUDA-accessible tensor (`kDLCUDA`, `kDLCUDAHost`,
-/// `kDLCUDAManaged`) before anything is consumed:
+/// Checks the memory of every non-empty tensor (`pointers`, as [`check_all`] found them; each
+/// is `kDLCUDA`, `kDLCUDAHost` or `kDLCUDAManaged`) before anything is consumed:
 ///
 /// - unless the tensor's memory is trusted ([`TensorArg::trust_memory`](crate::TensorArg::trust_memory)),
 ///   the driver must know its data pointer as device, managed or page-locked host memory
@@ -258,46 +309,38 @@ fn check_capture_joins(
 ///   (`cuPointerGetAttribute` with `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`); a pointer the
 ///   driver does not know is then let through (the descriptor's device was checked). Pinned
 ///   host memory is usable from every device and managed memory migrates, so neither is asked
-///   about there.
+///   about there ([`check_all`] leaves them out).
 fn check_pointer_memory(
     d: &cuda_sys::Driver,
-    args: &[Arg<'_>],
+    pointers: &[PointerArg],
     ordinal: i32,
     devices: bool,
     capture: Option<cuda_sys::CUgraph>,
 ) -> Result<()> {
-    use tile_dlpack::ffi::DLDeviceType;
-    for (index, arg) in args.iter().enumerate() {
-        let Arg::Tensor(t) = arg else { continue };
-        if t.memory_trusted && !devices {
+    for &PointerArg {
+        index,
+        tensor,
+        ptr,
+        trusted,
+    } in pointers
+    {
+        if trusted && !devices {
             continue;
         }
-        let view = t
-            .source
-            .view()
-            .map_err(|source| Error::Descriptor { index, source })?;
-        let tensor = view.device();
-        let accessible = matches!(
-            tensor.device_type,
-            DLDeviceType::CUDA | DLDeviceType::CUDAHOST | DLDeviceType::CUDAMANAGED
-        );
-        if !accessible || view.nbytes_spanned() == 0 {
-            continue;
-        }
-        if !t.memory_trusted {
-            let Some(memory) = crate::context::memory_of_pointer_with(d, view.data_ptr()) else {
+        if !trusted {
+            let Some(memory) = crate::context::memory_of_pointer_with(d, ptr) else {
                 // Memory a graph allocates (an allocation node of the capture in progress) has
                 // no backing the driver can describe until the graph runs: it is told from host
                 // memory by the capture's own allocation nodes.
                 if let Some(graph) = capture
-                    && crate::capture_state::graph_allocates(d, graph, view.data_ptr(), 0)?
+                    && crate::capture::graph_allocates(d, graph, ptr, 0)?
                 {
                     continue;
                 }
                 return Err(Error::NotDeviceMemory {
                     index,
                     tensor,
-                    address: view.data_ptr(),
+                    address: ptr,
                 });
             };
             if memory.kind == crate::MemoryKind::Device
@@ -313,9 +356,6 @@ fn check_pointer_memory(
             }
             continue;
         }
-        if tensor.device_type != DLDeviceType::CUDA {
-            continue;
-        }
         let mut on: std::ffi::c_int = -1;
         // SAFETY: the out-pointer is a local `int`, the size this attribute writes; the driver
         // answers for any address.
@@ -323,7 +363,7 @@ fn check_pointer_memory(
             (d.cuPointerGetAttribute)(
                 (&raw mut on).cast::<c_void>(),
                 cuda_sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                view.data_ptr(),
+                ptr,
             )
         };
         if r != cuda_sys::CUresult::CUDA_SUCCESS {

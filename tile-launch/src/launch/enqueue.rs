@@ -16,6 +16,8 @@ use crate::args::{Arg, INLINE_ARGS, TensorSource};
 use crate::config::LaunchConfig;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, HandOff, spare_guards};
+use crate::library::Kernel;
+use crate::stream::Stream;
 use crate::timeline::LaunchInProgress;
 
 impl<'a> Checked<'_, 'a> {
@@ -107,29 +109,27 @@ impl<'a> Checked<'_, 'a> {
         // whole buffer into an iterator (arguments are about 100 bytes each).
         for (index, arg) in self.args.drain(..).enumerate() {
             let Arg::Tensor(t) = arg else { continue };
-            let used = match t.source {
-                TensorSource::Unused(u) => match u.consume() {
-                    Ok(used) => Some(used),
-                    Err(source) => {
-                        refused.get_or_insert(Error::Descriptor { index, source });
-                        None
-                    }
-                },
-                TensorSource::Used(u) => Some(u),
-                // Its owner keeps the memory alive; nothing is held or released here.
-                TensorSource::Borrowed(_) => None,
-            };
-            if let Some(used) = used {
-                guards.push(match release {
-                    Some(f) => Guard::HandedOff(HandOff::new(used, f)),
-                    None => Guard::Tensor(used),
-                });
-            }
             if let Some(p) = t.ready_on.filter(|p| *p != raw)
                 && !waits.contains(&p)
             {
                 waits.push(p);
             }
+            let used = match t.source {
+                TensorSource::Used(u) => u,
+                TensorSource::Unused(u) => match u.consume() {
+                    Ok(used) => used,
+                    Err(source) => {
+                        refused.get_or_insert(Error::Descriptor { index, source });
+                        continue;
+                    }
+                },
+                // Its owner keeps the memory alive; nothing is held or released here.
+                TensorSource::Borrowed(_) => continue,
+            };
+            guards.push(match release {
+                Some(f) => Guard::HandedOff(HandOff::new(used, f)),
+                None => Guard::Tensor(used),
+            });
         }
         guards.append(&mut owners);
         if let Some(e) = refused {
@@ -254,6 +254,49 @@ impl<'a> Checked<'_, 'a> {
                 }))
             }
         }
+    }
+}
+
+impl Stream {
+    /// Launches `kernel` on this stream: [`Stream::check`], then [`Checked::launch`]. The
+    /// returned handle owns the consumed tensors until the work is done.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Stream::check`] (nothing consumed, nothing launched) and of
+    /// [`Checked::launch`] (every tensor consumed and released).
+    ///
+    /// # Capture
+    ///
+    /// On a stream capturing a graph, the tensors are handed to the graph (see
+    /// [`capture`](crate::capture)) and the handle owns nothing.
+    #[doc(alias = "cuLaunchKernel")]
+    #[doc(alias = "cuLaunchKernelEx")]
+    #[inline]
+    pub fn launch<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<LaunchHandle> {
+        self.check(kernel, config, args)?.launch()
+    }
+
+    /// As [`Stream::launch`], with no handle: the tensors go straight to the stream's release
+    /// queue ([`Checked::launch_queued`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Stream::launch`].
+    #[doc(alias = "cuLaunchKernel")]
+    #[inline]
+    pub fn launch_queued<'a>(
+        &self,
+        kernel: &Kernel,
+        config: &LaunchConfig,
+        args: impl IntoIterator<Item = Arg<'a>>,
+    ) -> Result<()> {
+        self.check(kernel, config, args)?.launch_queued()
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::mem::{self, ManuallyDrop};
+use std::ops::Deref;
 use std::sync::Arc;
 
 use super::state::Held;
@@ -40,65 +41,33 @@ impl Retired {
     }
 }
 
-/// The work of one launch on a [`Tracker`]'s stream and the guards it keeps alive: the core of
-/// a `LaunchHandle`.
-///
-/// Retire it with [`retire`](Pending::retire) (wait, then release),
-/// [`try_retire`](Pending::try_retire) (release only if complete) or
-/// [`defer`](Pending::defer) (hand the guards to the tracker's queue). Dropping an unretired
-/// handle blocks until the work is done, then releases; if that wait fails, the guards are
-/// leaked and the error goes to the tracker's sticky slot. A handle with no guards is dropped
-/// without waiting (it keeps nothing alive).
-///
-/// `mem::forget` leaks the guards (they are never dropped), and keeps the tracker alive; it
-/// never releases anything early.
-#[must_use = "a launch's tensors stay alive until it is retired, deferred or dropped (Drop blocks \
-              until the GPU work is done)"]
-pub struct Pending<T: Timeline, G: Send + 'static> {
+/// The launch a [`Pending`] or [`Queued`] handle refers to: its stream's tracker and its
+/// sequence number there. Both handles dereference to it.
+pub struct Launched<T: Timeline, G: Send + 'static> {
     tracker: Arc<Tracker<T, G>>,
     seq: u64,
-    bytes: u64,
-    /// Empty once taken; never dropped implicitly.
-    guards: Held<G>,
-    /// Whether the guards are still ours to release (not yet retired, deferred or leaked).
-    live: bool,
 }
 
-impl<T: Timeline, G: Send + 'static> fmt::Debug for Pending<T, G> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pending")
-            .field("seq", &self.seq)
-            .field("guards", &self.guards.len())
-            .field("bytes", &self.bytes)
-            .finish()
-    }
-}
-
-impl<T: Timeline, G: Send + 'static> Pending<T, G> {
-    pub(super) fn new(tracker: Arc<Tracker<T, G>>, seq: u64, guards: Held<G>, bytes: u64) -> Self {
+impl<T: Timeline, G: Send + 'static> Clone for Launched<T, G> {
+    fn clone(&self) -> Self {
         Self {
-            tracker,
-            seq,
-            bytes,
-            guards,
-            live: true,
+            tracker: Arc::clone(&self.tracker),
+            seq: self.seq,
         }
     }
+}
 
+impl<T: Timeline, G: Send + 'static> fmt::Debug for Launched<T, G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Launched").field("seq", &self.seq).finish()
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Launched<T, G> {
     /// The launch's sequence number on its stream (0 for the first successful launch; launch
     /// order).
     pub fn seq(&self) -> u64 {
         self.seq
-    }
-
-    /// The bytes passed to [`Tracker::launch`].
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// The guards, in argument order.
-    pub fn guards(&self) -> &[G] {
-        &self.guards
     }
 
     /// The tracker of the launch's stream.
@@ -116,6 +85,76 @@ impl<T: Timeline, G: Send + 'static> Pending<T, G> {
     pub fn is_complete(&self) -> Result<bool, T::Error> {
         self.tracker.query(self.seq)
     }
+}
+
+impl<T: Timeline, G: Send + 'static> Deref for Pending<T, G> {
+    type Target = Launched<T, G>;
+
+    fn deref(&self) -> &Launched<T, G> {
+        &self.launch
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Deref for Queued<T, G> {
+    type Target = Launched<T, G>;
+
+    fn deref(&self) -> &Launched<T, G> {
+        &self.launch
+    }
+}
+
+/// The work of one launch on a [`Tracker`]'s stream and the guards it keeps alive: the core of
+/// a `LaunchHandle`.
+///
+/// Retire it with [`retire`](Pending::retire) (wait, then release),
+/// [`try_retire`](Pending::try_retire) (release only if complete) or
+/// [`defer`](Pending::defer) (hand the guards to the tracker's queue). Dropping an unretired
+/// handle blocks until the work is done, then releases; if that wait fails, the guards are
+/// leaked and the error goes to the tracker's sticky slot. A handle with no guards is dropped
+/// without waiting (it keeps nothing alive).
+///
+/// `mem::forget` leaks the guards (they are never dropped), and keeps the tracker alive; it
+/// never releases anything early.
+#[must_use = "a launch's tensors stay alive until it is retired, deferred or dropped (Drop blocks \
+              until the GPU work is done)"]
+pub struct Pending<T: Timeline, G: Send + 'static> {
+    launch: Launched<T, G>,
+    bytes: u64,
+    /// Empty once taken; never dropped implicitly.
+    guards: Held<G>,
+    /// Whether the guards are still ours to release (not yet retired, deferred or leaked).
+    live: bool,
+}
+
+impl<T: Timeline, G: Send + 'static> fmt::Debug for Pending<T, G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending")
+            .field("seq", &self.launch.seq)
+            .field("guards", &self.guards.len())
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl<T: Timeline, G: Send + 'static> Pending<T, G> {
+    pub(super) fn new(tracker: Arc<Tracker<T, G>>, seq: u64, guards: Held<G>, bytes: u64) -> Self {
+        Self {
+            launch: Launched { tracker, seq },
+            bytes,
+            guards,
+            live: true,
+        }
+    }
+
+    /// The bytes passed to [`Tracker::launch`].
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The guards, in argument order.
+    pub fn guards(&self) -> &[G] {
+        &self.guards
+    }
 
     /// Blocks until the launched work has completed (waits for a marker covering it, recording
     /// one if none does, or synchronises the stream if recording fails), then releases the
@@ -132,7 +171,11 @@ impl<T: Timeline, G: Send + 'static> Pending<T, G> {
     #[doc(alias = "cuEventSynchronize")]
     pub fn retire(mut self) -> Result<Retired, RetireError<T::Error>> {
         let guards = self.take();
-        match self.tracker.wait_and_release(self.seq, guards, self.bytes) {
+        match self
+            .launch
+            .tracker
+            .wait_and_release(self.launch.seq, guards, self.bytes)
+        {
             Ok((released, deferred_released)) => Ok(Retired {
                 released,
                 deferred_released,
@@ -153,11 +196,13 @@ impl<T: Timeline, G: Send + 'static> Pending<T, G> {
     /// determined (that error goes to the tracker's sticky slot,
     /// [`Tracker::last_error`]).
     pub fn try_retire(mut self) -> Result<Retired, Self> {
-        match self.tracker.query(self.seq) {
+        match self.launch.tracker.query(self.launch.seq) {
             Ok(true) => {
                 let guards = self.take();
                 let (released, deferred_released) =
-                    self.tracker.release_completed(self.seq, guards, self.bytes);
+                    self.launch
+                        .tracker
+                        .release_completed(self.launch.seq, guards, self.bytes);
                 Ok(Retired {
                     released,
                     deferred_released,
@@ -165,8 +210,9 @@ impl<T: Timeline, G: Send + 'static> Pending<T, G> {
             }
             Ok(false) => Err(self),
             Err(e) => {
-                self.tracker
-                    .note_error(e, format_args!("try_retire of launch #{}", self.seq));
+                self.launch
+                    .tracker
+                    .note_error(e, format_args!("try_retire of launch #{}", self.launch.seq));
                 Err(self)
             }
         }
@@ -182,9 +228,11 @@ impl<T: Timeline, G: Send + 'static> Pending<T, G> {
     pub fn defer(mut self) {
         let guards = self.take();
         if guards.is_empty() {
-            self.tracker.unhold_empty(self.bytes);
+            self.launch.tracker.unhold_empty(self.bytes);
         } else {
-            self.tracker.defer(self.seq, guards, self.bytes);
+            self.launch
+                .tracker
+                .defer(self.launch.seq, guards, self.bytes);
         }
     }
 
@@ -204,14 +252,14 @@ impl<T: Timeline, G: Send + 'static> Drop for Pending<T, G> {
             return;
         }
         let guards = self.take();
-        let (seq, bytes) = (self.seq, self.bytes);
+        let (seq, bytes) = (self.launch.seq, self.bytes);
         if guards.is_empty() {
-            self.tracker.unhold_empty(bytes);
+            self.launch.tracker.unhold_empty(bytes);
             return;
         }
-        if let Err(e) = self.tracker.wait_and_release(seq, guards, bytes) {
+        if let Err(e) = self.launch.tracker.wait_and_release(seq, guards, bytes) {
             let n = e.leaked;
-            self.tracker.note_error(
+            self.launch.tracker.note_error(
                 e.into_error(),
                 format_args!("dropping the handle of launch #{seq}; leaked its {n} guard(s)"),
             );
@@ -225,45 +273,23 @@ impl<T: Timeline, G: Send + 'static> Drop for Pending<T, G> {
 /// deferred (one lock of the tracker instead of two, and nothing to hand over at the end).
 #[derive(Clone)]
 pub struct Queued<T: Timeline, G: Send + 'static> {
-    tracker: Arc<Tracker<T, G>>,
-    seq: u64,
+    launch: Launched<T, G>,
     guards: usize,
 }
 
 impl<T: Timeline, G: Send + 'static> fmt::Debug for Queued<T, G> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Queued")
-            .field("seq", &self.seq)
+            .field("seq", &self.launch.seq)
             .field("guards", &self.guards)
             .finish()
     }
 }
 
 impl<T: Timeline, G: Send + 'static> Queued<T, G> {
-    /// The launch's sequence number on its stream.
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-
     /// How many guards the launch queued.
     pub fn guards(&self) -> usize {
         self.guards
-    }
-
-    /// The tracker of the launch's stream.
-    pub fn tracker(&self) -> &Arc<Tracker<T, G>> {
-        &self.tracker
-    }
-
-    /// Whether the launched work has completed, without blocking (as
-    /// [`Pending::is_complete`]).
-    ///
-    /// # Errors
-    ///
-    /// When recording or querying a marker fails.
-    #[doc(alias = "cuEventQuery")]
-    pub fn is_complete(&self) -> Result<bool, T::Error> {
-        self.tracker.query(self.seq)
     }
 
     /// Blocks until the launched work has completed, then releases every queued launch known
@@ -281,16 +307,16 @@ impl<T: Timeline, G: Send + 'static> Queued<T, G> {
     /// Other queued launches stay queued.
     #[doc(alias = "cuEventSynchronize")]
     pub fn wait(&self) -> Result<usize, RetireError<T::Error>> {
-        match self.tracker.wait_for(self.seq) {
+        match self.launch.tracker.wait_for(self.launch.seq) {
             Ok(()) => {
-                let released = self.tracker.release_known_complete();
-                self.tracker.settle(Some(self.seq));
+                let released = self.launch.tracker.release_known_complete();
+                self.launch.tracker.settle(Some(self.launch.seq));
                 Ok(released)
             }
             Err(source) => {
-                let leaked = self.tracker.leak_queued(self.seq);
+                let leaked = self.launch.tracker.leak_queued(self.launch.seq);
                 let e = RetireError {
-                    seq: self.seq,
+                    seq: self.launch.seq,
                     leaked,
                     source,
                 };
@@ -308,9 +334,9 @@ impl<T: Timeline, G: Send + 'static> Queued<T, G> {
     ///
     /// When recording or querying a marker fails.
     pub fn try_release(&self) -> Result<Option<usize>, T::Error> {
-        if self.tracker.query(self.seq)? {
-            let released = self.tracker.release_known_complete();
-            if self.tracker.releasing_elsewhere(self.seq) {
+        if self.launch.tracker.query(self.launch.seq)? {
+            let released = self.launch.tracker.release_known_complete();
+            if self.launch.tracker.releasing_elsewhere(self.launch.seq) {
                 return Ok(None);
             }
             Ok(Some(released))
@@ -375,6 +401,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// # Panics
     ///
     /// As [`launch`](Tracker::launch).
+    #[inline]
     pub fn launch_deferred<E>(
         self: &Arc<Self>,
         guards: Vec<G>,
@@ -406,8 +433,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         let n = guards.len();
         let seq = self.launch_deferred(guards, bytes, enqueue)?;
         Ok(Queued {
-            tracker: Arc::clone(self),
-            seq,
+            launch: Launched {
+                tracker: Arc::clone(self),
+                seq,
+            },
             guards: n,
         })
     }

@@ -49,6 +49,7 @@ impl<G> Deferred<G> {
     }
 
     /// Queues `entry` at its place in sequence order (each `seq` is queued at most once).
+    #[inline]
     pub(super) fn insert(&mut self, seq: u64, entry: Entry<G>) {
         if self.last().is_some_and(|last| last > seq) {
             let at = self.entries.partition_point(|(s, _)| *s < seq);
@@ -90,6 +91,10 @@ pub(super) struct MarkerSlot<M> {
     pub(super) marker: Arc<M>,
 }
 
+/// The largest batch vector kept for reuse, in launches (a larger one, made for a release of
+/// many launches at once, is freed).
+const MAX_SPARE_BATCH: usize = 1024;
+
 /// Everything behind the tracker's lock.
 pub(super) struct State<T: Timeline, G> {
     /// The sequence number the next launch gets.
@@ -126,6 +131,10 @@ pub(super) struct State<T: Timeline, G> {
     /// Threads waiting in a barrier for batches to finish: a finished batch wakes them only
     /// when there are any (a wake-up is a system call).
     pub(super) barrier_waiters: usize,
+    /// An emptied batch vector, reused by the next batch: a batch vector freed and allocated
+    /// again at every release would make the allocator reorganise its free lists then, at a
+    /// cost per released tensor.
+    pub(super) spare_batch: Vec<Held<G>>,
 }
 
 /// A release batch in flight: taken under the lock, its guards being dropped outside it.
@@ -223,6 +232,7 @@ impl<T: Timeline, G> State<T, G> {
         }
     }
 
+    #[inline]
     pub(super) fn insert_deferred(&mut self, seq: u64, guards: Held<G>, bytes: u64) {
         self.deferred_guards += guards.len();
         self.deferred_bytes = self.deferred_bytes.saturating_add(bytes);
@@ -232,6 +242,15 @@ impl<T: Timeline, G> State<T, G> {
     pub(super) fn unhold(&mut self, guards: usize, bytes: u64) {
         self.held_guards = self.held_guards.saturating_sub(guards);
         self.held_bytes = self.held_bytes.saturating_sub(bytes);
+    }
+
+    /// Whether a queued launch is known to have completed ([`State::take_completed`] would take
+    /// it).
+    #[inline]
+    pub(super) fn has_completed(&self) -> bool {
+        self.deferred
+            .first()
+            .is_some_and(|oldest| oldest < self.completed_through)
     }
 
     /// Takes every queued launch known to have completed, in launch order, with `own` (a handle's
@@ -263,11 +282,17 @@ impl<T: Timeline, G> State<T, G> {
         self.releasing.iter().map(|b| b.guards).sum()
     }
 
-    /// Marks the batch `ticket` finished (its guards dropped). Returns whether a barrier is
-    /// waiting (to be woken).
-    pub(super) fn finish_batch(&mut self, ticket: u64) -> bool {
+    /// Marks the batch `ticket` finished (its guards dropped), keeping its emptied vector
+    /// `spare` for the next batch. Returns whether a barrier is waiting (to be woken).
+    pub(super) fn finish_batch(&mut self, ticket: u64, spare: Vec<Held<G>>) -> bool {
         if let Some(i) = self.releasing.iter().position(|b| b.ticket == ticket) {
             self.releasing.swap_remove(i);
+        }
+        if spare.is_empty()
+            && spare.capacity() > self.spare_batch.capacity()
+            && spare.capacity() <= MAX_SPARE_BATCH
+        {
+            self.spare_batch = spare;
         }
         self.barrier_waiters > 0
     }
@@ -286,15 +311,12 @@ impl<T: Timeline, G> State<T, G> {
             let (n, b) = (guards.len(), *bytes);
             self.unhold(n, b);
         }
-        let any_done = self
-            .deferred
-            .first()
-            .is_some_and(|oldest| oldest < self.completed_through);
-        if !any_done {
+        if !self.has_completed() {
             return own.map(|(_, guards, _)| guards).into_iter().collect();
         }
+        let mut batch = mem::take(&mut self.spare_batch);
         let done = self.deferred.take_below(self.completed_through);
-        let mut batch = Vec::with_capacity(done.len() + 1);
+        batch.reserve(done.len() + 1);
         let (mut guards_done, mut bytes_done) = (0usize, 0u64);
         for (seq, entry) in done {
             if own.as_ref().is_some_and(|(own_seq, ..)| *own_seq < seq)

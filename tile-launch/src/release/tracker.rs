@@ -165,6 +165,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 releasing: Vec::new(),
                 next_batch: 0,
                 barrier_waiters: 0,
+                spare_batch: Vec::new(),
             }),
             settled: Condvar::new(),
             released: AtomicU64::new(0),
@@ -250,8 +251,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     ) -> Result<(u64, Held<G>), E> {
         let guards: Held<G> = ManuallyDrop::new(guards);
         let n = guards.len();
-        let st = self.lock();
-        let mut st = self.make_room(st, n, bytes);
+        let mut st = self.lock();
+        if self.over_bound(&st, n, bytes) {
+            st = self.make_room(st, n, bytes);
+        }
         match panic::catch_unwind(AssertUnwindSafe(enqueue)) {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
@@ -306,9 +309,10 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             st.launches_since_poll = 0;
             self.poll_if_worth_it(&mut st);
         }
-        let batch = st.take_completed(None);
+        // Most launches find nothing completed: they skip taking an empty batch.
+        let batch = st.has_completed().then(|| st.take_completed(None));
         drop(st);
-        if !batch.is_empty() {
+        if let Some(batch) = batch {
             self.release_batch(batch);
         }
         Ok((seq, guards))
@@ -808,6 +812,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
     /// byte bound applies only to a launch that adds bytes, and only while queued launches hold
     /// bytes: one that adds none never waits for older work because of bytes, and a large one
     /// waits at most until the bytes queued before it are released.
+    #[inline]
     fn over_bound(&self, st: &State<T, G>, extra_guards: usize, extra_bytes: u64) -> bool {
         !st.deferred.is_empty()
             && (st.deferred_guards.saturating_add(extra_guards) > self.config.max_pending_guards
@@ -889,6 +894,8 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             tracker: &'a Tracker<T, G>,
             ticket: Option<u64>,
             released: usize,
+            /// The batch's vector once emptied, kept for the next batch.
+            spare: Vec<Held<G>>,
         }
         impl<T: Timeline, G: Send + 'static> Drop for Finish<'_, T, G> {
             fn drop(&mut self) {
@@ -903,65 +910,69 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 // snapshot never counts a guard in both, nor in neither.
                 t.released
                     .fetch_add(self.released as u64, Ordering::Relaxed);
-                if st.finish_batch(ticket) {
+                if st.finish_batch(ticket, mem::take(&mut self.spare)) {
                     t.settled.notify_all();
                 }
             }
         }
         let Batch {
-            guards: batch,
+            guards: mut batch,
             ticket,
         } = batch;
         let mut finish = Finish {
             tracker: self,
             ticket,
             released: 0,
+            spare: Vec::new(),
         };
         let _releasing = InRelease::enter();
         let mut released = 0usize;
         let mut panics = 0u64;
-        let mut batch = Some(batch);
         let recycle = self.recycle;
         self.timeline.releasing(&mut || {
-            let Some(batch) = batch.take() else { return };
-            Self::drop_all(batch, recycle, &mut released, &mut panics);
+            Self::drop_all(&mut batch, recycle, &mut released, &mut panics);
         });
-        // Were `releasing` not to call us back, the guards are dropped here all the same.
-        if let Some(batch) = batch.take() {
-            Self::drop_all(batch, recycle, &mut released, &mut panics);
-        }
+        // Were `releasing` not to call us back, the guards are dropped here all the same (and
+        // if it did, the batch is empty now).
+        Self::drop_all(&mut batch, recycle, &mut released, &mut panics);
         if panics > 0 {
             self.release_panics.fetch_add(panics, Ordering::Relaxed);
         }
         finish.released = released;
+        finish.spare = batch;
         released
     }
 
     /// Drops every guard of `batch` in order, each inside `catch_unwind`, then hands each
-    /// emptied vector to `recycle` (or frees it).
+    /// emptied vector to `recycle` (or frees it). Leaves `batch` empty.
     fn drop_all(
-        batch: Vec<Held<G>>,
+        batch: &mut Vec<Held<G>>,
         recycle: Option<fn(Vec<G>)>,
         released: &mut usize,
         panics: &mut u64,
     ) {
-        for held in batch {
+        for held in batch.drain(..) {
             let mut guards = ManuallyDrop::into_inner(held);
-            for guard in guards.drain(..) {
-                *released += 1;
-                if let Err(payload) = panic::catch_unwind(AssertUnwindSafe(move || drop(guard))) {
-                    *panics += 1;
-                    log::error!(
-                        "tile-launch release queue: a guard's drop (a tensor's deleter) panicked: {}",
-                        panic_message(&*payload)
-                    );
-                    // Dropping the payload may panic in turn; if it does, forget that one.
-                    if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload)))
-                    {
-                        mem::forget(again);
-                    }
+            let mut each = guards.drain(..);
+            // One `catch_unwind` for a launch's guards: after a drop that panicked, the next
+            // round drops the guards after it.
+            while let Err(payload) = panic::catch_unwind(AssertUnwindSafe(|| {
+                for guard in each.by_ref() {
+                    *released += 1;
+                    drop(guard);
+                }
+            })) {
+                *panics += 1;
+                log::error!(
+                    "tile-launch release queue: a guard's drop (a tensor's deleter) panicked: {}",
+                    panic_message(&*payload)
+                );
+                // Dropping the payload may panic in turn; if it does, forget that one.
+                if let Err(again) = panic::catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                    mem::forget(again);
                 }
             }
+            drop(each);
             if let Some(recycle) = recycle
                 && guards.capacity() > 0
             {
