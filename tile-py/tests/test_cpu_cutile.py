@@ -872,3 +872,49 @@ def test_dtypes_alignments_and_layouts_each_get_their_own_kernel(stub_driver, tm
         launch(shape=(16, 32), strides=(64, 1))
         assert len(compiled) == before
     """)
+
+
+def test_the_last_specialisation_is_found_again_only_for_its_own_key(stub_driver, tmp_path):
+    """A thread finds its last specialisation again without the table, and only for an equal
+    key: a launch that differs from the last in one feature cuTile specialises on (alignment,
+    dtype, extent, a constant, the kernel, a launch from another thread) is served its own
+    kernel, and ``clear_cache()`` leaves nothing to find."""
+    on_stub(stub_driver, tmp_path, """
+        import threading
+
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        a, misaligned, ragged = Dev([64]), Dev([64], ptr=BASE + 4), Dev([63])
+        half = Dev([64], typestr="<f2")
+
+        def launched(kernel, args):
+            \"\"\"What the launch compiled and the kernel it launched.\"\"\"
+            before = len(compiled)
+            tc.launch(1, (4,), kernel, args)
+            return len(compiled) - before
+
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 1
+        # Alternating with the last each time: each layout compiles once, then hits. A kernel
+        # of another layout would be refused (each compiled kernel declares its dtype).
+        for x in (misaligned, a, misaligned, ragged, a, half, ragged, half, a):
+            launched(k7, (x, y, out, 1.0, 1, 2, 3))
+        assert [c[0] for c in compiled] == [a, misaligned, ragged, half]
+        assert tc.cache_info() == {"entries": 4, "hits": 6, "misses": 4}
+        # A constant's value and another kernel with the same arguments are other keys.
+        assert launched(kconst, (a, y, out, 1.0, 1, 2, 3, 16)) == 1
+        assert launched(kconst, (a, y, out, 1.0, 1, 2, 3, 32)) == 1
+        assert launched(kconst, (a, y, out, 1.0, 1, 2, 3, 16)) == 0
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 0
+        # Another thread's last is its own: it finds this thread's kernels in the table.
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(
+            [launched(k7, (x, y, out, 1.0, 1, 2, 3)) for x in (half, a, misaligned)]))
+        t.start()
+        t.join()
+        assert seen == [[0, 0, 0]]
+        # After clear_cache() the last specialisation is gone too: the same launch compiles.
+        hits = tc.cache_info()["hits"]
+        tc.clear_cache()
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 1
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 0
+        assert tc.cache_info() == {"entries": 1, "hits": hits + 1, "misses": 7}
+    """)
