@@ -25,8 +25,8 @@ use crate::convert::{
     hold_capsule, same_capsule_as,
 };
 use crate::exceptions::{Kind, arg_err, launch_err};
-use crate::release::{self, COUNTERS, PyGuard, drain};
 use crate::launch::ArgList;
+use crate::release::{self, COUNTERS, PyGuard, drain};
 use crate::stream_arg::StreamArg;
 
 /// Keeps each of `objects` alive until all the work enqueued on `stream` up to this call has

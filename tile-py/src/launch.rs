@@ -568,7 +568,6 @@ pub(crate) fn parse_config(
     Ok(cfg)
 }
 
-
 /// The result of `tile_py.launch`: waits for the launch, or asks whether it is done. The
 /// launch's tensors are on its stream's release queue from the moment it is enqueued (released
 /// once a later call sees the work done), so the handle owns nothing and dropping it does

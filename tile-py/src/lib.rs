@@ -53,8 +53,6 @@ mod _tile_py {
     use pyo3::prelude::*;
 
     #[pymodule_export]
-    use crate::launch::LaunchHandle;
-    #[pymodule_export]
     use crate::cutile::{
         _cutile_clear, _cutile_grid, _cutile_info, _cutile_key, launch as _cutile_launch,
     };
@@ -67,11 +65,13 @@ mod _tile_py {
     #[pymodule_export]
     use crate::kernel::{Kernel, Library, PyParam, inout, input, output, scalar};
     #[pymodule_export]
+    use crate::launch::LaunchHandle;
+    #[pymodule_export]
+    use crate::launch::launch;
+    #[pymodule_export]
     use crate::lifecycle::{compute_capability, stats, synchronize};
     #[pymodule_export]
     use crate::prepared::BoundLaunch;
-    #[pymodule_export]
-    use crate::launch::launch;
     #[pymodule_export]
     use crate::testing::_testing;
     #[pymodule_export]

@@ -4,9 +4,9 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::launch::{LaunchHandle, LaunchRequest, RequestArgs, Target, call_args, submit};
 use crate::exceptions::{Kind, err, launch_err, show};
 use crate::kernel::Kernel;
+use crate::launch::{LaunchHandle, LaunchRequest, RequestArgs, Target, call_args, submit};
 
 /// A kernel bound to a stream and a launch configuration (`Kernel.bind`). Calling it,
 /// `bound(*args, sync=True)`, launches as `tile_py.launch` does and returns a `LaunchHandle`;

@@ -649,7 +649,6 @@ pub(crate) fn synchronize_all(py: Python<'_>) {
     });
 }
 
-
 /// `stream=1`: the legacy default stream.
 pub(crate) const LEGACY: i64 = 1;
 /// `stream=2`: the per-thread default stream (its raw handle is `CU_STREAM_PER_THREAD`, 2).

@@ -12,8 +12,8 @@ use tile_launch::{Arg, Param};
 
 use crate::convert::{Converted, Handshake, convert_args};
 use crate::exceptions::launch_err;
-use crate::release::{self, COUNTERS, PyGuard, drain};
 use crate::launch::{arg_list, check_count, expected, parse_config};
+use crate::release::{self, COUNTERS, PyGuard, drain};
 use crate::{kernel, stream_arg};
 
 /// The `_testing` submodule of the extension (re-exported as `tile_py._testing`).
