@@ -33,7 +33,8 @@ use tile_launch::{Dim3, LaunchConfig, Param};
 
 use crate::convert::INLINE;
 use crate::convert::{
-    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, parse_typestr,
+    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, int_range,
+    parse_typestr,
 };
 use crate::exceptions::{Kind, err, launch_err};
 use crate::kernel::Kernel;
@@ -386,8 +387,9 @@ static NUMBA_TYPES: TypeCache<bool> = TypeCache::new(&LAST_NUMBA_TYPE);
 
 /// A leaf argument (tuples flattened) as the launch passes it.
 enum Leaf<'py> {
-    /// A scalar or a constant, converted against the compiled kernel's parameter.
-    Scalar(Bound<'py, PyAny>),
+    /// A scalar or a constant, converted against the compiled kernel's parameter, and the
+    /// value of an exact int that fits 64 bits (read once, for the key).
+    Scalar(Bound<'py, PyAny>, Option<i64>),
     /// A converted array: its index among the converted tensors, and whether cuTile is shown
     /// the export's layout (it cannot read the object's own).
     Array(usize, bool),
@@ -447,6 +449,8 @@ impl<'py> Walk<'_, 'py> {
             self.words.push(tag::INT);
             self.words
                 .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
+            self.leaves.push(Leaf::Scalar(obj.clone(), v));
+            return Ok(());
         } else if obj.cast_exact::<PyFloat>().is_ok() {
             self.words.push(tag::FLOAT);
         } else if let Some(shown_as_export) = array_kind(obj) {
@@ -461,7 +465,7 @@ impl<'py> Walk<'_, 'py> {
                     strides: &strides,
                 };
                 let _ = layout.words(node.statics.as_ref(), &mut self.words);
-                self.leaves.push(Leaf::Scalar(obj.clone()));
+                self.leaves.push(Leaf::Scalar(obj.clone(), None));
                 return Ok(());
             };
             let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
@@ -500,7 +504,7 @@ impl<'py> Walk<'_, 'py> {
             // Only a constant can be this: its value decides the code.
             constant_words(obj, &mut self.words)?;
         }
-        self.leaves.push(Leaf::Scalar(obj.clone()));
+        self.leaves.push(Leaf::Scalar(obj.clone(), None));
         Ok(())
     }
 
@@ -1096,8 +1100,14 @@ fn launch_leaves(
                 }
             }
             (_, false) => Ok(()),
-            (Leaf::Scalar(obj), true) => match params.next() {
-                Some(Param::Scalar(ty)) => convert_scalar(i, obj, *ty).map(|v| conv.push_scalar(v)),
+            (Leaf::Scalar(obj, int), true) => match params.next() {
+                Some(Param::Scalar(ty)) => match int.and_then(|v| int_scalar(v, *ty)) {
+                    Some(v) => {
+                        conv.push_scalar(v);
+                        Ok(())
+                    }
+                    None => convert_scalar(i, obj, *ty).map(|v| conv.push_scalar(v)),
+                },
                 _ => Err(mismatch(i)),
             },
             (Leaf::List(arg, len, _), true) => {
@@ -1130,6 +1140,24 @@ fn launch_leaves(
         },
         &mut conv,
     )
+}
+
+/// An exact int's value `v` as a scalar of integer type `ty`, as `convert_scalar` converts it
+/// (`None`: `ty` is not an integer type, or `v` is out of its range; `convert_scalar` then says
+/// what it does with it).
+fn int_scalar(v: i64, ty: tile_launch::ScalarType) -> Option<tile_launch::Scalar> {
+    use tile_launch::ScalarType as T;
+    if !matches!(
+        ty,
+        T::I8 | T::I16 | T::I32 | T::I64 | T::U8 | T::U16 | T::U32 | T::U64
+    ) {
+        return None;
+    }
+    let (lo, hi) = int_range(ty);
+    let v = i128::from(v);
+    (lo..=hi)
+        .contains(&v)
+        .then_some(tile_launch::Scalar::Int(v))
 }
 
 fn mismatch(i: usize) -> PyErr {
