@@ -13,7 +13,8 @@
 //! every assumption a kernel was compiled under is declared to tile, which checks it on every
 //! launch besides.
 //!
-//! A hit runs no Python. A miss calls into `tile_py.cutile` by name: `_plan_of` once per kernel
+//! A hit runs no Python, and a launch of the specialisation its thread launched last takes no
+//! lock either ([`Last`]). A miss calls into `tile_py.cutile` by name: `_plan_of` once per kernel
 //! (which parameters are constants, tuples, lists, static annotations), and `_compile_miss`
 //! once per specialisation, whose tile kernel is registered here under the key. List arguments
 //! are read (`_list_arg`) and staged (`_stage`) by Python, on every launch that has one: the

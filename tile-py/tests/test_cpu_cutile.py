@@ -918,3 +918,44 @@ def test_the_last_specialisation_is_found_again_only_for_its_own_key(stub_driver
         assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 0
         assert tc.cache_info() == {"entries": 1, "hits": hits + 1, "misses": 7}
     """)
+
+
+def test_int_scalars_convert_to_the_declared_type_as_tile_py_launch_converts_them(
+        stub_driver, tmp_path):
+    """An int argument is read once for the key and launched from that value when it fits the
+    compiled kernel's declared integer type; one that does not fit (or one for a declared
+    float) is refused or converted exactly as ``tile_py.launch`` does it for the same kernel.
+    (The stub kernel's parameters are 8 bytes each.)"""
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        declared = [tile_py.In("float32", strided=True)] * 3 + [
+            tile_py.Scalar("f64"), tile_py.Scalar("u64"), tile_py.Scalar("i64"),
+            tile_py.Scalar("f64")]
+        kernels = []
+
+        def compile_typed(kernel, args, cc):
+            compiled.append(args)
+            kernels.append(LIB.kernel("k", declared))
+            return tc._Compiled(kernels[-1], (True,) * 7, None)
+
+        tc._compile = compile_typed
+
+        def outcome(f, args):
+            try:
+                f(args).wait()
+                return "ok"
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+
+        cases = [(1.0, 7, -3, 2), (1.0, 2**64 - 1, 2**63 - 1, -5), (1.0, 0, -2**63, 2**70),
+                 (1.0, -1, 0, 0), (1.0, 2**64, 0, 0), (1.0, 0, 2**63, 0), (1.0, 0, -2**63 - 1, 0)]
+        seen = []
+        for a, b, c, d in cases:
+            args = (x, y, out, a, b, c, d)
+            mine = outcome(lambda t: tc.launch(1, (4,), k7, t), args)
+            plain = outcome(lambda t: tile_py.launch(1, 4, kernels[-1], t, block=1), args)
+            assert mine == plain, (args, mine, plain)
+            seen.append(mine)
+        assert seen[:3] == ["ok"] * 3, seen
+        assert all(s.startswith("OverflowError: argument ") for s in seen[3:]), seen
+    """)
