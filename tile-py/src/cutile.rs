@@ -13,7 +13,8 @@
 //! every assumption a kernel was compiled under is declared to tile, which checks it on every
 //! launch besides.
 //!
-//! A hit runs no Python. A miss calls into `tile_py.cutile` by name: `_plan_of` once per kernel
+//! A hit runs no Python, and a launch of the specialisation its thread launched last takes no
+//! lock either ([`Last`]). A miss calls into `tile_py.cutile` by name: `_plan_of` once per kernel
 //! (which parameters are constants, tuples, lists, static annotations), and `_compile_miss`
 //! once per specialisation, whose tile kernel is registered here under the key. List arguments
 //! are read (`_list_arg`) and staged (`_stage`) by Python, on every launch that has one: the
@@ -33,11 +34,12 @@ use tile_launch::{Dim3, LaunchConfig, Param};
 
 use crate::convert::INLINE;
 use crate::convert::{
-    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, parse_typestr,
+    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, int_range,
+    parse_typestr,
 };
 use crate::exceptions::{Kind, err, launch_err};
 use crate::kernel::Kernel;
-use crate::launch::{ArgList, LaunchHandle, Target, arg_list, submit_converted};
+use crate::launch::{LaunchHandle, Target, submit_converted};
 use crate::pytypes::TypeCache;
 use crate::release::COUNTERS;
 
@@ -158,10 +160,11 @@ struct Params {
 }
 
 /// What one compiled specialisation launches: the tile kernel, and per leaf argument (tuples
-/// flattened) whether it is passed (compile-time constants are not).
+/// flattened) whether it is passed (compile-time constants are not). Never changed once
+/// registered: an entry found under a key is the one compiled for it.
 struct Entry {
     kernel: Py<Kernel>,
-    keep: Arc<[bool]>,
+    keep: Box<[bool]>,
 }
 
 /// Per cuTile kernel: its parameters and its compiled specialisations by key.
@@ -169,12 +172,43 @@ struct Plan {
     /// Keeps the kernel object alive, so that its address (the map's key) is not reused.
     _kernel: Py<PyAny>,
     params: Arc<Params>,
-    entries: FastMap<Words, Entry>,
+    entries: FastMap<Words, Arc<Entry>>,
 }
 
 static PLANS: Mutex<Option<FastMap<usize, Plan>>> = Mutex::new(None);
 static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
+
+/// How many times [`_cutile_clear`] emptied the table. A [`Last`] of an earlier generation is
+/// stale: its entry was dropped, and its kernel's address may now be another kernel's.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The specialisation this thread launched last, found again without a lock or a hash: a
+/// launch of the same cuTile kernel (`kid`, its address, in the same [`GENERATION`], so the
+/// same object: its plan kept it alive) whose key equals `key` word for word is exactly a hit
+/// of the table, which holds the same entry under the same key.
+struct Last {
+    generation: u64,
+    kid: usize,
+    params: Arc<Params>,
+    key: Words,
+    entry: Arc<Entry>,
+}
+
+thread_local! {
+    static LAST: std::cell::RefCell<Option<Last>> = const { std::cell::RefCell::new(None) };
+}
+
+/// This thread's [`Last`] for kernel `kid`, when it is of the current generation: what `f`
+/// reads of it.
+fn last_of<R>(kid: usize, f: impl FnOnce(&Last) -> Option<R>) -> Option<R> {
+    let generation = GENERATION.load(Ordering::Acquire);
+    LAST.with_borrow(|l| {
+        l.as_ref()
+            .filter(|l| l.kid == kid && l.generation == generation)
+            .and_then(f)
+    })
+}
 
 fn plans() -> MutexGuard<'static, Option<FastMap<usize, Plan>>> {
     PLANS.lock().unwrap_or_else(|p| p.into_inner())
@@ -201,8 +235,12 @@ fn call_module<'py>(
 /// Drops every plan and compiled entry (`tile_py.cutile.clear_cache()`).
 #[pyfunction]
 pub(crate) fn _cutile_clear(py: Python<'_>) {
+    // Stale first: no thread's `Last` is found again once a kernel's address can be reused.
+    GENERATION.fetch_add(1, Ordering::AcqRel);
     let old = plans().take();
     drop(old);
+    let last = LAST.take();
+    drop(last);
     if let Some(d) = INTERNED.get(py) {
         d.bind(py).clear();
     }
@@ -247,24 +285,26 @@ struct Layout<'a> {
 }
 
 impl Layout<'_> {
-    fn bits(&self) -> i128 {
-        i128::from(self.bits) * i128::from(self.lanes)
-    }
-
     /// Appends the array's features (the module docs list them): the dtype, the rank, a word of
     /// flags, a word of 4 bits per dimension, then `(1, value)` per statically annotated
-    /// dimension (`0` for one out of range).
-    fn words(&self, statics: Option<&Statics>, out: &mut Words) {
-        let bits = self.bits();
+    /// dimension (`0` for one out of range). Returns the bytes `[lo, hi)` the array can touch
+    /// (None when it is empty), read in the same pass.
+    fn words(&self, statics: Option<&Statics>, out: &mut Words) -> Option<(i128, i128)> {
+        if let ([n], [s], None) = (self.shape, self.strides, statics) {
+            return self.words_1d(*n, *s, out);
+        }
+        let bits = i128::from(self.bits) * i128::from(self.lanes);
         let (shape, strides) = (self.shape, self.strides);
         // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
         let unit_strides = statics.is_none_or(|(_, stride_dims)| stride_dims.is_empty());
         let mut fits32 = true;
         let mut per_dim = 0u64;
+        let (mut lo, mut hi) = (i128::from(self.ptr), i128::from(self.ptr));
+        let mut empty = false;
         for (d, (&n, &s)) in shape.iter().zip(strides).enumerate() {
             fits32 &= i32::try_from(n).is_ok() && i32::try_from(s).is_ok();
+            let (n, s) = (i128::from(n), i128::from(s));
             if d < 5 {
-                let (n, s) = (i128::from(n), i128::from(s));
                 // Bit masks: a multiple of 16 bytes is a multiple of 128 bits.
                 let f = u64::from((s * bits) & 127 == 0)
                     | u64::from(unit_strides && s == 1) << 1
@@ -272,17 +312,27 @@ impl Layout<'_> {
                     | u64::from(n == 1) << 3;
                 per_dim |= f << (4 * d);
             }
+            empty |= n == 0;
+            let off = ((n - 1) * s * bits) >> 3; // floor(bits / 8)
+            if off < 0 {
+                lo += off;
+            } else {
+                hi += off;
+            }
         }
-        out.extend_from_slice(&[
+        let head = [
             tag::ARRAY,
             u64::from(self.code) | u64::from(self.bits) << 8 | u64::from(self.lanes) << 16,
             shape.len() as u64,
             u64::from(self.ptr & 15 == 0)
                 | u64::from(disjoint(shape, strides)) << 1
                 | u64::from(fits32) << 2,
-        ]);
-        if shape.len() <= 5 {
-            out.push(per_dim);
+            per_dim,
+        ];
+        // Word for word (no copy call); the per-dimension word only up to 5 dimensions.
+        out.reserve(head.len());
+        for w in &head[..if shape.len() <= 5 { 5 } else { 4 }] {
+            out.push(*w);
         }
         if let Some((shape_dims, stride_dims)) = statics {
             for (values, dims) in [(shape, shape_dims), (strides, stride_dims)] {
@@ -296,23 +346,41 @@ impl Layout<'_> {
                 }
             }
         }
+        (!empty).then_some((lo, hi + (bits / 8).max(1)))
     }
 
-    /// The bytes `[lo, hi)` the array can touch, or None when it is empty.
-    fn span(&self) -> Option<(i128, i128)> {
-        let bits = self.bits();
-        let (mut lo, mut hi) = (i128::from(self.ptr), i128::from(self.ptr));
-        for (&n, &s) in self.shape.iter().zip(self.strides) {
-            if n == 0 {
-                return None;
-            }
-            let off = ((i128::from(n) - 1) * i128::from(s) * bits) >> 3; // floor(bits / 8)
-            if off < 0 {
-                lo += off;
-            } else {
-                hi += off;
-            }
+    /// [`Layout::words`] of a vector with no static annotation (the common case), word for
+    /// word the same: its flags read without the loop, in 64-bit arithmetic (the low bits of a
+    /// product are those of its wrapping product; the span is exact).
+    #[inline]
+    fn words_1d(&self, n: i64, s: i64, out: &mut Words) -> Option<(i128, i128)> {
+        let bits = u64::from(self.bits) * u64::from(self.lanes);
+        let per_dim = u64::from((s as u64).wrapping_mul(bits) & 127 == 0)
+            | u64::from(s == 1) << 1
+            | u64::from((n as u64).wrapping_mul(bits) & 7 == 0 && n & 15 == 0) << 2
+            | u64::from(n == 1) << 3;
+        let fits32 = i32::try_from(n).is_ok() && i32::try_from(s).is_ok();
+        let head = [
+            tag::ARRAY,
+            u64::from(self.code) | u64::from(self.bits) << 8 | u64::from(self.lanes) << 16,
+            1,
+            u64::from(self.ptr & 15 == 0) | u64::from(s > 0) << 1 | u64::from(fits32) << 2,
+            per_dim,
+        ];
+        out.reserve(head.len());
+        for w in head {
+            out.push(w);
         }
+        if n == 0 {
+            return None;
+        }
+        let (ptr, bits) = (i128::from(self.ptr), i128::from(bits));
+        let off = ((i128::from(n) - 1) * i128::from(s) * bits) >> 3; // floor(bits / 8)
+        let (lo, hi) = if off < 0 {
+            (ptr + off, ptr)
+        } else {
+            (ptr, ptr + off)
+        };
         Some((lo, hi + (bits / 8).max(1)))
     }
 }
@@ -358,8 +426,9 @@ static NUMBA_TYPES: TypeCache<bool> = TypeCache::new(&LAST_NUMBA_TYPE);
 
 /// A leaf argument (tuples flattened) as the launch passes it.
 enum Leaf<'py> {
-    /// A scalar or a constant, converted against the compiled kernel's parameter.
-    Scalar(Bound<'py, PyAny>),
+    /// A scalar or a constant, converted against the compiled kernel's parameter, and the
+    /// value of an exact int that fits 64 bits (read once, for the key).
+    Scalar(Bound<'py, PyAny>, Option<i64>),
     /// A converted array: its index among the converted tensors, and whether cuTile is shown
     /// the export's layout (it cannot read the object's own).
     Array(usize, bool),
@@ -419,6 +488,8 @@ impl<'py> Walk<'_, 'py> {
             self.words.push(tag::INT);
             self.words
                 .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
+            self.leaves.push(Leaf::Scalar(obj.clone(), v));
+            return Ok(());
         } else if obj.cast_exact::<PyFloat>().is_ok() {
             self.words.push(tag::FLOAT);
         } else if let Some(shown_as_export) = array_kind(obj) {
@@ -432,8 +503,8 @@ impl<'py> Walk<'_, 'py> {
                     shape: &shape,
                     strides: &strides,
                 };
-                layout.words(node.statics.as_ref(), &mut self.words);
-                self.leaves.push(Leaf::Scalar(obj.clone()));
+                let _ = layout.words(node.statics.as_ref(), &mut self.words);
+                self.leaves.push(Leaf::Scalar(obj.clone(), None));
                 return Ok(());
             };
             let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
@@ -448,8 +519,7 @@ impl<'py> Walk<'_, 'py> {
                     shape: view.shape(),
                     strides: view.strides(),
                 };
-                layout.words(node.statics.as_ref(), &mut self.words);
-                layout.span()
+                layout.words(node.statics.as_ref(), &mut self.words)
             });
             let k = self.tensors.len();
             self.tensors.push(t);
@@ -473,7 +543,7 @@ impl<'py> Walk<'_, 'py> {
             // Only a constant can be this: its value decides the code.
             constant_words(obj, &mut self.words)?;
         }
-        self.leaves.push(Leaf::Scalar(obj.clone()));
+        self.leaves.push(Leaf::Scalar(obj.clone(), None));
         Ok(())
     }
 
@@ -509,7 +579,9 @@ impl<'py> Walk<'_, 'py> {
                 shape: &shape,
                 strides: &strides,
             };
-            layout.words(node.list_statics.as_ref(), &mut self.words);
+            // List elements are not part of the overlap check (see the module docs of
+            // `tile_py.cutile`): their span is not used.
+            let _ = layout.words(node.list_statics.as_ref(), &mut self.words);
         }
         self.leaves.push(Leaf::List(arg, layouts.len(), shown));
         Ok(())
@@ -517,6 +589,16 @@ impl<'py> Walk<'_, 'py> {
 
     /// The overlap refusal's message, when two arrays share memory.
     fn overlap(&mut self) -> Option<String> {
+        // Few arrays, none overlapping: every pair compared, nothing sorted.
+        let spans = &self.spans;
+        if spans.len() <= 4
+            && spans
+                .iter()
+                .enumerate()
+                .all(|(i, a)| spans[i + 1..].iter().all(|b| b.1 <= a.0 || a.1 <= b.0))
+        {
+            return None;
+        }
         self.spans.sort_unstable();
         self.spans.windows(2).find(|w| w[1].0 < w[0].1).map(|w| {
             let (a, b) = (w[0].2.min(w[1].2), w[0].2.max(w[1].2));
@@ -662,6 +744,37 @@ fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut Words)
 /// A grid (or cluster) as cuTile reads it: an int, or a tuple of at most 3 ints padded with 1s,
 /// each at most [`MAX_GRID_DIM`], with cuTile's errors in its words.
 fn grid_dims(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
+    // The common cases, an exact int or a tuple of exact ints in range: no allocation.
+    let fits = |v: &Bound<'_, PyAny>| {
+        v.cast_exact::<PyInt>()
+            .ok()
+            .and_then(|i| i.extract::<u32>().ok())
+            .filter(|&n| i64::from(n) <= MAX_GRID_DIM)
+    };
+    if let Some(x) = fits(grid) {
+        return Ok(Dim3::new(x, 1, 1));
+    }
+    if let Ok(t) = grid.cast_exact::<PyTuple>()
+        && t.len() <= 3
+    {
+        let mut dims = [1u32; 3];
+        let mut all = true;
+        for (d, v) in dims.iter_mut().zip(t.iter_borrowed()) {
+            match fits(&v) {
+                Some(n) => *d = n,
+                None => all = false,
+            }
+        }
+        if all {
+            return Ok(Dim3::new(dims[0], dims[1], dims[2]));
+        }
+    }
+    grid_dims_other(grid)
+}
+
+/// [`grid_dims`] for anything but exact ints in range (NumPy integers, errors).
+#[inline(never)]
+fn grid_dims_other(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     let py = grid.py();
     let items: SmallVec<[Bound<'_, PyAny>; 3]> =
         if grid.is_instance_of::<PyInt>() && !grid.is_instance_of::<PyBool>() {
@@ -810,10 +923,16 @@ pub(crate) fn launch<'py>(
     };
     config.cooperative = cooperative;
     config.programmatic_dependent_launch = programmatic_dependent_launch;
-    let params = params_of(kernel)?;
-    let args: ArgList<'py> = match arg_list(args) {
-        Ok(a) => a,
-        Err(_) => args.try_iter()?.collect::<PyResult<_>>()?,
+    let kid = kernel.as_ptr() as usize;
+    let params = match last_of(kid, |l| Some(l.params.clone())) {
+        Some(p) => p,
+        None => params_of(kernel)?,
+    };
+    // A tuple is walked in place (its items cannot change); anything else is read once into
+    // one, which is also what a miss shows cuTile.
+    let args: Bound<'py, PyTuple> = match args.cast::<PyTuple>() {
+        Ok(t) => t.clone(),
+        Err(_) => PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
     };
     let n = params.nodes.len();
     if args.len() != n {
@@ -836,21 +955,24 @@ pub(crate) fn launch<'py>(
         spans: SmallVec::new(),
     };
     let walked = args
-        .iter()
+        .iter_borrowed()
         .zip(&params.nodes)
         .enumerate()
-        .try_for_each(|(i, (a, node))| w.arg(a, node, i));
+        .try_for_each(|(i, (a, node))| w.arg(&a, node, i));
     if let Err(e) = walked {
         abandon(py, std::mem::take(&mut w.tensors));
         return Err(e);
     }
-    let kid = kernel.as_ptr() as usize;
-    let found = plans()
-        .as_ref()
-        .and_then(|m| m.get(&kid)?.entries.get(&w.words))
-        .map(|e| (e.kernel.clone_ref(py), e.keep.clone()));
+    // This thread's last specialisation, else the table (read again: the walk ran Python).
+    let found = last_of(kid, |l| (l.key == w.words).then(|| l.entry.clone())).or_else(|| {
+        let e = plans()
+            .as_ref()
+            .and_then(|m| m.get(&kid)?.entries.get(&w.words).cloned())?;
+        remember(kid, &params, &w.words, &e);
+        Some(e)
+    });
     let overlap = w.overlap();
-    let (tile_kernel, keep) = match (found, overlap) {
+    let entry = match (found, overlap) {
         (Some(found), None) => {
             HITS.fetch_add(1, Ordering::Relaxed);
             found
@@ -860,11 +982,10 @@ pub(crate) fn launch<'py>(
                 if found.is_some() {
                     return Ok(None);
                 }
-                let tuple = PyTuple::new(py, &args)?;
                 Ok(Some(call_module(
                     py,
                     "_compile_miss",
-                    (kernel, tuple, d, cc),
+                    (kernel, &args, d, cc),
                 )?))
             });
             let compiled = match (compiled, overlap) {
@@ -880,7 +1001,7 @@ pub(crate) fn launch<'py>(
                     return Err(err(Kind::Value, overlap.unwrap_or_default()));
                 }
             };
-            match register(kid, &w.words, &compiled) {
+            match register(kid, &params, &w.words, &compiled) {
                 Ok(e) => e,
                 Err(e) => {
                     abandon(py, std::mem::take(&mut w.tensors));
@@ -895,10 +1016,25 @@ pub(crate) fn launch<'py>(
         &s,
         stream_value,
         &config,
-        tile_kernel.bind(py),
-        &keep,
+        entry.kernel.bind(py),
+        &entry.keep,
         &hs,
     )
+}
+
+/// Makes `entry`, found or registered under `key` for kernel `kid`, this thread's [`Last`].
+fn remember(kid: usize, params: &Arc<Params>, key: &Words, entry: &Arc<Entry>) {
+    let last = Last {
+        generation: GENERATION.load(Ordering::Acquire),
+        kid,
+        params: params.clone(),
+        key: key.clone(),
+        entry: entry.clone(),
+    };
+    // The one it replaces is dropped after the borrow: its kernel's references are let go of
+    // with nothing borrowed.
+    let old = LAST.replace(Some(last));
+    drop(old);
 }
 
 /// The key of `kernel` with `args`, for a caller that compiles through `tile_py.cutile` at
@@ -934,28 +1070,34 @@ pub(crate) fn _cutile_grid(grid: &Bound<'_, PyAny>) -> PyResult<(u32, u32, u32)>
 }
 
 /// Registers what `_compile_miss` returned (`(tile_py.Kernel, keep)`) under `key`, unless the
-/// kernel's plan was dropped meanwhile (`clear_cache()`); returns it.
+/// kernel's plan was dropped meanwhile (`clear_cache()`) or the key was registered meanwhile
+/// (a launch from the compile itself); returns the entry the launch launches.
 fn register(
     kid: usize,
+    params: &Arc<Params>,
     key: &Words,
     compiled: &Bound<'_, PyAny>,
-) -> PyResult<(Py<Kernel>, Arc<[bool]>)> {
+) -> PyResult<Arc<Entry>> {
     let (kernel, keep): (Bound<'_, Kernel>, Vec<bool>) = compiled.extract()?;
-    let (kernel, keep) = (kernel.unbind(), Arc::<[bool]>::from(keep));
-    let py = compiled.py();
-    if let Some(plan) = plans().as_mut().and_then(|m| m.get_mut(&kid))
-        && !plan.entries.contains_key(key)
-    {
-        plan.entries.insert(
-            key.clone(),
-            Entry {
-                kernel: kernel.clone_ref(py),
-                keep: keep.clone(),
-            },
-        );
-        MISSES.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok((kernel, keep))
+    let entry = Arc::new(Entry {
+        kernel: kernel.unbind(),
+        keep: keep.into(),
+    });
+    let mut g = plans();
+    let Some(plan) = g.as_mut().and_then(|m| m.get_mut(&kid)) else {
+        return Ok(entry);
+    };
+    let kept = plan
+        .entries
+        .entry(key.clone())
+        .or_insert_with(|| {
+            MISSES.fetch_add(1, Ordering::Relaxed);
+            entry.clone()
+        })
+        .clone();
+    drop(g);
+    remember(kid, params, key, &kept);
+    Ok(entry)
 }
 
 /// Launches `kernel` with the walked leaves in the compiled kernel's order: constants
@@ -997,8 +1139,14 @@ fn launch_leaves(
                 }
             }
             (_, false) => Ok(()),
-            (Leaf::Scalar(obj), true) => match params.next() {
-                Some(Param::Scalar(ty)) => convert_scalar(i, obj, *ty).map(|v| conv.push_scalar(v)),
+            (Leaf::Scalar(obj, int), true) => match params.next() {
+                Some(Param::Scalar(ty)) => match int.and_then(|v| int_scalar(v, *ty)) {
+                    Some(v) => {
+                        conv.push_scalar(v);
+                        Ok(())
+                    }
+                    None => convert_scalar(i, obj, *ty).map(|v| conv.push_scalar(v)),
+                },
                 _ => Err(mismatch(i)),
             },
             (Leaf::List(arg, len, _), true) => {
@@ -1031,6 +1179,24 @@ fn launch_leaves(
         },
         &mut conv,
     )
+}
+
+/// An exact int's value `v` as a scalar of integer type `ty`, as `convert_scalar` converts it
+/// (`None`: `ty` is not an integer type, or `v` is out of its range; `convert_scalar` then says
+/// what it does with it).
+fn int_scalar(v: i64, ty: tile_launch::ScalarType) -> Option<tile_launch::Scalar> {
+    use tile_launch::ScalarType as T;
+    if !matches!(
+        ty,
+        T::I8 | T::I16 | T::I32 | T::I64 | T::U8 | T::U16 | T::U32 | T::U64
+    ) {
+        return None;
+    }
+    let (lo, hi) = int_range(ty);
+    let v = i128::from(v);
+    (lo..=hi)
+        .contains(&v)
+        .then_some(tile_launch::Scalar::Int(v))
 }
 
 fn mismatch(i: usize) -> PyErr {

@@ -872,3 +872,90 @@ def test_dtypes_alignments_and_layouts_each_get_their_own_kernel(stub_driver, tm
         launch(shape=(16, 32), strides=(64, 1))
         assert len(compiled) == before
     """)
+
+
+def test_the_last_specialisation_is_found_again_only_for_its_own_key(stub_driver, tmp_path):
+    """A thread finds its last specialisation again without the table, and only for an equal
+    key: a launch that differs from the last in one feature cuTile specialises on (alignment,
+    dtype, extent, a constant, the kernel, a launch from another thread) is served its own
+    kernel, and ``clear_cache()`` leaves nothing to find."""
+    on_stub(stub_driver, tmp_path, """
+        import threading
+
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        a, misaligned, ragged = Dev([64]), Dev([64], ptr=BASE + 4), Dev([63])
+        half = Dev([64], typestr="<f2")
+
+        def launched(kernel, args):
+            \"\"\"What the launch compiled and the kernel it launched.\"\"\"
+            before = len(compiled)
+            tc.launch(1, (4,), kernel, args)
+            return len(compiled) - before
+
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 1
+        # Alternating with the last each time: each layout compiles once, then hits. A kernel
+        # of another layout would be refused (each compiled kernel declares its dtype).
+        for x in (misaligned, a, misaligned, ragged, a, half, ragged, half, a):
+            launched(k7, (x, y, out, 1.0, 1, 2, 3))
+        assert [c[0] for c in compiled] == [a, misaligned, ragged, half]
+        assert tc.cache_info() == {"entries": 4, "hits": 6, "misses": 4}
+        # A constant's value and another kernel with the same arguments are other keys.
+        assert launched(kconst, (a, y, out, 1.0, 1, 2, 3, 16)) == 1
+        assert launched(kconst, (a, y, out, 1.0, 1, 2, 3, 32)) == 1
+        assert launched(kconst, (a, y, out, 1.0, 1, 2, 3, 16)) == 0
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 0
+        # Another thread's last is its own: it finds this thread's kernels in the table.
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(
+            [launched(k7, (x, y, out, 1.0, 1, 2, 3)) for x in (half, a, misaligned)]))
+        t.start()
+        t.join()
+        assert seen == [[0, 0, 0]]
+        # After clear_cache() the last specialisation is gone too: the same launch compiles.
+        hits = tc.cache_info()["hits"]
+        tc.clear_cache()
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 1
+        assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 0
+        assert tc.cache_info() == {"entries": 1, "hits": hits + 1, "misses": 7}
+    """)
+
+
+def test_int_scalars_convert_to_the_declared_type_as_tile_py_launch_converts_them(
+        stub_driver, tmp_path):
+    """An int argument is read once for the key and launched from that value when it fits the
+    compiled kernel's declared integer type; one that does not fit (or one for a declared
+    float) is refused or converted exactly as ``tile_py.launch`` does it for the same kernel.
+    (The stub kernel's parameters are 8 bytes each.)"""
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        declared = [tile_py.In("float32", strided=True)] * 3 + [
+            tile_py.Scalar("f64"), tile_py.Scalar("u64"), tile_py.Scalar("i64"),
+            tile_py.Scalar("f64")]
+        kernels = []
+
+        def compile_typed(kernel, args, cc):
+            compiled.append(args)
+            kernels.append(LIB.kernel("k", declared))
+            return tc._Compiled(kernels[-1], (True,) * 7, None)
+
+        tc._compile = compile_typed
+
+        def outcome(f, args):
+            try:
+                f(args).wait()
+                return "ok"
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+
+        cases = [(1.0, 7, -3, 2), (1.0, 2**64 - 1, 2**63 - 1, -5), (1.0, 0, -2**63, 2**70),
+                 (1.0, -1, 0, 0), (1.0, 2**64, 0, 0), (1.0, 0, 2**63, 0), (1.0, 0, -2**63 - 1, 0)]
+        seen = []
+        for a, b, c, d in cases:
+            args = (x, y, out, a, b, c, d)
+            mine = outcome(lambda t: tc.launch(1, (4,), k7, t), args)
+            plain = outcome(lambda t: tile_py.launch(1, 4, kernels[-1], t, block=1), args)
+            assert mine == plain, (args, mine, plain)
+            seen.append(mine)
+        assert seen[:3] == ["ok"] * 3, seen
+        assert all(s.startswith("OverflowError: argument ") for s in seen[3:]), seen
+    """)
