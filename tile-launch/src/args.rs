@@ -244,8 +244,9 @@ pub const INLINE_ARGS: usize = 8;
 pub(crate) type ArgList<'a> = SmallVec<[Arg<'a>; INLINE_ARGS]>;
 
 /// The 8-byte parameter slots of a launch, one per kernel parameter, in order (an array
-/// argument fills `1 + 2 * ndim`).
-pub(crate) type ParamValues = SmallVec<[u64; INLINE_ARGS]>;
+/// argument fills `1 + 2 * ndim`), inline up to twice [`INLINE_ARGS`]: three 2-D arrays and a
+/// scalar, or three 1-D arrays and seven scalars, allocate nothing.
+pub(crate) type ParamValues = SmallVec<[u64; 2 * INLINE_ARGS]>;
 
 #[cfg(any(test, feature = "testing"))]
 /// Checks `args` against `signature` exactly as [`Stream::launch`](crate::Stream::launch) does before consuming

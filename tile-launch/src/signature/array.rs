@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
 use tile_dlpack::TensorView;
 
 use crate::error::{Error, Result};
@@ -112,14 +113,17 @@ pub(crate) fn pack(
             got: view.ndim(),
         });
     }
+    // `ok_or_else`: the error is built (and dropped) only for a value that does not fit.
     let fit = |field: ArrayField, dim: usize, value: i64| {
-        index_type.encode(value).ok_or(Error::IndexOverflow {
-            index,
-            field,
-            dim,
-            value,
-            index_type,
-        })
+        index_type
+            .encode(value)
+            .ok_or_else(|| Error::IndexOverflow {
+                index,
+                field,
+                dim,
+                value,
+                index_type,
+            })
     };
     // Check every value before appending any.
     for (dim, &v) in view.shape().iter().enumerate() {
@@ -226,7 +230,9 @@ impl ArrayAssumptions {
 
 /// Whether no two in-bounds indices share an element (the rule of [`ArrayAssumptions::disjoint`]).
 fn disjoint(shape: &[i64], strides: &[i64]) -> bool {
-    let mut dims: Vec<(i64, i64)> = strides.iter().copied().zip(shape.iter().copied()).collect();
+    // Checked on every launch: no allocation for up to 8 dimensions.
+    let mut dims: SmallVec<[(i64, i64); 8]> =
+        strides.iter().copied().zip(shape.iter().copied()).collect();
     dims.sort_unstable();
     match dims.first() {
         None => true,
