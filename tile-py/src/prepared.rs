@@ -75,12 +75,14 @@ impl<'py> BindKeywords<'py> {
         let (mut block, mut shared_mem, mut cluster, mut cooperative, mut pdl) =
             (None, None, None, None, None);
         for (key, value) in config.into_iter().flat_map(|d| d.iter()) {
-            let slot = match key.extract::<&str>().unwrap_or("") {
-                "block" => &mut block,
-                "shared_mem" => &mut shared_mem,
-                "cluster" => &mut cluster,
-                "cooperative" => &mut cooperative,
-                "programmatic_dependent_launch" => &mut pdl,
+            // `optional`: None means "not given", as `tile_py.launch`'s signature reads it
+            // (`block=None` stays a bad block, reported as such).
+            let (slot, optional) = match key.extract::<&str>().unwrap_or("") {
+                "block" => (&mut block, false),
+                "shared_mem" => (&mut shared_mem, true),
+                "cluster" => (&mut cluster, true),
+                "cooperative" => (&mut cooperative, true),
+                "programmatic_dependent_launch" => (&mut pdl, true),
                 _ => {
                     return Err(err(
                         Kind::Type,
@@ -88,7 +90,7 @@ impl<'py> BindKeywords<'py> {
                     ));
                 }
             };
-            *slot = Some(value);
+            *slot = (!optional || !value.is_none()).then_some(value);
         }
         let Some(block) = block else {
             return Err(err(

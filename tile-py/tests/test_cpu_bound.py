@@ -65,3 +65,32 @@ def test_bind_refuses_an_unknown_keyword_and_a_missing_block_in_its_own_words():
         tile_py.BoundLaunch(STREAM, 1, None)
     with pytest.raises(TypeError, match=r"Kernel.bind\(\) missing required keyword-only argument: 'block'"):
         tile_py.BoundLaunch(STREAM, 1, None, shared_mem=0)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"shared_mem": None},
+        {"cluster": None},
+        {"cooperative": None},
+        {"programmatic_dependent_launch": None},
+        {"shared_mem": None, "cluster": None, "cooperative": None, "programmatic_dependent_launch": None},
+    ],
+)
+def test_bind_takes_none_for_an_optional_keyword_as_launch_does(kw):
+    # The signature says shared_mem=None, cluster=None, and tile_py.launch reads None as "not
+    # given" for each of these: a bind with None gets as far as the kernel, as the launch does,
+    # instead of refusing None as a value of the wrong kind.
+    pattern = r"kernel must be a tile_py.Kernel, got 'k' \(str\)"
+    with pytest.raises(TypeError, match=pattern):
+        tile_py.launch(STREAM, 1, "k", (), block=1, **kw)
+    with pytest.raises(TypeError, match=pattern):
+        tile_py.BoundLaunch(STREAM, 1, "k", block=1, **kw)
+
+
+def test_bind_with_block_none_names_block():
+    # block has no default: None is a bad block, as for tile_py.launch, not a missing one.
+    with pytest.raises(TypeError, match=r"block must be"):
+        tile_py.launch(STREAM, 1, "k", (), block=None)
+    with pytest.raises(TypeError, match=r"block must be"):
+        tile_py.BoundLaunch(STREAM, 1, "k", block=None)
