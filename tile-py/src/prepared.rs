@@ -77,16 +77,19 @@ impl<'py> BindKeywords<'py> {
         for (key, value) in config.into_iter().flat_map(|d| d.iter()) {
             // `optional`: None means "not given", as `tile_py.launch`'s signature reads it
             // (`block=None` stays a bad block, reported as such).
-            let (slot, optional) = match key.extract::<&str>().unwrap_or("") {
+            let name = key.extract::<&str>().ok();
+            let (slot, optional) = match name.unwrap_or("") {
                 "block" => (&mut block, false),
                 "shared_mem" => (&mut shared_mem, true),
                 "cluster" => (&mut cluster, true),
                 "cooperative" => (&mut cooperative, true),
                 "programmatic_dependent_launch" => (&mut pdl, true),
                 _ => {
+                    // Python's own words: the name quoted, without its type.
+                    let name = name.map_or_else(|| show(&key), |n| format!("'{n}'"));
                     return Err(err(
                         Kind::Type,
-                        format!("{func}() got an unexpected keyword argument {}", show(&key)),
+                        format!("{func}() got an unexpected keyword argument {name}"),
                     ));
                 }
             };
@@ -122,7 +125,7 @@ impl BoundLaunch {
         kernel: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<BoundLaunch> {
-        BoundLaunch::bind("Kernel.bind", stream, grid, kernel, config)
+        BoundLaunch::bind("BoundLaunch", stream, grid, kernel, config)
     }
 
     /// Launches the bound kernel with `args` (one per declared parameter), as

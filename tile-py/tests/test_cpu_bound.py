@@ -56,15 +56,18 @@ def test_bind_takes_the_launch_keywords():
 
 def test_bind_refuses_an_unknown_keyword_and_a_missing_block_in_its_own_words():
     # Kernel.bind and BoundLaunch read one set of keywords (those of tile_py.launch but args and
-    # sync); a misspelt one is never ignored, and block has no default.
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) got an unexpected keyword argument 'blok'"):
+    # sync); a misspelt one is never ignored, and block has no default. The error names the call
+    # that was made: BoundLaunch(...) here (Kernel.bind names itself).
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) got an unexpected keyword argument 'blok'$"):
         tile_py.BoundLaunch(STREAM, 1, None, blok=1)
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) got an unexpected keyword argument 'sync'"):
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) got an unexpected keyword argument 'sync'$"):
         tile_py.BoundLaunch(STREAM, 1, None, block=1, sync=False)
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) missing required keyword-only argument: 'block'"):
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) missing required keyword-only argument: 'block'$"):
         tile_py.BoundLaunch(STREAM, 1, None)
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) missing required keyword-only argument: 'block'"):
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) missing required keyword-only argument: 'block'$"):
         tile_py.BoundLaunch(STREAM, 1, None, shared_mem=0)
+    with pytest.raises(TypeError, match=r"^BoundLaunch: cooperative must be True or False, got 1"):
+        tile_py.BoundLaunch(STREAM, 1, None, block=1, cooperative=1)
 
 
 @pytest.mark.parametrize(
