@@ -20,8 +20,10 @@ pub(crate) struct BoundLaunch {
 }
 
 impl BoundLaunch {
-    /// `Kernel.bind` and `BoundLaunch(...)` (`func` names the call in errors): reads the
-    /// request, checks the configuration against the device once and prepares the kernel for it.
+    /// `Kernel.bind` and `BoundLaunch(...)` (`func` names the call in the keyword errors, as
+    /// Python names a call's own; a value's error says `Kernel.bind` for both, as it always
+    /// has): reads the request, checks the configuration against the device once and prepares
+    /// the kernel for it.
     pub(crate) fn bind(
         func: &'static str,
         stream: &Bound<'_, PyAny>,
@@ -34,7 +36,7 @@ impl BoundLaunch {
         let r = LaunchRequest::parse(
             py,
             &RequestArgs {
-                func,
+                func: "Kernel.bind",
                 stream,
                 grid,
                 block: &k.block,

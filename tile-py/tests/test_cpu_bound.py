@@ -57,7 +57,8 @@ def test_bind_takes_the_launch_keywords():
 def test_bind_refuses_an_unknown_keyword_and_a_missing_block_in_its_own_words():
     # Kernel.bind and BoundLaunch read one set of keywords (those of tile_py.launch but args and
     # sync); a misspelt one is never ignored, and block has no default. The error names the call
-    # that was made: BoundLaunch(...) here (Kernel.bind names itself).
+    # that was made: BoundLaunch(...) here (Kernel.bind names itself); a bad value's error says
+    # Kernel.bind for both, as it did before (test_cpu_args.py).
     with pytest.raises(TypeError, match=r"^BoundLaunch\(\) got an unexpected keyword argument 'blok'$"):
         tile_py.BoundLaunch(STREAM, 1, None, blok=1)
     with pytest.raises(TypeError, match=r"^BoundLaunch\(\) got an unexpected keyword argument 'sync'$"):
@@ -66,7 +67,7 @@ def test_bind_refuses_an_unknown_keyword_and_a_missing_block_in_its_own_words():
         tile_py.BoundLaunch(STREAM, 1, None)
     with pytest.raises(TypeError, match=r"^BoundLaunch\(\) missing required keyword-only argument: 'block'$"):
         tile_py.BoundLaunch(STREAM, 1, None, shared_mem=0)
-    with pytest.raises(TypeError, match=r"^BoundLaunch: cooperative must be True or False, got 1"):
+    with pytest.raises(TypeError, match=r"^Kernel.bind: cooperative must be True or False, got 1"):
         tile_py.BoundLaunch(STREAM, 1, None, block=1, cooperative=1)
 
 
