@@ -439,3 +439,49 @@ fn barriers_wait_for_a_release_in_flight() {
         assert_eq!(tracker.stats().releasing_guards, 0);
     });
 }
+
+/// Three queued launches, a marker each, while the "GPU" completes their work one unit at a
+/// time (in stream order) and two threads poll: a poll asks the newest marker first and, when
+/// it is complete, retires every older one with it; when it is not, the oldest are asked. At no
+/// interleaving is a guard released before its own work has completed, and once everything
+/// has completed each is released exactly once.
+#[test]
+fn newest_first_polls_race_in_order_completion() {
+    explore("newest_first_polls_race_in_order_completion", || {
+        let fake = FakeTimeline::new();
+        let (tracker, log) = new_tracker(&fake, 1);
+        for id in 0..3 {
+            launch_deferred(&tracker, &fake, &log, id);
+        }
+        assert_eq!(fake.markers_recorded(), 3);
+        let gpu = {
+            let fake = fake.clone();
+            loom::thread::spawn(move || {
+                for work in 1..=3 {
+                    fake.complete_work(work);
+                }
+            })
+        };
+        let poller = {
+            let tracker = Arc::clone(&tracker);
+            loom::thread::spawn(move || {
+                tracker.poll();
+                tracker.poll();
+            })
+        };
+        tracker.poll();
+        gpu.join().unwrap();
+        poller.join().unwrap();
+        tracker.poll();
+        assert_dropped(&log, &[0, 1, 2]);
+        let stats = tracker.stats();
+        assert_eq!(
+            (
+                stats.guards_released,
+                stats.guards_leaked,
+                stats.pending_guards
+            ),
+            (3, 0, 0)
+        );
+    });
+}

@@ -43,7 +43,10 @@ use crate::stream_arg::StreamArg;
 /// - `stream`: as for `launch`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy
 ///   stream, a CUDA `torch.Stream`, or an int handle (1: legacy default stream, 2: per-thread
 ///   default stream; 0 and None are refused). An int handle must name a live stream during the
-///   call.
+///   call and keep naming that stream until the work this call holds the objects for has
+///   finished (as for `launch`: tile_py names it only inside the calls that launch or hold on
+///   it, and reads completion from the events those calls record there, newest first, so a
+///   handle destroyed while that work runs and reused by a new stream would let them go early).
 /// - `objects`, each one of:
 ///   - a DLPack producer (an object with `__dlpack__`, or PyTorch's C exchange API): exported
 ///     as `launch` exports an argument for `stream` (`__dlpack__(stream=...)`, so the producer

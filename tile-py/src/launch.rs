@@ -32,6 +32,8 @@ use crate::stream_arg::StreamArg;
 ///   `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
 ///   an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
 ///   asked to order their work before through the legacy default stream; 0 and None are refused).
+///   An int handle must name a live stream during the call and keep naming that stream until
+///   the work launched on it has finished (it may be destroyed after that).
 /// - `grid`, `block`: blocks per grid and threads per block, an int or a tuple or list of 1 to 3
 ///   ints (x, y, z).
 /// - `args`: one per declared parameter: DLPack producers, capsules,

@@ -20,8 +20,10 @@ pub(crate) struct BoundLaunch {
 }
 
 impl BoundLaunch {
-    /// `Kernel.bind` and `BoundLaunch(...)` (`func` names the call in errors): reads the
-    /// request, checks the configuration against the device once and prepares the kernel for it.
+    /// `Kernel.bind` and `BoundLaunch(...)` (`func` names the call in the keyword errors, as
+    /// Python names a call's own; a value's error says `Kernel.bind` for both, as it always
+    /// has): reads the request, checks the configuration against the device once and prepares
+    /// the kernel for it.
     pub(crate) fn bind(
         func: &'static str,
         stream: &Bound<'_, PyAny>,
@@ -34,7 +36,7 @@ impl BoundLaunch {
         let r = LaunchRequest::parse(
             py,
             &RequestArgs {
-                func,
+                func: "Kernel.bind",
                 stream,
                 grid,
                 block: &k.block,
@@ -75,20 +77,25 @@ impl<'py> BindKeywords<'py> {
         let (mut block, mut shared_mem, mut cluster, mut cooperative, mut pdl) =
             (None, None, None, None, None);
         for (key, value) in config.into_iter().flat_map(|d| d.iter()) {
-            let slot = match key.extract::<&str>().unwrap_or("") {
-                "block" => &mut block,
-                "shared_mem" => &mut shared_mem,
-                "cluster" => &mut cluster,
-                "cooperative" => &mut cooperative,
-                "programmatic_dependent_launch" => &mut pdl,
+            // `optional`: None means "not given", as `tile_py.launch`'s signature reads it
+            // (`block=None` stays a bad block, reported as such).
+            let name = key.extract::<&str>().ok();
+            let (slot, optional) = match name.unwrap_or("") {
+                "block" => (&mut block, false),
+                "shared_mem" => (&mut shared_mem, true),
+                "cluster" => (&mut cluster, true),
+                "cooperative" => (&mut cooperative, true),
+                "programmatic_dependent_launch" => (&mut pdl, true),
                 _ => {
+                    // Python's own words: the name quoted, without its type.
+                    let name = name.map_or_else(|| show(&key), |n| format!("'{n}'"));
                     return Err(err(
                         Kind::Type,
-                        format!("{func}() got an unexpected keyword argument {}", show(&key)),
+                        format!("{func}() got an unexpected keyword argument {name}"),
                     ));
                 }
             };
-            *slot = Some(value);
+            *slot = (!optional || !value.is_none()).then_some(value);
         }
         let Some(block) = block else {
             return Err(err(
@@ -120,7 +127,7 @@ impl BoundLaunch {
         kernel: &Bound<'_, PyAny>,
         config: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<BoundLaunch> {
-        BoundLaunch::bind("Kernel.bind", stream, grid, kernel, config)
+        BoundLaunch::bind("BoundLaunch", stream, grid, kernel, config)
     }
 
     /// Launches the bound kernel with `args` (one per declared parameter), as

@@ -56,12 +56,45 @@ def test_bind_takes_the_launch_keywords():
 
 def test_bind_refuses_an_unknown_keyword_and_a_missing_block_in_its_own_words():
     # Kernel.bind and BoundLaunch read one set of keywords (those of tile_py.launch but args and
-    # sync); a misspelt one is never ignored, and block has no default.
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) got an unexpected keyword argument 'blok'"):
+    # sync); a misspelt one is never ignored, and block has no default. The error names the call
+    # that was made: BoundLaunch(...) here (Kernel.bind names itself); a bad value's error says
+    # Kernel.bind for both, as it did before (test_cpu_args.py).
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) got an unexpected keyword argument 'blok'$"):
         tile_py.BoundLaunch(STREAM, 1, None, blok=1)
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) got an unexpected keyword argument 'sync'"):
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) got an unexpected keyword argument 'sync'$"):
         tile_py.BoundLaunch(STREAM, 1, None, block=1, sync=False)
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) missing required keyword-only argument: 'block'"):
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) missing required keyword-only argument: 'block'$"):
         tile_py.BoundLaunch(STREAM, 1, None)
-    with pytest.raises(TypeError, match=r"Kernel.bind\(\) missing required keyword-only argument: 'block'"):
+    with pytest.raises(TypeError, match=r"^BoundLaunch\(\) missing required keyword-only argument: 'block'$"):
         tile_py.BoundLaunch(STREAM, 1, None, shared_mem=0)
+    with pytest.raises(TypeError, match=r"^Kernel.bind: cooperative must be True or False, got 1"):
+        tile_py.BoundLaunch(STREAM, 1, None, block=1, cooperative=1)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"shared_mem": None},
+        {"cluster": None},
+        {"cooperative": None},
+        {"programmatic_dependent_launch": None},
+        {"shared_mem": None, "cluster": None, "cooperative": None, "programmatic_dependent_launch": None},
+    ],
+)
+def test_bind_takes_none_for_an_optional_keyword_as_launch_does(kw):
+    # The signature says shared_mem=None, cluster=None, and tile_py.launch reads None as "not
+    # given" for each of these: a bind with None gets as far as the kernel, as the launch does,
+    # instead of refusing None as a value of the wrong kind.
+    pattern = r"kernel must be a tile_py.Kernel, got 'k' \(str\)"
+    with pytest.raises(TypeError, match=pattern):
+        tile_py.launch(STREAM, 1, "k", (), block=1, **kw)
+    with pytest.raises(TypeError, match=pattern):
+        tile_py.BoundLaunch(STREAM, 1, "k", block=1, **kw)
+
+
+def test_bind_with_block_none_names_block():
+    # block has no default: None is a bad block, as for tile_py.launch, not a missing one.
+    with pytest.raises(TypeError, match=r"block must be"):
+        tile_py.launch(STREAM, 1, "k", (), block=None)
+    with pytest.raises(TypeError, match=r"block must be"):
+        tile_py.BoundLaunch(STREAM, 1, "k", block=None)

@@ -539,3 +539,33 @@ def test_a_forked_child_refuses_holds_and_never_releases_what_the_parent_holds(s
     assert count.calls == 1
     print("ok")
     """)
+
+
+def _stub_doc(name):
+    """The docstring of `name` in the installed package's stub (tile_py/__init__.pyi)."""
+    import ast
+
+    import tile_py
+
+    path = os.path.join(os.path.dirname(tile_py.__file__), "__init__.pyi")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_docstring(node)
+    raise AssertionError(f"{name} not in the stub")
+
+
+@pytest.mark.parametrize("name", ["hold", "launch"])
+def test_an_int_handle_must_keep_naming_its_stream_until_the_work_finished(name):
+    # An int handle is named only inside the calls that launch or hold on it, and its work is
+    # known finished from the events those calls record there, the newest answering for the
+    # older ones: a handle destroyed while held work runs and reused by a new stream would let
+    # the objects go while that work still reads them. The contract says so (it used to ask of
+    # hold only a live stream during the call).
+    import tile_py
+
+    for doc in (getattr(tile_py, name).__doc__, _stub_doc(name)):
+        text = " ".join(doc.split())
+        assert "An int handle must name a live stream during the call and keep naming that " \
+               "stream until the work" in text, text

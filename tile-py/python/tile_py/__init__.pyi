@@ -250,6 +250,8 @@ def launch(
       `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
       an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
       asked to order their work before through the legacy default stream; 0 and None are refused).
+      An int handle must name a live stream during the call and keep naming that stream until
+      the work launched on it has finished (it may be destroyed after that).
     - `grid`, `block`: blocks per grid and threads per block, an int or a tuple or list of 1 to
       3 ints (x, y, z).
     - `args`: one per declared parameter: DLPack producers, capsules,
@@ -302,7 +304,10 @@ def hold(stream: _StreamLike, *objects: Any) -> None:
     - `stream`: as for `launch`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy
       stream, a CUDA `torch.Stream`, or an int handle (1: legacy default stream, 2: per-thread
       default stream; 0 and None are refused). An int handle must name a live stream during the
-      call.
+      call and keep naming that stream until the work this call holds the objects for has
+      finished (as for `launch`: tile_py names it only inside the calls that launch or hold on
+      it, and reads completion from the events those calls record there, newest first, so a
+      handle destroyed while that work runs and reused by a new stream would let them go early).
     - `objects`, each one of:
       - a DLPack producer (an object with `__dlpack__`, or PyTorch's C exchange API): exported
         as `launch` exports an argument for `stream` (`__dlpack__(stream=...)`, so the producer
