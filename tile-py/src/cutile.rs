@@ -822,14 +822,18 @@ fn grid_dims_other(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
 }
 
 /// A stream as cuTile takes it, in a form tile_py takes: the int handle 0 is the legacy default
-/// stream (tile_py's 1), and a numba-cuda stream (without `__cuda_stream__`) its handle.
-fn cutile_stream<'py>(stream: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+/// stream (tile_py's 1), and a numba-cuda stream (without `__cuda_stream__`) its handle, with
+/// the numba stream to keep alive while work launched on it is held (numba destroys a stream
+/// it drops, work pending or not, and its handle can then name another stream).
+fn cutile_stream<'py>(
+    stream: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)> {
     let py = stream.py();
     if let Ok(i) = stream.cast_exact::<PyInt>() {
         if i.extract::<u64>().is_ok_and(|v| v == 0) {
-            return Ok(1i32.into_pyobject(py)?.into_any());
+            return Ok((1i32.into_pyobject(py)?.into_any(), None));
         }
-        return Ok(stream.clone());
+        return Ok((stream.clone(), None));
     }
     let numba = NUMBA_TYPES.of(stream, |ty| {
         ty.getattr(intern!(py, "__module__"))
@@ -844,9 +848,9 @@ fn cutile_stream<'py>(stream: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>>
         } else {
             value.call_method0(intern!(py, "__int__"))?.extract()?
         };
-        return Ok(v.max(1).into_pyobject(py)?.into_any());
+        return Ok((v.max(1).into_pyobject(py)?.into_any(), Some(stream.clone())));
     }
-    Ok(stream.clone())
+    Ok((stream.clone(), None))
 }
 
 /// The kernel's parameters, read by `tile_py.cutile._plan_of` on its first launch (which
@@ -915,7 +919,7 @@ pub(crate) fn launch<'py>(
     cooperative: bool,
     block_in_cluster_count: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<LaunchHandle> {
-    let stream = cutile_stream(stream)?;
+    let (stream, numba) = cutile_stream(stream)?;
     let mut config = LaunchConfig::new(grid_dims(grid)?, 1u32);
     config.cluster = match block_in_cluster_count {
         Some(c) if !c.is_none() => Some(grid_dims(c)?),
@@ -941,7 +945,10 @@ pub(crate) fn launch<'py>(
     }
     crate::release::drain(py);
     crate::process::refuse_launch()?;
-    let (s, stream_value) = crate::stream_arg::launch_stream(py, &stream)?;
+    let (s, stream_value) = match &numba {
+        Some(owner) => crate::stream_arg::owned_launch_stream(py, &stream, owner)?,
+        None => crate::stream_arg::launch_stream(py, &stream)?,
+    };
     let hs = Handshake::new(stream_value, true, s.context().ordinal());
     let cc = s.context().limits().compute_capability;
 

@@ -292,6 +292,31 @@ pub(crate) fn launch_stream(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<
     Ok((arg.resolve(py)?, value))
 }
 
+/// As [`launch_stream`], for a stream object whose handle the caller read (a numba-cuda
+/// stream, for `tile_py.cutile`): `handle` is that int, read as an int stream argument is, and
+/// `owner` the object, which the cached [`Stream`] keeps alive as it keeps a `__cuda_stream__`
+/// object. Passed as a bare int, the handle would be named only inside launch calls, and a
+/// stream its owner destroys while the work runs could leave the handle to another stream.
+pub(crate) fn owned_launch_stream<'py>(
+    py: Python<'py>,
+    handle: &Bound<'py, PyAny>,
+    owner: &Bound<'py, PyAny>,
+) -> PyResult<(Stream, i64)> {
+    let mut arg = StreamArg::parse(handle)?;
+    let value = arg.spec.dlpack_value();
+    let known = LAST.with(|l| {
+        let l = l.borrow();
+        let e = l.as_ref().filter(|e| e.obj == owner.as_ptr() as usize)?;
+        (e.raw == arg.spec.raw).then(|| e.stream.upgrade())?
+    });
+    if let Some(stream) = known {
+        return Ok((stream, value));
+    }
+    arg.obj = owner;
+    arg.spec.owner = Some(owner.clone().unbind());
+    Ok((arg.resolve(py)?, value))
+}
+
 /// Parses the `stream` argument of `launch`.
 pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
     let py = obj.py();

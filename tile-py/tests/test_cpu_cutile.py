@@ -754,6 +754,36 @@ def test_streams_as_cutile_takes_them(stub_driver, tmp_path):
     """)
 
 
+def test_a_numba_stream_is_kept_alive_while_work_launched_on_it_is_held(stub_driver, tmp_path):
+    """numba destroys a stream it drops, work pending or not, and its handle may then name
+    another stream: the numba stream object is kept with the launch stream, as a
+    ``__cuda_stream__`` object is, until the work launched on it is released."""
+    on_stub(stub_driver, tmp_path, """
+        import gc, weakref
+
+        def numba_stream(value):
+            cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
+            s = cls()
+            s.handle = type("Handle", (), {})()
+            s.handle.value = value
+            return s
+
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        s = numba_stream(0x7777)
+        alive = weakref.ref(s)
+        for _ in range(3):
+            x = Producer(shape=(64,), data=BASE)
+            tc.launch(s, (4,), k7, (x, y, out, 1.0, 2, 3, 4))
+            assert x.calls[0]["stream"] == 0x7777
+        del s, x
+        gc.collect()
+        assert alive() is not None, "the numba stream was dropped while its work was held"
+        tile_py.synchronize()
+        gc.collect()
+        assert alive() is None, "the numba stream is kept after its work was released"
+    """)
+
+
 def test_list_elements_are_exported_once_staged_and_kept_until_the_kernel_is_done(
     stub_driver, tmp_path
 ):
