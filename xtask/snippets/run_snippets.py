@@ -125,7 +125,8 @@ def run_block(label, code):
     if stats["leaked"] != 0 or stats["released"] < len(counts):
         raise SystemExit(f"{label}: tile_py.stats() {stats}")
     how = "ran to its result check (the stub runs no kernel)" if reached_effect_check else "ran"
-    print(f"snippets: {label}: {how}; {len(counts)} tensor exports, each released once")
+    exports = "1 tensor export" if len(counts) == 1 else f"{len(counts)} tensor exports"
+    print(f"snippets: {label}: {how}; {exports}, each released once")
 
 
 def main():
