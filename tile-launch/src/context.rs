@@ -384,14 +384,8 @@ impl Drop for Context {
     }
 }
 
-/// The primary contexts that [`Context`] values hold (retained, not yet released), with their
-/// devices and their unique ids (`cuCtxGetId`): a context handle found here whose id is still
-/// the one registered is that device's primary context, so its device is known without making
-/// it current. The id is compared because a primary context can be destroyed while retained
-/// (`cuDevicePrimaryCtxReset` in other code), and its handle then reused; ids are never reused.
-/// The device of context `ctx`: a primary context held by a `Context` is its device's, named by
-/// its unique id (asked, since a context destroyed under us, by a reset, may leave its handle to
-/// another) without pushing it; any other context is pushed, asked (`cuCtxGetDevice`) and popped.
+/// The device of context `ctx`: for a primary context a `Context` holds, the one [`retained`]
+/// knows (one `cuCtxGetId`); any other context is pushed, asked (`cuCtxGetDevice`) and popped.
 ///
 /// # Safety
 ///
@@ -437,6 +431,11 @@ mod stream_ids {
     }
 }
 
+/// The primary contexts that [`Context`] values hold (retained, not yet released), with their
+/// devices and their unique ids (`cuCtxGetId`): a context handle found here whose id is still
+/// the one registered is that device's primary context, so its device is known without making
+/// it current. The id is compared because a primary context can be destroyed while retained
+/// (`cuDevicePrimaryCtxReset` in other code), and its handle then reused; ids are never reused.
 mod retained {
     use std::sync::Mutex;
 

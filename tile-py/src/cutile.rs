@@ -34,7 +34,7 @@ use tile_launch::{Dim3, LaunchConfig, Param};
 
 use crate::convert::INLINE;
 use crate::convert::{
-    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, int_range,
+    ANY_INPUT, Converted, Handshake, Tensor, convert_scalar, convert_tensor, int_scalar,
     parse_typestr,
 };
 use crate::exceptions::{Kind, err, launch_err};
@@ -1147,7 +1147,7 @@ fn launch_leaves(
             }
             (_, false) => Ok(()),
             (Leaf::Scalar(obj, int), true) => match params.next() {
-                Some(Param::Scalar(ty)) => match int.and_then(|v| int_scalar(v, *ty)) {
+                Some(Param::Scalar(ty)) => match int.and_then(|v| int_scalar(v.into(), *ty)) {
                     Some(v) => {
                         conv.push_scalar(v);
                         Ok(())
@@ -1186,24 +1186,6 @@ fn launch_leaves(
         },
         &mut conv,
     )
-}
-
-/// An exact int's value `v` as a scalar of integer type `ty`, as `convert_scalar` converts it
-/// (`None`: `ty` is not an integer type, or `v` is out of its range; `convert_scalar` then says
-/// what it does with it).
-fn int_scalar(v: i64, ty: tile_launch::ScalarType) -> Option<tile_launch::Scalar> {
-    use tile_launch::ScalarType as T;
-    if !matches!(
-        ty,
-        T::I8 | T::I16 | T::I32 | T::I64 | T::U8 | T::U16 | T::U32 | T::U64
-    ) {
-        return None;
-    }
-    let (lo, hi) = int_range(ty);
-    let v = i128::from(v);
-    (lo..=hi)
-        .contains(&v)
-        .then_some(tile_launch::Scalar::Int(v))
 }
 
 fn mismatch(i: usize) -> PyErr {

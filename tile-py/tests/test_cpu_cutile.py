@@ -459,6 +459,15 @@ def klist(xs, out, a, b, c, d):
     pass
 
 
+# A stand-in for a numba-cuda stream: no __cuda_stream__, its handle in .handle.value.
+def numba_stream(value):
+    cls = type("Stream", (), {{"__module__": "numba.cuda.cudadrv.driver"}})
+    s = cls()
+    s.handle = type("Handle", (), {{}})()
+    s.handle.value = value
+    return s
+
+
 LIB = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
 TYPES = {{"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32"}}
 compiled = []
@@ -731,13 +740,6 @@ def test_streams_as_cutile_takes_them(stub_driver, tmp_path):
     """cuTile's stream 0 is the legacy default stream (tile_py's 1); a numba-cuda stream (no
     ``__cuda_stream__``) is its handle; a ``__cuda_stream__`` object is read by tile_py."""
     on_stub(stub_driver, tmp_path, """
-        def numba_stream(value):
-            cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
-            s = cls()
-            s.handle = type("Handle", (), {})()
-            s.handle.value = value
-            return s
-
         class CudaStream:
             def __cuda_stream__(self):
                 return (0, 0x9ABC)
@@ -760,13 +762,6 @@ def test_a_numba_stream_is_kept_alive_while_work_launched_on_it_is_held(stub_dri
     ``__cuda_stream__`` object is, until the work launched on it is released."""
     on_stub(stub_driver, tmp_path, """
         import gc, weakref
-
-        def numba_stream(value):
-            cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
-            s = cls()
-            s.handle = type("Handle", (), {})()
-            s.handle.value = value
-            return s
 
         y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
         s = numba_stream(0x7777)

@@ -416,25 +416,7 @@ fn python_paths(
         }
         let total = |n: u64| -> Result<(u64, DriverCalls)> {
             let file = out.join(format!("callgrind.py-{path}.{n}"));
-            let o = Command::new("valgrind")
-                .arg("--tool=callgrind")
-                .arg(format!("--callgrind-out-file={}", file.display()))
-                .arg(&py)
-                .arg(&script)
-                .args([*path, &n.to_string()])
-                .env("TILE_LIBCUDA", stub)
-                // cuTile finds the driver as libcuda.so.1 on the loader's path: the same stub
-                // (the loader sees the file tile_py loaded and does not load it twice).
-                .env("LD_LIBRARY_PATH", out)
-                .env("PYTHONPATH", &ext_dir)
-                .output()
-                .context("cannot run valgrind")?;
-            if !o.status.success() {
-                bail!(
-                    "py_launch_profile.py {path} failed under valgrind:\n{}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
-            }
+            let o = callgrind_py(&py, &script, path, n, &file, stub, out, ext_dir.as_os_str())?;
             let text = std::fs::read_to_string(&file)?;
             let total = text
                 .lines()
@@ -456,6 +438,41 @@ fn python_paths(
     }
     print_breakdowns("tile_py ", &rows[first..]);
     Ok(())
+}
+
+/// Runs `script PATH N` (`bench/profile/py_launch_profile.py`) with the interpreter `py` under
+/// callgrind into `file`, against the stub driver `stub` (also on the loader's path, in `out`,
+/// where cuTile looks for `libcuda.so.1`: the loader sees the file tile_py loaded and does not
+/// load it twice), with `pythonpath`. Fails with the script's error output when it fails.
+#[allow(clippy::too_many_arguments)]
+fn callgrind_py(
+    py: &Path,
+    script: &Path,
+    path: &str,
+    n: u64,
+    file: &Path,
+    stub: &Path,
+    out: &Path,
+    pythonpath: &std::ffi::OsStr,
+) -> Result<std::process::Output> {
+    let o = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", file.display()))
+        .arg(py)
+        .arg(script)
+        .args([path, &n.to_string()])
+        .env("TILE_LIBCUDA", stub)
+        .env("LD_LIBRARY_PATH", out)
+        .env("PYTHONPATH", pythonpath)
+        .output()
+        .context("cannot run valgrind")?;
+    if !o.status.success() {
+        bail!(
+            "py_launch_profile.py {path} failed under valgrind:\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(o)
 }
 
 /// Builds `bench/profile/fake_exchange.c` (the torch-like producer) into `out/py` for the
@@ -525,23 +542,8 @@ fn files(root: &Path, out: &Path, stub: &Path, path: &str, launches: u64) -> Res
     let mut runs = Vec::new();
     for n in [launches, 3 * launches] {
         let file = out.join(format!("callgrind.files-{path}.{n}"));
-        let o = Command::new("valgrind")
-            .arg("--tool=callgrind")
-            .arg(format!("--callgrind-out-file={}", file.display()))
-            .arg(&py)
-            .arg(root.join("bench/profile/py_launch_profile.py"))
-            .args([path, &n.to_string()])
-            .env("TILE_LIBCUDA", stub)
-            .env("LD_LIBRARY_PATH", out)
-            .env("PYTHONPATH", &pythonpath)
-            .output()
-            .context("cannot run valgrind")?;
-        if !o.status.success() {
-            bail!(
-                "py_launch_profile.py {path} failed under valgrind:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
+        let script = root.join("bench/profile/py_launch_profile.py");
+        callgrind_py(&py, &script, path, n, &file, stub, out, &pythonpath)?;
         runs.push((file, n));
     }
     println!("instructions per launch of the Python path `{path}`, by source file:");

@@ -228,28 +228,22 @@ fn check_bound<'c>(
 ) -> Result<(&'c ValidConfig, Found, Option<InCapture>)> {
     let ctx = site.ctx;
     let mut pointers = Pointers::new();
+    let mut check_args = || {
+        check_all(
+            kernel.name(),
+            kernel.signature(),
+            args,
+            ctx.ordinal(),
+            &mut pointers,
+        )
+    };
     let (config, found) = match config {
         Config::ToCheck(config) => {
             let device = config.validate_for(ctx.limits())?;
-            let found = check_all(
-                kernel.name(),
-                kernel.signature(),
-                args,
-                ctx.ordinal(),
-                &mut pointers,
-            )?;
+            let found = check_args()?;
             (device.prepare(kernel, d, ctx)?, found)
         }
-        Config::Valid(config) => (
-            config,
-            check_all(
-                kernel.name(),
-                kernel.signature(),
-                args,
-                ctx.ordinal(),
-                &mut pointers,
-            )?,
-        ),
+        Config::Valid(config) => (config, check_args()?),
     };
     let capture = crate::capture::capturing_graph(d, site.raw)?;
     check_pointer_memory(

@@ -724,7 +724,8 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         }
     }
 
-    /// Queries markers oldest first and marks what completed.
+    /// Queries the newest marker, then, when it has not completed, the oldest ones in order,
+    /// and marks what completed.
     fn poll_locked(&self, st: &mut State<T, G>) -> Result<(), T::Error> {
         // Markers complete in the order they were recorded: a tracker records on one stream
         // (for a launch-only handle, one stream at a time: its safety contract keeps the handle

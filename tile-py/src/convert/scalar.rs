@@ -55,14 +55,19 @@ pub(crate) fn exact_scalar(obj: &Bound<'_, PyAny>, ty: ScalarType) -> Option<Sca
             if !obj.is_exact_instance_of::<PyInt>() {
                 return None;
             }
-            let v = int_value(obj).ok()?;
-            let (lo, hi) = int_range(ty);
-            if v < lo || v > hi {
-                return None;
-            }
-            Some(Scalar::Int(v))
+            int_scalar(int_value(obj).ok()?, ty)
         }
     }
+}
+
+/// An int's value `v` as a scalar of type `ty`, when `ty` is an integer type whose range holds
+/// it (else `None`: [`convert_scalar`] says what it does with the value).
+pub(crate) fn int_scalar(v: i128, ty: ScalarType) -> Option<Scalar> {
+    if matches!(ty, ScalarType::Bool | ScalarType::F32 | ScalarType::F64) {
+        return None;
+    }
+    let (lo, hi) = int_range(ty);
+    (lo..=hi).contains(&v).then_some(Scalar::Int(v))
 }
 
 /// What the user's code raised while converting argument `index`: its own type, with the note
