@@ -30,7 +30,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use smallvec::SmallVec;
-use tile_launch::{Dim3, LaunchConfig, Param};
+use tile_launch::{ArrayAssumptions, Dim3, LaunchConfig, Param};
 
 use crate::convert::INLINE;
 use crate::convert::{
@@ -290,9 +290,6 @@ impl Layout<'_> {
     /// dimension (`0` for one out of range). Returns the bytes `[lo, hi)` the array can touch
     /// (None when it is empty), read in the same pass.
     fn words(&self, statics: Option<&Statics>, out: &mut Words) -> Option<(i128, i128)> {
-        if let ([n], [s], None) = (self.shape, self.strides, statics) {
-            return self.words_1d(*n, *s, out);
-        }
         let bits = i128::from(self.bits) * i128::from(self.lanes);
         let (shape, strides) = (self.shape, self.strides);
         // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
@@ -325,7 +322,7 @@ impl Layout<'_> {
             u64::from(self.code) | u64::from(self.bits) << 8 | u64::from(self.lanes) << 16,
             shape.len() as u64,
             u64::from(self.ptr & 15 == 0)
-                | u64::from(disjoint(shape, strides)) << 1
+                | u64::from(ArrayAssumptions::is_disjoint(shape, strides)) << 1
                 | u64::from(fits32) << 2,
             per_dim,
         ];
@@ -348,60 +345,6 @@ impl Layout<'_> {
         }
         (!empty).then_some((lo, hi + (bits / 8).max(1)))
     }
-
-    /// [`Layout::words`] of a vector with no static annotation (the common case), word for
-    /// word the same: its flags read without the loop, in 64-bit arithmetic (the low bits of a
-    /// product are those of its wrapping product; the span is exact).
-    #[inline]
-    fn words_1d(&self, n: i64, s: i64, out: &mut Words) -> Option<(i128, i128)> {
-        let bits = u64::from(self.bits) * u64::from(self.lanes);
-        let per_dim = u64::from((s as u64).wrapping_mul(bits) & 127 == 0)
-            | u64::from(s == 1) << 1
-            | u64::from((n as u64).wrapping_mul(bits) & 7 == 0 && n & 15 == 0) << 2
-            | u64::from(n == 1) << 3;
-        let fits32 = i32::try_from(n).is_ok() && i32::try_from(s).is_ok();
-        let head = [
-            tag::ARRAY,
-            u64::from(self.code) | u64::from(self.bits) << 8 | u64::from(self.lanes) << 16,
-            1,
-            u64::from(self.ptr & 15 == 0) | u64::from(s > 0) << 1 | u64::from(fits32) << 2,
-            per_dim,
-        ];
-        out.reserve(head.len());
-        for w in head {
-            out.push(w);
-        }
-        if n == 0 {
-            return None;
-        }
-        let (ptr, bits) = (i128::from(self.ptr), i128::from(bits));
-        let off = ((i128::from(n) - 1) * i128::from(s) * bits) >> 3; // floor(bits / 8)
-        let (lo, hi) = if off < 0 {
-            (ptr + off, ptr)
-        } else {
-            (ptr, ptr + off)
-        };
-        Some((lo, hi + (bits / 8).max(1)))
-    }
-}
-
-/// Whether no two elements of the layout share memory: sorted by stride, each stride is
-/// positive and at least the span of the dimensions below it.
-fn disjoint(shape: &[i64], strides: &[i64]) -> bool {
-    if let [s] = strides {
-        return *s > 0;
-    }
-    let mut dims: SmallVec<[(i64, i64); 8]> =
-        strides.iter().copied().zip(shape.iter().copied()).collect();
-    dims.sort_unstable();
-    let Some(first) = dims.first() else {
-        return true;
-    };
-    if first.0 <= 0 {
-        return false;
-    }
-    dims.windows(2)
-        .all(|w| w[1].0 > 0 && i128::from(w[1].0) >= i128::from(w[0].0) * i128::from(w[0].1))
 }
 
 /// How an argument's type is read as an array.

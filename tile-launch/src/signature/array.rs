@@ -177,6 +177,26 @@ impl ArrayAssumptions {
         *self == ArrayAssumptions::default()
     }
 
+    /// Whether no two in-bounds indices of a layout (extents and strides in elements) share an
+    /// element: the rule of [`ArrayAssumptions::disjoint`], checked on every launch that assumes
+    /// it, and the one a caller that specialises kernels on it (`tile_py.cutile`'s key) applies.
+    pub fn is_disjoint(shape: &[i64], strides: &[i64]) -> bool {
+        if let [s] = strides {
+            return *s > 0;
+        }
+        // No allocation for up to 8 dimensions.
+        let mut dims: SmallVec<[(i64, i64); 8]> =
+            strides.iter().copied().zip(shape.iter().copied()).collect();
+        dims.sort_unstable();
+        match dims.first() {
+            None => true,
+            Some(&(s, _)) if s <= 0 => false,
+            Some(_) => dims.windows(2).all(|w| {
+                w[1].0 > 0 && i128::from(w[1].0) >= i128::from(w[0].0) * i128::from(w[0].1)
+            }),
+        }
+    }
+
     /// The first assumption `view` breaks, as a sentence, or `None` when it keeps them all.
     fn broken(&self, view: &TensorView<'_>) -> Option<String> {
         let (shape, strides) = (view.shape(), view.strides());
@@ -221,25 +241,10 @@ impl ArrayAssumptions {
         {
             return Some(format!("the stride {s} of dimension {d} is negative"));
         }
-        if self.disjoint && !disjoint(shape, strides) {
+        if self.disjoint && !Self::is_disjoint(shape, strides) {
             return Some("two of its indices address the same element".to_owned());
         }
         None
-    }
-}
-
-/// Whether no two in-bounds indices share an element (the rule of [`ArrayAssumptions::disjoint`]).
-fn disjoint(shape: &[i64], strides: &[i64]) -> bool {
-    // Checked on every launch: no allocation for up to 8 dimensions.
-    let mut dims: SmallVec<[(i64, i64); 8]> =
-        strides.iter().copied().zip(shape.iter().copied()).collect();
-    dims.sort_unstable();
-    match dims.first() {
-        None => true,
-        Some(&(s, _)) if s <= 0 => false,
-        Some(_) => dims
-            .windows(2)
-            .all(|w| w[1].0 > 0 && i128::from(w[1].0) >= i128::from(w[0].0) * i128::from(w[0].1)),
     }
 }
 
