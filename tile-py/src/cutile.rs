@@ -361,11 +361,8 @@ enum ArrayKind {
 thread_local! {
     static LAST_ARRAY_TYPE: std::cell::Cell<(usize, Option<ArrayKind>)> =
         const { std::cell::Cell::new((0, None)) };
-    static LAST_NUMBA_TYPE: std::cell::Cell<(usize, Option<bool>)> =
-        const { std::cell::Cell::new((0, None)) };
 }
 static ARRAY_TYPES: TypeCache<ArrayKind> = TypeCache::new(&LAST_ARRAY_TYPE);
-static NUMBA_TYPES: TypeCache<bool> = TypeCache::new(&LAST_NUMBA_TYPE);
 
 /// A leaf argument (tuples flattened) as the launch passes it.
 enum Leaf<'py> {
@@ -765,35 +762,14 @@ fn grid_dims_other(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
 }
 
 /// A stream as cuTile takes it, in a form tile_py takes: the int handle 0 is the legacy default
-/// stream (tile_py's 1), and a numba-cuda stream (without `__cuda_stream__`) its handle, with
-/// the numba stream to keep alive while work launched on it is held (numba destroys a stream
-/// it drops, work pending or not, and its handle can then name another stream).
-fn cutile_stream<'py>(
-    stream: &Bound<'py, PyAny>,
-) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyAny>>)> {
-    let py = stream.py();
-    if let Ok(i) = stream.cast_exact::<PyInt>() {
-        if i.extract::<u64>().is_ok_and(|v| v == 0) {
-            return Ok((1i32.into_pyobject(py)?.into_any(), None));
-        }
-        return Ok((stream.clone(), None));
+/// stream (tile_py's 1); anything else as tile_py reads it (a numba-cuda stream included).
+fn cutile_stream<'py>(stream: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if let Ok(i) = stream.cast_exact::<PyInt>()
+        && i.extract::<u64>().is_ok_and(|v| v == 0)
+    {
+        return Ok(1i32.into_pyobject(stream.py())?.into_any());
     }
-    let numba = NUMBA_TYPES.of(stream, |ty| {
-        ty.getattr(intern!(py, "__module__"))
-            .and_then(|m| m.extract::<String>())
-            .is_ok_and(|m| m.starts_with("numba"))
-            && !ty.hasattr(intern!(py, "__cuda_stream__")).unwrap_or(false)
-    });
-    if numba && let Some(handle) = stream.getattr_opt(intern!(py, "handle"))? {
-        let value = handle.getattr_opt(intern!(py, "value"))?.unwrap_or(handle);
-        let v: u64 = if value.is_none() {
-            0
-        } else {
-            value.call_method0(intern!(py, "__int__"))?.extract()?
-        };
-        return Ok((v.max(1).into_pyobject(py)?.into_any(), Some(stream.clone())));
-    }
-    Ok((stream.clone(), None))
+    Ok(stream.clone())
 }
 
 /// The kernel's parameters, read by `tile_py.cutile._plan_of` on its first launch (which
@@ -862,7 +838,7 @@ pub(crate) fn launch<'py>(
     cooperative: bool,
     block_in_cluster_count: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<LaunchHandle> {
-    let (stream, numba) = cutile_stream(stream)?;
+    let stream = cutile_stream(stream)?;
     let mut config = LaunchConfig::new(grid_dims(grid)?, 1u32);
     config.cluster = match block_in_cluster_count {
         Some(c) if !c.is_none() => Some(grid_dims(c)?),
@@ -888,10 +864,7 @@ pub(crate) fn launch<'py>(
     }
     crate::release::drain(py);
     crate::process::refuse_launch()?;
-    let (s, stream_value) = match &numba {
-        Some(owner) => crate::stream_arg::owned_launch_stream(py, &stream, owner)?,
-        None => crate::stream_arg::launch_stream(py, &stream)?,
-    };
+    let (s, stream_value) = crate::stream_arg::launch_stream(py, &stream)?;
     let hs = Handshake::new(stream_value, true, s.context().ordinal());
     let cc = s.context().limits().compute_capability;
 

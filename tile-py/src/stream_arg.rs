@@ -292,31 +292,6 @@ pub(crate) fn launch_stream(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<
     Ok((arg.resolve(py)?, value))
 }
 
-/// As [`launch_stream`], for a stream object whose handle the caller read (a numba-cuda
-/// stream, for `tile_py.cutile`): `handle` is that int, read as an int stream argument is, and
-/// `owner` the object, which the cached [`Stream`] keeps alive as it keeps a `__cuda_stream__`
-/// object. Passed as a bare int, the handle would be named only inside launch calls, and a
-/// stream its owner destroys while the work runs could leave the handle to another stream.
-pub(crate) fn owned_launch_stream<'py>(
-    py: Python<'py>,
-    handle: &Bound<'py, PyAny>,
-    owner: &Bound<'py, PyAny>,
-) -> PyResult<(Stream, i64)> {
-    let mut arg = StreamArg::parse(handle)?;
-    let value = arg.spec.dlpack_value();
-    let known = LAST.with(|l| {
-        let l = l.borrow();
-        let e = l.as_ref().filter(|e| e.obj == owner.as_ptr() as usize)?;
-        (e.raw == arg.spec.raw).then(|| e.stream.upgrade())?
-    });
-    if let Some(stream) = known {
-        return Ok((stream, value));
-    }
-    arg.obj = owner;
-    arg.spec.owner = Some(owner.clone().unbind());
-    Ok((arg.resolve(py)?, value))
-}
-
 /// Parses the `stream` argument of `launch`.
 pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
     let py = obj.py();
@@ -385,6 +360,22 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
         && let Ok(h) = obj.getattr(intern!(py, "cuda_stream"))
     {
         handle_from_int(&h, "stream.cuda_stream", true)?
+    } else if is_stream_of(obj, "numba")
+        && let Some(handle) = obj.getattr_opt(intern!(py, "handle"))?
+    {
+        // numba-cuda streams without `__cuda_stream__`: a ctypes handle (`.value`, None for the
+        // legacy default stream). Kept alive like any stream object: numba destroys a stream it
+        // drops, work pending or not, and its handle may then name another stream.
+        let value = handle.getattr_opt(intern!(py, "value"))?.unwrap_or(handle);
+        if value.is_none() {
+            LEGACY_RAW
+        } else {
+            handle_from_int(
+                &value.call_method0(intern!(py, "__int__"))?,
+                "stream.handle",
+                true,
+            )?
+        }
     } else if let Some(cuda) = torch_generic_to_cuda(obj)? {
         // A device-generic `torch.Stream` of a CUDA device: parsed as the `torch.cuda.Stream`
         // that names the same stream, which is also what the cached stream keeps alive.
@@ -404,7 +395,7 @@ pub(crate) fn parse_stream(obj: &Bound<'_, PyAny>) -> PyResult<StreamSpec> {
 }
 
 /// Whether a class of `obj`'s type named `...Stream` comes from package `package` (`cupy`,
-/// `torch`).
+/// `torch`, `numba`).
 fn is_stream_of(obj: &Bound<'_, PyAny>, package: &str) -> bool {
     mro_any(&obj.get_type(), |m, n| {
         in_package(m, package) && n.ends_with("Stream")

@@ -115,3 +115,38 @@ def test_shared_mem_takes_numpy_integers(stub_driver):
     print("ok")
     """)
     assert "bool refused" in out and "ok" in out
+
+
+def test_a_numba_stream_is_read_and_kept_alive_while_its_work_is_held(stub_driver):
+    # numba-cuda streams have no __cuda_stream__: their handle is `.handle.value` (None for the
+    # legacy default stream). numba destroys a stream it drops, work pending or not, so the
+    # object is kept with the launch stream until the work launched on it is released.
+    out = run_with_stub(stub_driver, PRELUDE + """
+    import gc, weakref
+    from tile_py import In
+
+    def numba_stream(value):
+        cls = type("Stream", (), {"__module__": "numba.cuda.cudadrv.driver"})
+        s = cls()
+        s.handle = type("Handle", (), {})()
+        s.handle.value = value
+        return s
+
+    class Dev:
+        __cuda_array_interface__ = {"shape": (64,), "typestr": "<f4", "strides": None,
+                                    "data": (0x7F00_0000_0000, False), "version": 3}
+
+    kt = lib.kernel("kt", [In("float32")] + [Scalar("u64")] * 6)
+    s = numba_stream(STREAM)
+    alive = weakref.ref(s)
+    tile_py.launch(s, 1, kt, (Dev(), 2, 3, 4, 5, 6, 7), block=32)
+    tile_py.launch(numba_stream(None), 1, k, ARGS, block=32).wait()  # the legacy default stream
+    del s
+    gc.collect()
+    assert alive() is not None, "the numba stream was dropped while its work was held"
+    tile_py.synchronize()
+    gc.collect()
+    assert alive() is None, "the numba stream is kept after its work was released"
+    print("ok")
+    """)
+    assert out.strip() == "ok"

@@ -30,7 +30,7 @@ __version__: str
 # An int, or a tuple or list of 1 to 3 of them; NumPy integer scalars count (anything with __index__ but a bool).
 _Dim = SupportsIndex
 _Dims = Union[_Dim, Tuple[_Dim], Tuple[_Dim, _Dim], Tuple[_Dim, _Dim, _Dim], List[_Dim]]
-_StreamLike = Any  # an object with __cuda_stream__, a CuPy stream, or an int handle
+_StreamLike = Any  # an object with __cuda_stream__, a CuPy or numba stream, or an int handle
 _DTypeLike = Any  # 'float32', 'bfloat16', torch.float16, numpy.int32, ...
 
 class CudaError(RuntimeError):
@@ -246,9 +246,9 @@ def launch(
     """Launches `kernel` on `stream` with `args`, and returns a handle to wait on or poll
     (the consumed tensors are on the stream's release queue until the kernel has finished).
 
-    - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy stream, a CUDA
-      `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside `torch.compile`), or
-      an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
+    - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy or numba-cuda
+      stream, a CUDA `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside
+      `torch.compile`), or an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
       asked to order their work before through the legacy default stream; 0 and None are refused).
       An int handle must name a live stream during the call and keep naming that stream until
       the work launched on it has finished (it may be destroyed after that).
