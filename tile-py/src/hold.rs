@@ -40,13 +40,13 @@ use crate::stream_arg::StreamArg;
 /// of `stream`, the graph owns them instead, until it and every executable graph made from it
 /// are destroyed.
 ///
-/// - `stream`: as for `launch`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy
-///   stream, a CUDA `torch.Stream`, or an int handle (1: legacy default stream, 2: per-thread
-///   default stream; 0 and None are refused). An int handle must name a live stream during the
-///   call and keep naming that stream until the work this call holds the objects for has
-///   finished (as for `launch`: tile_py names it only inside the calls that launch or hold on
-///   it, and reads completion from the events those calls record there, newest first, so a
-///   handle destroyed while that work runs and reused by a new stream would let them go early).
+/// - `stream`: as for `launch`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy or
+///   numba-cuda stream, a CUDA `torch.Stream`, or an int handle (1: legacy default stream, 2:
+///   per-thread default stream; 0 and None are refused). An int handle must name a live stream
+///   during the call and keep naming that stream until the work this call holds the objects for has
+///   finished (as for `launch`: tile_py names it only inside the calls that launch or hold on it,
+///   and reads completion from the events those calls record there, newest first, so a handle
+///   destroyed while that work runs and reused by a new stream would let them go early).
 /// - `objects`, each one of:
 ///   - a DLPack producer (an object with `__dlpack__`, or PyTorch's C exchange API): exported
 ///     as `launch` exports an argument for `stream` (`__dlpack__(stream=...)`, so the producer
@@ -67,27 +67,27 @@ use crate::stream_arg::StreamArg;
 ///     strong reference, dropped once the work is done (with the GIL, on a thread that calls
 ///     into tile_py or on tile_py's release thread).
 ///
-/// Every object is read before anything is held: when one is refused, the capsules claimed
-/// before it get their names back, the exports made for the call are released, and nothing is
-/// taken over or held. The driver calls, per call whatever the number of objects: the stream's
-/// context made current, one `cuStreamGetCaptureInfo`, then, as for a launch, an amortised
-/// `cuEventRecord` and `cuEventQuery`, or under capture `cuUserObjectCreate` and
-/// `cuGraphRetainUserObject`. It does not wait for the work it holds, with one exception: a
-/// call of more objects than the release queue's guard bound (65,536) waits for that work
-/// before returning, as a launch of that many tensors does; like a launch, it waits for
-/// older work (with the GIL released) when `stream`'s release queue is at its bound. Each hold counts as one of
-/// `stats()["launches"]`, and each object as one of `pending_guards` until the work is done.
+/// Every object is read before anything is held: when one is refused, the capsules claimed before
+/// it get their names back, the exports made for the call are released, and nothing is taken over
+/// or held. The driver calls, per call whatever the number of objects: the stream's context made
+/// current, one `cuStreamGetCaptureInfo`, then, as for a launch, an amortised `cuEventRecord` and
+/// `cuEventQuery`, or under capture `cuUserObjectCreate` and `cuGraphRetainUserObject`. It does not
+/// wait for the work it holds, with one exception: a call of more objects than the release queue's
+/// guard bound (65,536) waits for that work before returning, as a launch of that many tensors
+/// does; like a launch, it waits for older work (with the GIL released) when `stream`'s release
+/// queue is at its bound. Each hold counts as one of `stats()["launches"]`, and each object as one
+/// of `pending_guards` until the work is done.
 ///
 /// Raises `TypeError` (a stream of an unsupported type; a capsule with another name or none, a
 /// `__dlpack__` that returns something else than a capsule or takes no stream), `ValueError`
 /// (stream 0 or another bad stream value; the same capsule twice; a DLPack capsule of a null
-/// pointer; an export or unconsumed capsule whose descriptor does not validate; host memory whose producer refuses the
-/// stream; a lazy conjugate / negative torch view; a call in a child made by `os.fork()` or
-/// during interpreter exit), `BufferError` (DLPack version), `OverflowError` (descriptor
-/// sizes), `tile_py.CudaError` (a failed driver call: resolving the stream; reading its
+/// pointer; an export or unconsumed capsule whose descriptor does not validate; host memory whose
+/// producer refuses the stream; a lazy conjugate / negative torch view; a call in a child made by
+/// `os.fork()` or during interpreter exit), `BufferError` (DLPack version), `OverflowError`
+/// (descriptor sizes), `tile_py.CudaError` (a failed driver call: resolving the stream; reading its
 /// capture state, when what was read is leaked rather than released early; attaching it to the
-/// graph being captured) and its subclass `tile_py.DriverNotFoundError` (no CUDA driver). An
-/// error names the object at fault as `argument i` (`i` counting from 0 among `objects`); an
+/// graph being captured) and its subclass `tile_py.DriverNotFoundError` (no CUDA driver). An error
+/// names the object at fault as `argument i` (`i` counting from 0 among `objects`); an
 /// exception a producer raises keeps its type, with that note.
 #[pyfunction]
 #[pyo3(signature = (stream, *objects))]

@@ -30,8 +30,9 @@ use crate::stream_arg::StreamArg;
 ///
 /// - `stream`: an object with `__cuda_stream__` (torch, cuda.core), a CuPy or numba-cuda
 ///   stream, a CUDA `torch.Stream` (`torch.accelerator.current_stream()`, and streams inside
-///   `torch.compile`), or an int handle (1: legacy default stream, 2: per-thread default stream, which producers are
-///   asked to order their work before through the legacy default stream; 0 and None are refused).
+///   `torch.compile`), or an int handle (1: legacy default stream, 2: per-thread default
+///   stream, which producers are asked to order their work before through the legacy default
+///   stream; 0 and None are refused).
 ///   An int handle must name a live stream during the call and keep naming that stream until
 ///   the work launched on it has finished (it may be destroyed after that).
 /// - `grid`, `block`: blocks per grid and threads per block, an int or a tuple or list of 1 to 3
