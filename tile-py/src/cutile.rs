@@ -862,8 +862,7 @@ pub(crate) fn launch<'py>(
         let e = call_module(py, "_count_error", (kernel, n, args.len()))?;
         return Err(PyErr::from_value(e));
     }
-    crate::release::drain(py);
-    crate::process::refuse_launch()?;
+    crate::process::begin_launch(py)?;
     let (s, stream_value) = crate::stream_arg::launch_stream(py, &stream)?;
     let hs = Handshake::new(stream_value, true, s.context().ordinal());
     let cc = s.context().limits().compute_capability;

@@ -96,8 +96,7 @@ pub(crate) fn hold(
     stream: &Bound<'_, PyAny>,
     objects: &Bound<'_, PyTuple>,
 ) -> PyResult<()> {
-    drain(py);
-    crate::process::refuse_work("hold objects", "holds")?;
+    crate::process::begin_work(py, "hold objects", "holds")?;
     let arg = StreamArg::parse(stream)?;
     let stream_value = arg.spec.dlpack_value();
     let stream = arg.resolve(py)?;

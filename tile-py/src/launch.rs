@@ -294,8 +294,7 @@ impl<'a, 'py> LaunchRequest<'a, 'py> {
             false,
         )?;
         let sync = flag(a.sync, a.func, "sync", true)?;
-        crate::release::drain(py);
-        crate::process::refuse_launch()?;
+        crate::process::begin_launch(py)?;
         let stream = StreamArg::parse(a.stream)?;
         let mut config = parse_config(a.grid, a.block, a.shared_mem, a.cluster)?;
         config.cooperative = cooperative;
@@ -329,8 +328,7 @@ pub(crate) fn call_args<'py>(
     kernel: &Kernel,
     args: &Bound<'py, PyAny>,
 ) -> PyResult<ArgList<'py>> {
-    crate::release::drain(py);
-    crate::process::refuse_launch()?;
+    crate::process::begin_launch(py)?;
     let args = arg_list(args)?;
     check_count(kernel.inner.name(), &kernel.params, args.len())?;
     Ok(args)

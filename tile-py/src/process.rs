@@ -70,10 +70,19 @@ pub(crate) fn refuse_in_fork(what: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// [`refuse_in_fork`] for a launch, which is refused during interpreter exit too.
+/// What every call that launches or holds does first: runs the queued releases
+/// ([`crate::release::drain`]), then refuses work on a stream (`what`, e.g. "launch") in a
+/// forked child or during interpreter exit ([`refuse_work`]).
 #[inline]
-pub(crate) fn refuse_launch() -> PyResult<()> {
-    refuse_work("launch", "launches")
+pub(crate) fn begin_work(py: Python<'_>, what: &str, plural: &str) -> PyResult<()> {
+    crate::release::drain(py);
+    refuse_work(what, plural)
+}
+
+/// [`begin_work`] for a launch.
+#[inline]
+pub(crate) fn begin_launch(py: Python<'_>) -> PyResult<()> {
+    begin_work(py, "launch", "launches")
 }
 
 /// [`refuse_in_fork`] for work on a stream (`what`, e.g. "launch"), which is refused during
