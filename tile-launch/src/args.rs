@@ -240,8 +240,69 @@ impl From<Scalar> for Arg<'_> {
 /// bytes, so the inline buffer is kept small enough to stay cheap to build.
 pub const INLINE_ARGS: usize = 8;
 
-/// The arguments of one launch, inline up to [`INLINE_ARGS`].
-pub(crate) type ArgList<'a> = SmallVec<[Arg<'a>; INLINE_ARGS]>;
+/// The arguments of one launch, in a vector reused per thread ([`spare_args`]): a checked launch
+/// holds them until it is launched or dropped, and is moved between the check and the enqueue,
+/// which then moves the vector's three words instead of its arguments (about 100 bytes each).
+pub(crate) type ArgList<'a> = Vec<Arg<'a>>;
+
+/// Argument vectors kept for reuse on this thread ([`spare_args`], [`recycle_args`]): at most
+/// [`SPARE_ARG_LISTS`] of at most [`SPARE_ARG_CAPACITY`] arguments each; the rest are freed.
+/// Several are kept for callers that hold more than one checked launch at a time.
+const SPARE_ARG_LISTS: usize = 4;
+const SPARE_ARG_CAPACITY: usize = 64;
+
+thread_local! {
+    /// Empty vectors only: no argument, so no borrow of `'static` or any other lifetime, is
+    /// ever stored here.
+    static SPARE_ARGS: std::cell::RefCell<Vec<Vec<Arg<'static>>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty argument vector: a spare of this thread's, else a new one with room for
+/// [`INLINE_ARGS`].
+#[inline]
+pub(crate) fn spare_args<'a>() -> ArgList<'a> {
+    let spare = SPARE_ARGS
+        .try_with(|s| s.try_borrow_mut().ok()?.pop())
+        .ok()
+        .flatten();
+    match spare {
+        Some(v) => relabel(v),
+        None => Vec::with_capacity(INLINE_ARGS),
+    }
+}
+
+/// Keeps `args`, emptied, for a later launch on this thread, or frees it. Never panics (at
+/// thread exit the spares may be gone already: then it is freed).
+#[inline]
+pub(crate) fn recycle_args(mut args: ArgList<'_>) {
+    args.clear();
+    if args.capacity() == 0 || args.capacity() > SPARE_ARG_CAPACITY {
+        return;
+    }
+    let args = relabel(args);
+    let _ = SPARE_ARGS.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut()
+            && s.len() < SPARE_ARG_LISTS
+        {
+            s.push(args);
+        }
+    });
+}
+
+/// An empty argument vector under another lifetime: its allocation, which the lifetime does
+/// not change the layout of.
+#[inline(always)]
+fn relabel<'b>(mut v: Vec<Arg<'_>>) -> Vec<Arg<'b>> {
+    v.clear();
+    let mut v = std::mem::ManuallyDrop::new(v);
+    let (ptr, cap) = (v.as_mut_ptr(), v.capacity());
+    // SAFETY: `v` is empty, so no `Arg` of either lifetime is reinterpreted; `Arg<'_>` and
+    // `Arg<'b>` differ only in a lifetime, which has no effect on size or alignment, so the
+    // allocation (made by the global allocator for `cap` of them) is one `Vec<Arg<'b>>` may own
+    // and free. `ManuallyDrop` keeps `v` from freeing it too.
+    unsafe { Vec::from_raw_parts(ptr.cast::<Arg<'b>>(), 0, cap) }
+}
 
 /// The 8-byte parameter slots of a launch, one per kernel parameter, in order (an array
 /// argument fills `1 + 2 * ndim`), inline up to twice [`INLINE_ARGS`]: three 2-D arrays and a
@@ -476,5 +537,43 @@ fn check_arg(
                 out.truncate(out.len() - (1 + 2 * usize::from(ndim)));
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod spare_tests {
+    use super::*;
+
+    #[test]
+    fn a_recycled_argument_vector_is_the_next_one_handed_out_and_is_empty() {
+        let mut first = spare_args();
+        assert!(first.is_empty());
+        assert!(first.capacity() >= INLINE_ARGS);
+        first.push(Arg::Scalar(Scalar::Int(7)));
+        let at = first.as_ptr() as usize;
+        recycle_args(first);
+        let again = spare_args();
+        assert!(again.is_empty(), "a recycled vector comes back emptied");
+        assert_eq!(again.as_ptr() as usize, at, "the same allocation is reused");
+        // A second one while the first is out is another allocation.
+        let other = spare_args();
+        assert_ne!(other.as_ptr() as usize, at);
+        recycle_args(other);
+        recycle_args(again);
+    }
+
+    #[test]
+    fn a_large_argument_vector_is_freed_and_the_spares_are_bounded() {
+        let big: ArgList<'_> = Vec::with_capacity(SPARE_ARG_CAPACITY + 1);
+        let at = big.as_ptr() as usize;
+        recycle_args(big);
+        let next = spare_args();
+        assert_ne!(next.as_ptr() as usize, at, "an oversized vector is not kept");
+        recycle_args(next);
+        for _ in 0..SPARE_ARG_LISTS + 3 {
+            recycle_args(Vec::with_capacity(INLINE_ARGS));
+        }
+        let kept = SPARE_ARGS.with(|s| s.borrow().len());
+        assert_eq!(kept, SPARE_ARG_LISTS);
     }
 }

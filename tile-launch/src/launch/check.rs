@@ -6,7 +6,8 @@ use std::ffi::c_void;
 use cuda_sys::{CUgraph, CUstream, Driver};
 
 use crate::args::{
-    Arg, ArgList, Found, ParamValues, PointerArg, Pointers, TensorSource, check_all,
+    Arg, ArgList, Found, ParamValues, PointerArg, Pointers, TensorSource, check_all, recycle_args,
+    spare_args,
 };
 use crate::config::{LaunchConfig, ValidConfig};
 use crate::context::ContextGuard;
@@ -72,6 +73,7 @@ impl Drop for Checked<'_, '_> {
         // Not launched (or launched: then `args` and `owners` are empty), released as a
         // refusal is.
         release_refused(self.d, &mut self.args);
+        recycle_args(std::mem::take(&mut self.args));
         if !self.owners.is_empty() {
             let owners = std::mem::take(&mut self.owners);
             self.site.ctx.releasing(|| drop(owners));
@@ -165,11 +167,8 @@ pub(super) fn check<'s, 'a>(
     config: Config<'s>,
     args_in: impl IntoIterator<Item = Arg<'a>>,
 ) -> Result<Checked<'s, 'a>> {
-    // Pushed one at a time: `collect` (SmallVec's `extend`) moves each argument once more.
-    let mut args = ArgList::new();
-    for a in args_in {
-        args.push(a);
-    }
+    let mut args = spare_args();
+    args.extend(args_in);
     // No driver: nothing was ever handed to CUDA, and nothing can be captured.
     let d = cuda_sys::driver()?;
     let site = s.launch_site();
@@ -177,6 +176,7 @@ pub(super) fn check<'s, 'a>(
         Ok(b) => b,
         Err(e) => {
             release_refused(d, &mut args);
+            recycle_args(args);
             return Err(e.into());
         }
     };
@@ -198,6 +198,7 @@ pub(super) fn check<'s, 'a>(
         }),
         Err(e) => {
             release_refused(d, &mut args);
+            recycle_args(args);
             drop(bound);
             Err(e)
         }
