@@ -290,6 +290,131 @@ pub(crate) fn recycle_args(mut args: ArgList<'_>) {
     });
 }
 
+/// The arguments of one launch, gathered one at a time before its check, in a vector reused
+/// per thread: [`Stream::check`](crate::Stream::check) (and every launch entry point) takes
+/// it as it is, where any other collection of arguments is moved into such a vector one
+/// argument at a time (about 100 bytes each). For launchers that convert their arguments
+/// into a buffer of their own before launching; `Args::new()` allocates nothing once the
+/// thread has launched before.
+///
+/// ```
+/// use tile_launch::{Arg, Args, Scalar};
+///
+/// let mut args = Args::new();
+/// args.push(Scalar::Int(3));
+/// args.push(Arg::Scalar(Scalar::Float(0.5)));
+/// assert_eq!(args.len(), 2);
+/// // stream.launch_queued(&kernel, &config, args)?;
+/// ```
+pub struct Args<'a> {
+    list: ArgList<'a>,
+}
+
+impl<'a> Args<'a> {
+    /// No arguments yet: a spare vector of this thread's, else a new one with room for
+    /// [`INLINE_ARGS`].
+    #[inline]
+    pub fn new() -> Args<'a> {
+        Args { list: spare_args() }
+    }
+
+    /// Appends an argument (a [`TensorArg`], a [`Scalar`], or an [`Arg`]).
+    #[inline]
+    pub fn push(&mut self, arg: impl Into<Arg<'a>>) {
+        self.list.push(arg.into());
+    }
+
+    /// The arguments, in order.
+    pub fn as_slice(&self) -> &[Arg<'a>] {
+        &self.list
+    }
+
+    /// Removes every argument (an unconsumed tensor is left to its producer; a consumed one
+    /// is released: its deleter runs here).
+    pub fn clear(&mut self) {
+        self.list.clear();
+    }
+
+    /// Removes every argument and yields each, in order.
+    pub fn drain(&mut self) -> impl Iterator<Item = Arg<'a>> + '_ {
+        self.list.drain(..)
+    }
+}
+
+/// No arguments and no vector yet (the first [`push`](Args::push) allocates one): what
+/// `std::mem::take` leaves behind. [`Args::new`] takes a reused vector.
+impl Default for Args<'_> {
+    fn default() -> Self {
+        Args { list: Vec::new() }
+    }
+}
+
+impl<'a> std::ops::Deref for Args<'a> {
+    type Target = [Arg<'a>];
+    fn deref(&self) -> &[Arg<'a>] {
+        &self.list
+    }
+}
+
+impl Drop for Args<'_> {
+    fn drop(&mut self) {
+        recycle_args(std::mem::take(&mut self.list));
+    }
+}
+
+impl std::fmt::Debug for Args<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Args")
+            .field("len", &self.list.len())
+            .finish()
+    }
+}
+
+impl<'a, A: Into<Arg<'a>>> Extend<A> for Args<'a> {
+    fn extend<I: IntoIterator<Item = A>>(&mut self, iter: I) {
+        self.list.extend(iter.into_iter().map(Into::into));
+    }
+}
+
+impl<'a, A: Into<Arg<'a>>> FromIterator<A> for Args<'a> {
+    fn from_iter<I: IntoIterator<Item = A>>(iter: I) -> Self {
+        let mut args = Args::new();
+        args.extend(iter);
+        args
+    }
+}
+
+/// What a launch entry point takes as its arguments: an [`Args`] (taken as it is), or any
+/// collection of [`Arg`]s (`[Arg; N]`, `Vec<Arg>`, an iterator), moved into one. Sealed: not
+/// for other types.
+pub trait IntoArgs<'a>: sealed::Sealed {
+    #[doc(hidden)]
+    fn into_arg_list(self) -> ArgList<'a>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Args<'_> {}
+    impl<'a, I: IntoIterator<Item = super::Arg<'a>>> Sealed for I {}
+}
+
+impl<'a> IntoArgs<'a> for Args<'a> {
+    #[inline]
+    fn into_arg_list(mut self) -> ArgList<'a> {
+        // `self` then drops with an empty vector, which keeps nothing.
+        std::mem::take(&mut self.list)
+    }
+}
+
+impl<'a, I: IntoIterator<Item = Arg<'a>>> IntoArgs<'a> for I {
+    #[inline]
+    fn into_arg_list(self) -> ArgList<'a> {
+        let mut list = spare_args();
+        list.extend(self);
+        list
+    }
+}
+
 /// An empty argument vector under another lifetime: its allocation, which the lifetime does
 /// not change the layout of.
 #[inline(always)]
@@ -568,7 +693,11 @@ mod spare_tests {
         let at = big.as_ptr() as usize;
         recycle_args(big);
         let next = spare_args();
-        assert_ne!(next.as_ptr() as usize, at, "an oversized vector is not kept");
+        assert_ne!(
+            next.as_ptr() as usize,
+            at,
+            "an oversized vector is not kept"
+        );
         recycle_args(next);
         for _ in 0..SPARE_ARG_LISTS + 3 {
             recycle_args(Vec::with_capacity(INLINE_ARGS));

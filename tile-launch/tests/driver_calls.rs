@@ -403,3 +403,44 @@ fn the_device_of_a_stream_is_asked_once_then_known_by_the_stream_id() {
     assert_eq!(device.unwrap(), Some(0));
     assert_eq!(counter.take(), calls(&[("cuStreamGetId", 1)]));
 }
+
+#[test]
+fn arguments_gathered_in_args_launch_and_are_refused_as_any_collection_is() {
+    if !stub::in_child() {
+        return in_child("arguments_gathered_in_args_launch_and_are_refused_as_any_collection_is");
+    }
+    let (ctx, lib) = child_setup();
+    let k = kernel(&lib);
+    let _current = ctx.bind().unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let config = LaunchConfig::for_elements(4096, 256);
+    let counter = Counter::open();
+    let mut deleters = Vec::new();
+    for _ in 0..100 {
+        let (a, d) = args(true);
+        let mut gathered = tile_launch::Args::new();
+        for arg in a {
+            gathered.push(arg);
+        }
+        assert_eq!(gathered.len(), 7);
+        stream.launch_queued(&k, &config, gathered).unwrap();
+        deleters.extend(d);
+    }
+    // A refused launch (one argument short) consumes nothing: no deleter runs, the exports stay
+    // their producer's.
+    let (mut a, d) = args(true);
+    let last = a.pop().unwrap();
+    let short: tile_launch::Args<'_> = a.into_iter().collect();
+    let err = stream.launch_queued(&k, &config, short).unwrap_err();
+    assert!(
+        matches!(err, tile_launch::Error::ArgumentCount { .. }),
+        "{err}"
+    );
+    assert!(d.iter().all(|d| d.get() == 0));
+    let total_before = total(&[counter.take()]);
+    assert_eq!(total_before["cuLaunchKernel"], 100);
+    drop(last);
+    stream.synchronize().unwrap();
+    // Every launched tensor released, once.
+    assert!(deleters.iter().all(|d| d.get() == 1));
+}

@@ -155,7 +155,8 @@ pub(crate) fn submit_converted(
     t: &Target<'_>,
     conv: &mut Converted,
 ) -> PyResult<LaunchHandle> {
-    let args = conv.args.drain(..);
+    // Handed over as it is: the check takes the vector rather than moving each argument.
+    let args = std::mem::take(&mut conv.args);
     let checked = match t.bound {
         Some(b) => b.check(args),
         None => t.stream.check(&t.kernel.inner, t.config, args),
@@ -573,7 +574,7 @@ pub(crate) fn parse_config(
 /// launch's tensors are on its stream's release queue from the moment it is enqueued (released
 /// once a later call sees the work done), so the handle owns nothing and dropping it does
 /// nothing.
-#[pyclass(module = "tile_py")]
+#[pyclass(module = "tile_py", freelist = 64)]
 pub(crate) struct LaunchHandle {
     /// The launch; gone once retired.
     pub(crate) inner: Mutex<Option<tile_launch::LaunchHandle>>,

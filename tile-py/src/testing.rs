@@ -77,7 +77,7 @@ fn check_args(
 /// descriptor error is returned, after every tensor was tried.
 fn consume_all(py: Python<'_>, params: &[Param], conv: &mut Converted) -> PyResult<()> {
     let mut r = Ok(());
-    let args: SmallVec<[Arg<'static>; crate::convert::INLINE]> = conv.args.drain(..).collect();
+    let args: SmallVec<[Arg<'static>; crate::convert::INLINE]> = conv.args.drain().collect();
     for (index, arg) in args.into_iter().enumerate() {
         let Arg::Tensor(t) = arg else { continue };
         match tile_launch::TensorArg::into_source(t) {

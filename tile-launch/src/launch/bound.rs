@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::check::{Checked, Config, check};
 use super::handle::LaunchHandle;
-use crate::args::Arg;
+use crate::args::IntoArgs;
 use crate::config::{LaunchConfig, ValidConfig};
 use crate::error::Result;
 use crate::library::Kernel;
@@ -90,10 +90,7 @@ impl BoundLaunch {
     /// As [`Stream::check`], less the configuration's
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (checked by [`Stream::bind`]).
     #[inline]
-    pub fn check<'s, 'a>(
-        &'s self,
-        args: impl IntoIterator<Item = Arg<'a>>,
-    ) -> Result<Checked<'s, 'a>> {
+    pub fn check<'s, 'a>(&'s self, args: impl IntoArgs<'a>) -> Result<Checked<'s, 'a>> {
         check(
             &self.stream,
             &self.kernel,
@@ -111,7 +108,7 @@ impl BoundLaunch {
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (checked by [`Stream::bind`]).
     #[doc(alias = "cuLaunchKernel")]
     #[inline]
-    pub fn launch<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<LaunchHandle> {
+    pub fn launch<'a>(&self, args: impl IntoArgs<'a>) -> Result<LaunchHandle> {
         self.check(args)?.launch()
     }
 
@@ -122,7 +119,7 @@ impl BoundLaunch {
     /// As [`launch`](BoundLaunch::launch).
     #[doc(alias = "cuLaunchKernel")]
     #[inline]
-    pub fn launch_queued<'a>(&self, args: impl IntoIterator<Item = Arg<'a>>) -> Result<()> {
+    pub fn launch_queued<'a>(&self, args: impl IntoArgs<'a>) -> Result<()> {
         self.check(args)?.launch_queued()
     }
 }

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use cuda_sys::{CUgraph, CUstream, Driver};
 
 use crate::args::{
-    Arg, ArgList, Found, ParamValues, PointerArg, Pointers, TensorSource, check_all, recycle_args,
-    spare_args,
+    Arg, ArgList, Found, IntoArgs, ParamValues, PointerArg, Pointers, TensorSource, check_all,
+    recycle_args,
 };
 use crate::config::{LaunchConfig, ValidConfig};
 use crate::context::ContextGuard;
@@ -142,7 +142,7 @@ impl Stream {
         &'s self,
         kernel: &'s Kernel,
         config: &'s LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
+        args: impl IntoArgs<'a>,
     ) -> Result<Checked<'s, 'a>> {
         check(self, kernel, Config::ToCheck(config), args)
     }
@@ -165,10 +165,9 @@ pub(super) fn check<'s, 'a>(
     s: &'s Stream,
     kernel: &'s Kernel,
     config: Config<'s>,
-    args_in: impl IntoIterator<Item = Arg<'a>>,
+    args_in: impl IntoArgs<'a>,
 ) -> Result<Checked<'s, 'a>> {
-    let mut args = spare_args();
-    args.extend(args_in);
+    let mut args = args_in.into_arg_list();
     // No driver: nothing was ever handed to CUDA, and nothing can be captured.
     let d = cuda_sys::driver()?;
     let site = s.launch_site();

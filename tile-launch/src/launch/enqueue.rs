@@ -12,7 +12,7 @@ use tile_dlpack::Used;
 
 use super::check::Checked;
 use super::handle::{HandleInner, LaunchHandle};
-use crate::args::{Arg, INLINE_ARGS, TensorSource};
+use crate::args::{Arg, INLINE_ARGS, IntoArgs, TensorSource};
 use crate::config::LaunchConfig;
 use crate::error::{Error, Result};
 use crate::guard::{Guard, HandOff, spare_guards};
@@ -277,7 +277,7 @@ impl Stream {
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
+        args: impl IntoArgs<'a>,
     ) -> Result<LaunchHandle> {
         self.check(kernel, config, args)?.launch()
     }
@@ -294,7 +294,7 @@ impl Stream {
         &self,
         kernel: &Kernel,
         config: &LaunchConfig,
-        args: impl IntoIterator<Item = Arg<'a>>,
+        args: impl IntoArgs<'a>,
     ) -> Result<()> {
         self.check(kernel, config, args)?.launch_queued()
     }

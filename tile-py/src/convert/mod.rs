@@ -130,7 +130,7 @@ pub(crate) type Claims = SmallVec<[Option<Claim>; INLINE]>;
 /// [`Converted::commit`] said tile-launch consumed the tensors. A claim whose tensor was
 /// consumed alone is taken out of [`Converted::claims`].
 pub(crate) struct Converted {
-    pub args: SmallVec<[Arg<'static>; INLINE]>,
+    pub args: tile_launch::Args<'static>,
     /// Per argument: how a tensor was claimed (`None` for scalars and consumed tensors).
     pub claims: Claims,
     /// Python objects the launch must keep alive (`__cuda_array_interface__` exporters).
@@ -144,7 +144,7 @@ impl Converted {
     #[inline]
     pub(crate) fn new() -> Converted {
         Converted {
-            args: SmallVec::new(),
+            args: tile_launch::Args::new(),
             claims: SmallVec::new(),
             owners: Vec::new(),
             committed: false,
