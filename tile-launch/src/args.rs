@@ -235,9 +235,9 @@ impl From<Scalar> for Arg<'_> {
     }
 }
 
-/// The arguments a launch holds without allocating (more spill to the heap), for callers that
-/// gather a launch's arguments in inline buffers of the same size. Each argument is about 100
-/// bytes, so the inline buffer is kept small enough to stay cheap to build.
+/// The number of arguments a new argument vector has room for ([`Args::new`]; it grows past
+/// it), and the inline size of the buffers a launch keeps per argument (its parameter slots,
+/// its pointer list), which spill to the heap beyond it.
 pub const INLINE_ARGS: usize = 8;
 
 /// The arguments of one launch, in a vector reused per thread ([`spare_args`]): a checked launch

@@ -132,8 +132,8 @@ pub(crate) fn expected(params: &[Param]) -> impl Fn(usize) -> Option<String> + '
 }
 
 /// The launch path of `tile_py.launch` and `BoundLaunch.__call__`, once the request is read
-/// and the argument count known good: converts the arguments (the DLPack handshake) in place
-/// (about a kilobyte inline, never moved as a whole), then [`submit_converted`].
+/// and the argument count known good: converts the arguments (the DLPack handshake) into a
+/// `tile_launch::Args`, then [`submit_converted`].
 pub(crate) fn submit(
     py: Python<'_>,
     t: &Target<'_>,

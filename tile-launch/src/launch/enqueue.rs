@@ -26,7 +26,7 @@ impl<'a> Checked<'_, 'a> {
     /// as the tensors are, if the launch is refused or the `Checked` dropped after this.
     ///
     /// Options are set in place (`checked.hold(o).release_with(f)`), so that the checked
-    /// launch, about a kilobyte of inline arguments, is not moved for each.
+    /// launch (a few hundred bytes) is not moved for each.
     pub fn hold(&mut self, owners: impl IntoIterator<Item = Guard>) -> &mut Self {
         self.owners.extend(owners);
         self
@@ -105,8 +105,8 @@ impl<'a> Checked<'_, 'a> {
         let release = self.release;
         let mut waits: SmallVec<[CUstream; 4]> = SmallVec::new();
         let mut refused = None;
-        // `drain` moves one argument at a time out of the inline buffer instead of moving the
-        // whole buffer into an iterator (arguments are about 100 bytes each).
+        // `drain` moves one argument at a time out of the vector, which then goes back to this
+        // thread's spares when the `Checked` drops.
         for (index, arg) in self.args.drain(..).enumerate() {
             let Arg::Tensor(t) = arg else { continue };
             if let Some(p) = t.ready_on.filter(|p| *p != raw)

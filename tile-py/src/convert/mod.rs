@@ -222,8 +222,8 @@ pub(crate) fn convert_args(
     Ok(out)
 }
 
-/// As [`convert_args`], into `out` (empty), which the launch path then reads in place: the
-/// converted arguments (about a kilobyte inline) are not moved around. On error, `out` is left
+/// As [`convert_args`], into `out` (empty), whose arguments (a `tile_launch::Args`) the launch
+/// path hands to the check as they are. On error, `out` is left
 /// empty, everything claimed rolled back.
 pub(crate) fn convert_args_into(
     py: Python<'_>,
