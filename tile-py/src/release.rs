@@ -71,11 +71,8 @@ pub(crate) fn after_fork_in_child() {
     let batch = std::mem::take(&mut q.items);
     QUEUED.store(0, Ordering::Release);
     // Batches other threads of the parent were running: those threads do not exist here.
-    let in_flight = std::mem::take(&mut q.flights)
-        .iter()
-        .map(|f| f.releases)
-        .sum::<usize>();
-    q.releasing = 0;
+    q.flights.clear();
+    let in_flight = RELEASING.swap(0, Ordering::Relaxed);
     drop(q);
     COUNTERS
         .leaked_at_exit
@@ -127,8 +124,6 @@ struct Queue {
     items: Vec<Release>,
     /// Batches taken off `items` by a drain (on any thread) whose deleters have not all run.
     flights: Vec<Flight>,
-    /// The sum of `flights`' releases (`stats()["releasing"]`).
-    releasing: usize,
     /// The ticket of the next batch: batches are numbered in the order they are taken.
     next_ticket: u64,
     /// Threads waiting in [`settle`]: a finished batch wakes them only when there are any.
@@ -138,13 +133,11 @@ struct Queue {
 /// A batch in flight.
 struct Flight {
     ticket: u64,
-    releases: usize,
 }
 
 static RELEASES: Mutex<Queue> = Mutex::new(Queue {
     items: Vec::new(),
     flights: Vec::new(),
-    releasing: 0,
     next_ticket: 0,
     waiters: 0,
 });
@@ -198,46 +191,56 @@ pub(crate) fn queued() -> usize {
 /// Number of releases a drain has taken off the queue, on some thread, that have not run yet
 /// (one running, or waiting its turn in its batch; `stats()["releasing"]`).
 pub(crate) fn releasing() -> usize {
-    lock().releasing
+    RELEASING.load(Ordering::Relaxed)
 }
 
-/// Takes the queue as one batch, registered as in flight (with its ticket) when not empty.
-fn take_queued() -> (Vec<Release>, u64) {
+/// The releases of the batches in flight that have not run yet (`stats()["releasing"]`): added
+/// when a batch is taken (under the queue's lock), less one as each release runs (without the
+/// lock: one atomic operation per release), less what is left when the batch ends.
+static RELEASING: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes the queue as one batch, registered as in flight (with its ticket, which the returned
+/// [`Landing`] ends); `None` when the queue is empty.
+fn take_queued() -> Option<(Vec<Release>, Landing)> {
     let mut q = lock();
     QUEUED.store(0, Ordering::Release);
+    if q.items.is_empty() {
+        return None;
+    }
     let batch = std::mem::take(&mut q.items);
     let ticket = q.next_ticket;
-    if !batch.is_empty() {
-        q.next_ticket += 1;
-        q.flights.push(Flight {
-            ticket,
-            releases: batch.len(),
-        });
-        q.releasing += batch.len();
-    }
-    (batch, ticket)
+    q.next_ticket += 1;
+    q.flights.push(Flight { ticket });
+    RELEASING.fetch_add(batch.len(), Ordering::Relaxed);
+    let landing = Landing {
+        ticket,
+        left: Cell::new(batch.len()),
+    };
+    Some((batch, landing))
 }
 
 /// Marks the batch `ticket` finished however its run ends, waking the barriers waiting.
-struct Landing(u64);
+struct Landing {
+    ticket: u64,
+    /// Its releases that have not run yet.
+    left: Cell<usize>,
+}
 
 impl Landing {
     /// One release of the batch has run: it no longer counts in `releasing`.
     fn one_done(&self) {
-        let mut q = lock();
-        if let Some(f) = q.flights.iter_mut().find(|f| f.ticket == self.0) {
-            f.releases -= 1;
-            q.releasing -= 1;
-        }
+        self.left.set(self.left.get() - 1);
+        RELEASING.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 impl Drop for Landing {
     fn drop(&mut self) {
         let mut q = lock();
-        if let Some(i) = q.flights.iter().position(|f| f.ticket == self.0) {
-            let f = q.flights.swap_remove(i);
-            q.releasing -= f.releases;
+        if let Some(i) = q.flights.iter().position(|f| f.ticket == self.ticket) {
+            q.flights.swap_remove(i);
+            // What did not run (a batch leaked at exit, or a panic): no longer under way.
+            RELEASING.fetch_sub(self.left.get(), Ordering::Relaxed);
         }
         if q.waiters > 0 {
             LANDED.notify_all();
@@ -296,11 +299,9 @@ pub(crate) fn drain(py: Python<'_>) {
         if QUEUED.load(Ordering::Acquire) == 0 {
             return;
         }
-        let (batch, ticket) = take_queued();
-        if batch.is_empty() {
+        let Some((batch, landing)) = take_queued() else {
             return;
-        }
-        let landing = Landing(ticket);
+        };
         if leaking() {
             push(batch);
             return;
