@@ -121,25 +121,35 @@ pub(crate) unsafe fn capsule_unused(versioned: bool, ptr: *mut c_void) -> Unused
     }
 }
 
-/// Checks the capsule's name, takes its pointer and renames it `used_*`, atomically with
-/// respect to other threads doing the same.
+/// Checks the capsule's name, takes its pointer, renames it `used_*` and clears its
+/// destructor, atomically with respect to other threads doing the same.
+///
+/// The destructor is cleared as JAX and nanobind clear it: a producer's destructor that calls
+/// the deleter whatever the name (CuPy's before dmlc/dlpack#51, pytorch/pytorch#9260) would
+/// otherwise delete the tensor when the capsule dies, while the launch still uses it, and tile_py
+/// would delete it a second time. A rollback puts both the name and the destructor back.
 pub(crate) fn claim_capsule(
     py: Python<'_>,
     index: usize,
     cap: &Bound<'_, PyAny>,
 ) -> PyResult<Tensor> {
-    let (versioned, ptr) = with_critical_section(cap, || {
+    let (versioned, ptr, destructor) = with_critical_section(cap, || {
         let (versioned, ptr) = capsule_tensor(py, index, cap)?;
         let used = if versioned {
             CLAIMED_VERSIONED
         } else {
             CLAIMED_LEGACY
         };
+        // SAFETY: `cap` is a valid capsule (its pointer was just read), so a null result means
+        // no destructor, not an error.
+        let destructor = unsafe { ffi::PyCapsule_GetDestructor(cap.as_ptr()) };
         // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
         if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
             return Err(PyErr::fetch(py));
         }
-        Ok((versioned, ptr))
+        // SAFETY: `cap` is a valid capsule; clearing its destructor cannot fail then.
+        unsafe { ffi::PyCapsule_SetDestructor(cap.as_ptr(), None) };
+        Ok((versioned, ptr, destructor))
     })?;
     let restore = if versioned {
         c"dltensor_versioned"
@@ -155,6 +165,7 @@ pub(crate) fn claim_capsule(
         claim: Claim::Capsule {
             capsule: cap.clone().unbind(),
             restore,
+            destructor,
         },
         ready_on: None,
         owner: None,
@@ -162,13 +173,24 @@ pub(crate) fn claim_capsule(
     })
 }
 
-/// Gives a claimed capsule its original name back (the tensor was not consumed).
-pub(crate) fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &'static CStr) {
+/// Gives a claimed capsule its original name and destructor back (the tensor was not
+/// consumed).
+pub(crate) fn unclaim_capsule(
+    py: Python<'_>,
+    cap: &Bound<'_, PyAny>,
+    restore: &'static CStr,
+    destructor: Option<ffi::PyCapsule_Destructor>,
+) {
     with_critical_section(cap, || {
         // SAFETY: `cap` is a capsule we renamed; `restore` is a 'static C string.
         if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), restore.as_ptr()) } != 0 {
             // Cannot fail for a valid capsule; if it did, the capsule stays marked consumed
             // and its tensor leaks rather than being freed twice.
+            let _ = PyErr::take(py);
+            return;
+        }
+        // SAFETY: `cap` is a valid capsule; `destructor` is the one it had when claimed.
+        if unsafe { ffi::PyCapsule_SetDestructor(cap.as_ptr(), destructor) } != 0 {
             let _ = PyErr::take(py);
         }
     });

@@ -1,0 +1,77 @@
+"""CPU tests of input classes taken from public bug reports of other DLPack and
+``__cuda_array_interface__`` consumers and producers, and from their own test suites (rows 31
+on of ``BAD_INPUT_ROWS.md``). Each asserts the exception type and text, exact deleter counts
+and that nothing was launched."""
+
+import gc
+
+import pytest
+
+from tile_py import _testing
+from tile_py import In, Out
+from dlpack_ctypes import Producer, capsule_name, make_capsule
+
+from cpu_checks import check
+
+
+@pytest.fixture
+def counters():
+    class Delta:
+        def __init__(self):
+            self.start = _testing.debug_counters()
+
+        def __getitem__(self, k):
+            return _testing.debug_counters()[k] - self.start[k]
+
+    d = Delta()
+    yield d
+    assert d["launches_issued"] == 0
+    assert _testing.debug_counters()["queued_releases"] == 0
+
+
+# ---- row 31: a capsule destructor that calls the deleter whatever the capsule's name ----------
+# pytorch/pytorch#9260, dmlc/dlpack#51: CuPy's capsules of that time deleted the tensor when the
+# capsule died, consumed or not, so a consumer that only renamed the capsule had its tensor freed
+# under it (and deleted twice). JAX and nanobind clear the destructor of a capsule they consume.
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_row31_consumed_capsule_with_an_unconditional_destructor_is_deleted_once(
+    counters, versioned
+):
+    cap, c = make_capsule(destructor="unconditional", versioned=versioned)
+    check([In("float32")], (cap,))
+    used = "used_dltensor_versioned" if versioned else "used_dltensor"
+    assert capsule_name(cap) == used
+    assert c.calls == 1 and counters["consumed"] == 1
+    del cap
+    gc.collect()
+    assert c.calls == 1
+
+
+def test_row31_export_with_an_unconditional_destructor_is_deleted_once(counters):
+    p = Producer(destructor="unconditional")
+    check([In("float32")], (p,))
+    gc.collect()
+    assert len(p.calls) == 1 and p.deleted == 1
+
+
+def test_row31_a_capsule_given_back_keeps_its_destructor(counters):
+    # Refused at the second argument, after the first was claimed: the capsule is given back as
+    # it came, so that its producer still deletes it when it dies, once.
+    cap, c = make_capsule(destructor="unconditional")
+    with pytest.raises(TypeError, match=r"^argument 1: expected a tensor"):
+        check([In("float32"), In("float32")], (cap, object()))
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+    del cap
+    gc.collect()
+    assert c.calls == 1 and counters["consumed"] == 0
+
+
+def test_row31_a_capsule_given_back_by_consume_false_keeps_its_destructor(counters):
+    cap, c = make_capsule(destructor="unconditional")
+    check([Out("float32")], (cap,), consume=False)
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+    del cap
+    gc.collect()
+    assert c.calls == 1
