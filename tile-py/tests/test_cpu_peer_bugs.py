@@ -9,7 +9,16 @@ import pytest
 
 from tile_py import _testing
 from tile_py import In, Out
-from dlpack_ctypes import Producer, capsule_name, make_capsule
+from dlpack_ctypes import (
+    Producer,
+    capsule_name,
+    kDLCPU,
+    kDLCUDA,
+    kDLCUDAHost,
+    kDLCUDAManaged,
+    make_capsule,
+    make_exchange_producer_type,
+)
 
 from cpu_checks import check
 
@@ -75,3 +84,32 @@ def test_row31_a_capsule_given_back_by_consume_false_keeps_its_destructor(counte
     del cap
     gc.collect()
     assert c.calls == 1
+
+
+# ---- row 32: an exchange-API export of managed or pinned host memory ---------------------------
+# The DLPack C exchange API exports without synchronising ("the consumer should query
+# DLPackCurrentWorkStream ... and launch kernels on it"): the launch's only ordering after the
+# producer's pending writes is the producer's current work stream. It was asked for kDLCUDA and
+# kDLROCM tensors only, so managed (kDLCUDAManaged) and pinned host (kDLCUDAHost) exports, which
+# the launch accepts, were launched with no ordering at all. Their device id is 0 by DLPack's
+# rule, so the producer is asked for its current CUDA stream on the launch device.
+
+
+@pytest.mark.parametrize("device_type", [kDLCUDAManaged, kDLCUDAHost])
+@pytest.mark.parametrize("launch_device", [0, 1])
+def test_row32_exchange_export_of_managed_or_pinned_memory_is_ordered(
+    counters, device_type, launch_device
+):
+    Ex, log = make_exchange_producer_type(current_stream=0x777)
+    p = Ex(device=(device_type, 0))
+    check([In("float32")], (p,), device=launch_device)
+    assert log["current_work_stream"] == [(kDLCUDA, launch_device)]
+    assert p.deleted == 1 and counters["consumed"] == 1
+
+
+def test_row32_exchange_export_of_host_memory_asks_no_stream(counters):
+    Ex, log = make_exchange_producer_type()
+    p = Ex(device=(kDLCPU, 0))
+    with pytest.raises(ValueError, match=r"^argument 0: tensor is on cpu"):
+        check([In("float32")], (p,))
+    assert log["current_work_stream"] == [] and p.deleted == 1
