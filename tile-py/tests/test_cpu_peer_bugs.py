@@ -113,3 +113,43 @@ def test_row32_exchange_export_of_host_memory_asks_no_stream(counters):
     with pytest.raises(ValueError, match=r"^argument 0: tensor is on cpu"):
         check([In("float32")], (p,))
     assert log["current_work_stream"] == [] and p.deleted == 1
+
+
+# ---- row 33: a __cuda_array_interface__ of managed or pinned host memory -----------------------
+# A CAI dict names no memory kind: tile_py labelled every CAI array kDLCUDA on the device the
+# driver reports for its pointer, so a numba managed array (``cuda.managed_array``) or a CuPy
+# array of a managed pool, allocated on one GPU, was refused by a launch on another ("tensor is
+# on cuda:1, but the launch stream is on cuda:0"), although managed and pinned host memory are
+# usable from every device (as for the same memory exported through DLPack, row 10). The stub
+# driver answers for its managed and page-locked ranges with device 1.
+
+
+def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from tile_py import _testing, In, Out
+        from cpu_checks import CAI, check
+        MANAGED, PINNED, DEVICE = 0x6D0000001000, 0x680000001000, 0x7F0000001000
+        before = _testing.debug_counters()["consumed"]
+        for address in (MANAGED, PINNED):
+            check([In("float32"), Out("float32")], (CAI(data=(address, False)),) * 2)
+        assert _testing.debug_counters()["consumed"] == before + 4
+        # Device memory is still the device's own.
+        try:
+            check([In("float32")], (CAI(data=(DEVICE, False)),), device=1)
+        except ValueError as e:
+            assert str(e) == "argument 0: tensor is on cuda:0, but the launch stream is on cuda:1", e
+        else:
+            raise AssertionError("device memory of device 0 was taken for a launch on device 1")
+        print("ok")
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
