@@ -153,3 +153,54 @@ def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# Row 31 through tile_py.hold: a capsule another launcher consumed (renamed used_*) and whose
+# deleter duty the caller hands over; its destructor may still call the deleter when it dies.
+
+
+def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destructor(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import ctypes, gc, os, sys
+        sys.path.insert(0, %r)
+        import tile_py
+        from dlpack_ctypes import capsule_name, make_capsule
+        STREAM = 0x5000
+        stub = ctypes.CDLL(os.environ["TILE_LIBCUDA"])
+        ctypes.pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        USED = b"used_dltensor_versioned"
+        cap, count = make_capsule(destructor="unconditional")
+        assert ctypes.pythonapi.PyCapsule_SetName(cap, USED) == 0
+        stub.stub_set_busy(1)
+        tile_py.hold(STREAM, cap)
+        del cap
+        gc.collect()
+        tile_py.stats()
+        assert count.calls == 0, count.calls  # not while the work runs
+        stub.stub_set_busy(0)
+        tile_py.synchronize()
+        assert count.calls == 1, count.calls
+        # Refused (the second object is the same capsule): given back with its destructor.
+        cap, count = make_capsule(destructor="unconditional")
+        assert ctypes.pythonapi.PyCapsule_SetName(cap, USED) == 0
+        try:
+            tile_py.hold(STREAM, cap, cap)
+        except ValueError as e:
+            assert "the same DLPack capsule as argument 0" in str(e), e
+        else:
+            raise AssertionError("the same capsule twice was held")
+        assert count.calls == 0 and capsule_name(cap) == "used_dltensor_versioned"
+        del cap
+        gc.collect()
+        assert count.calls == 1, count.calls
+        print("ok")
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
