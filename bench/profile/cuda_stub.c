@@ -7,7 +7,9 @@
  * path reads are implemented with fixed, plausible answers: one device of compute capability
  * 9.0, a primary context, streams and events as distinct addresses, every event complete,
  * every stream idle and not capturing, every kernel with seven 8-byte parameters, and every
- * address device memory of device 0. A launch returns at once.
+ * address device memory of device 0 but two ranges: addresses 0x6d00_0000_0000 to
+ * 0x6dff_ffff_ffff are managed memory and 0x6800_0000_0000 to 0x68ff_ffff_ffff page-locked
+ * host memory, both of (a context of) device 1. A launch returns at once.
  *
  * Its costs are not the driver's: callgrind's counts for these functions only say how often
  * tile-launch calls them. Instruction counts of tile-launch's own code are what it is for.
@@ -343,12 +345,12 @@ static CUresult occupancy(int *blocks, void *f, int threads, size_t shared) {
 }
 
 static CUresult pointer_answer(unsigned n, int *attributes, void **data, uint64_t ptr) {
-    (void)ptr;
+    int managed = (ptr >> 40) == 0x6d, host = (ptr >> 40) == 0x68;
     for (unsigned i = 0; i < n; i++) {
         switch (attributes[i]) {
-        case 2: *(unsigned *)data[i] = 2; break;     /* memory type: device */
-        case 8: *(unsigned char *)data[i] = 0; break; /* is managed */
-        case 9: *(int *)data[i] = 0; break;          /* device ordinal */
+        case 2: *(unsigned *)data[i] = host ? 1 : 2; break;        /* memory type: host, device */
+        case 8: *(unsigned char *)data[i] = managed; break;          /* is managed */
+        case 9: *(int *)data[i] = managed || host ? 1 : 0; break;   /* device ordinal */
         default: break;
         }
     }

@@ -610,12 +610,15 @@ fn check_arg(
         });
     }
     let dev = view.device();
-    let device_ok = if dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAHOST {
-        true
-    } else {
-        (dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA
-            || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDAMANAGED)
-            && dev.device_id == ordinal
+    // Pinned host and managed memory are usable from every device, and DLPack sets their
+    // device id to 0 ("for vanilla CPU memory, pinned memory, or managed memory"), so that id
+    // says nothing about the launch device: only device memory must be the stream's.
+    let device_ok = match dev.device_type {
+        tile_dlpack::ffi::DLDeviceType::CUDAHOST | tile_dlpack::ffi::DLDeviceType::CUDAMANAGED => {
+            true
+        }
+        tile_dlpack::ffi::DLDeviceType::CUDA => dev.device_id == ordinal,
+        _ => false,
     };
     if !device_ok {
         return Err(Error::DeviceMismatch {

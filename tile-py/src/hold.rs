@@ -17,12 +17,12 @@ use std::sync::atomic::Ordering;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
 use smallvec::SmallVec;
-use tile_dlpack::{Taken, Unused};
+use tile_dlpack::Unused;
 use tile_launch::{Guard, HandOff};
 
 use crate::convert::{
-    ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, converting, export_producer,
-    hold_capsule, same_capsule_as,
+    ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, TakenCapsule, converting,
+    export_producer, hold_capsule, same_capsule_as,
 };
 use crate::exceptions::{Kind, arg_err, launch_err};
 use crate::launch::ArgList;
@@ -107,13 +107,13 @@ pub(crate) fn hold(
     let objects: ArgList<'_> = objects.iter().collect();
     let mut conv = Converted::new();
     let mut exports = SmallVec::<[Unused<'static>; INLINE]>::new();
-    let mut taken = SmallVec::<[Taken; 2]>::new();
+    let mut taken = SmallVec::<[TakenCapsule; 2]>::new();
     let read = converting(py, &objects, &mut conv, |conv, at| {
         read_each(py, &objects, &hs, conv, &mut exports, &mut taken, at)
     });
     if let Err(e) = read {
         // Given back: the caller keeps the duty to call their deleters (never called here).
-        taken.drain(..).for_each(std::mem::forget);
+        taken.drain(..).for_each(|t| t.give_back(py));
         return Err(e);
     }
     // Every object read: commit. A validated export's `consume` cannot fail (its descriptor was
@@ -133,7 +133,7 @@ pub(crate) fn hold(
     guards.extend(
         taken
             .drain(..)
-            .map(|t| Guard::Owner(Box::new(PyGuard::taken(t)))),
+            .map(|t| Guard::Owner(Box::new(PyGuard::taken(t.into_taken())))),
     );
     let tensors = guards.len();
     guards.extend(
@@ -172,7 +172,7 @@ fn read_each(
     hs: &Handshake,
     conv: &mut Converted,
     exports: &mut SmallVec<[Unused<'static>; INLINE]>,
-    taken: &mut SmallVec<[Taken; 2]>,
+    taken: &mut SmallVec<[TakenCapsule; 2]>,
     at: &mut usize,
 ) -> PyResult<()> {
     for (index, obj) in objects.iter().enumerate() {
@@ -185,7 +185,7 @@ fn read_each(
                 HeldCapsule::Claimed(t) => conv.push_held(t),
                 // Refused as a launch refuses a capsule passed twice ([`converting`] says so).
                 HeldCapsule::TakenOver(t) if same_capsule_as(objects, index).is_some() => {
-                    std::mem::forget(t); // the first occurrence holds it
+                    t.give_back(py); // the first occurrence holds it
                     return Err(arg_err(Kind::Value, index, "DLPack capsule passed twice"));
                 }
                 // Held unread: never refused, never released early.

@@ -126,14 +126,39 @@ def _capsule_destructor(cap):
             return
 
 
+@ctypes.CFUNCTYPE(None, c_void_p)
+def _unconditional_destructor(cap):
+    # The destructor of CuPy's capsules before dmlc/dlpack#51 (pytorch/pytorch#9260): it calls
+    # the deleter whatever the capsule's name, consumed (``used_*``) or not.
+    for name, versioned in (
+        (b"dltensor", False),
+        (b"used_dltensor", False),
+        (b"dltensor_versioned", True),
+        (b"used_dltensor_versioned", True),
+    ):
+        if _api.PyCapsule_IsValid(cap, name):
+            ptr = _api.PyCapsule_GetPointer(cap, name)
+            kind = DLManagedTensorVersioned if versioned else DLManagedTensor
+            m = kind.from_address(ptr)
+            if m.deleter:
+                m.deleter(ptr)
+            return
+
+
 def make_capsule(name=None, destructor=True, **descriptor):
-    """Returns ``(capsule, counter)``; ``descriptor`` takes the keywords of ``make_managed``."""
+    """Returns ``(capsule, counter)``; ``descriptor`` takes the keywords of ``make_managed``.
+    ``destructor``: True for the DLPack capsule destructor (the deleter runs only while the
+    capsule is unconsumed), False for none, ``"unconditional"`` for one that runs it whatever
+    the name."""
     key, counter, default_name = make_managed(**descriptor)
     cname = _NAMES.get(name or default_name, None)
     if cname is None:
         cname = (name or default_name).encode()
         _NAMES[name] = cname
-    dtor = ctypes.cast(_capsule_destructor, c_void_p) if destructor else None
+    if destructor == "unconditional":
+        dtor = ctypes.cast(_unconditional_destructor, c_void_p)
+    else:
+        dtor = ctypes.cast(_capsule_destructor, c_void_p) if destructor else None
     cap = _api.PyCapsule_New(key, cname, dtor)
     return cap, counter
 

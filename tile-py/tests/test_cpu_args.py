@@ -294,11 +294,17 @@ def test_row10_managed_on_the_stream_device_and_pinned_host_with_any_id_accepted
     assert p.deleted == 1
 
 
-def test_row10_managed_on_another_device_refused(counters):
-    p = Producer(device=(kDLCUDAManaged, 1))
-    with pytest.raises(ValueError, match=r"argument 0: .*cuda_managed:1.*cuda:0"):
-        check([Out("float32")], (p,))
-    assert p.deleted == 1
+@pytest.mark.parametrize("device", [(kDLCUDAManaged, 1), (kDLCUDAManaged, 5)])
+def test_row10_managed_with_another_device_id_accepted(counters, device):
+    # DLPack sets the device id of managed memory to 0 whatever GPU allocated it (dlpack.h,
+    # DLDevice: "for vanilla CPU memory, pinned memory, or managed memory, this is set to 0"),
+    # CuPy sets the allocating GPU's: either way the id does not name the launch device, and
+    # managed memory is usable from every device. A launch on device 1 of a conforming
+    # producer's (kDLCUDAManaged, 0) tensor was refused.
+    p = Producer(device=device)
+    check([Out("float32")], (p,))
+    assert p.deleted == 1 and counters["consumed"] == 1
+    check([Out("float32")], (Producer(device=(kDLCUDAManaged, 0)),), device=1)
 
 
 # ---- rows 11-12: outputs ---------------------------------------------------------------------

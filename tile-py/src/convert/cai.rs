@@ -153,8 +153,24 @@ impl<'py> Entries<'_, 'py> {
     }
 }
 
-pub(crate) fn cai_device(ptr: u64, fallback: i32) -> i32 {
-    tile_launch::Context::device_of_pointer(ptr).unwrap_or(fallback)
+/// The DLPack device of `__cuda_array_interface__` memory at `ptr`, which the dict does not
+/// name: as the driver knows the pointer (one `cuPointerGetAttributes`), managed memory
+/// (`kDLCUDAManaged`) and page-locked host memory (`kDLCUDAHost`), both usable from every
+/// device, or device memory on its device; memory the driver does not know (or no driver) is
+/// labelled device memory on `fallback` (the launch device), which the launch's pointer check
+/// then refuses as not device memory.
+pub(crate) fn cai_device(ptr: u64, fallback: i32) -> DLDevice {
+    use tile_launch::MemoryKind;
+    let memory = tile_launch::Context::memory_of_pointer(ptr);
+    let device_type = match memory.map(|m| m.kind) {
+        Some(MemoryKind::Managed) => DLDeviceType::CUDAMANAGED,
+        Some(MemoryKind::Host) => DLDeviceType::CUDAHOST,
+        _ => DLDeviceType::CUDA,
+    };
+    DLDevice {
+        device_type,
+        device_id: memory.and_then(|m| m.device).unwrap_or(fallback),
+    }
 }
 
 pub(crate) fn from_cai(
@@ -291,10 +307,7 @@ pub(crate) fn from_cai(
     boxed.managed.flags = flags;
     boxed.managed.dl_tensor = DLTensor {
         data: data as *mut c_void,
-        device: DLDevice {
-            device_type: DLDeviceType::CUDA,
-            device_id: cai_device(data, hs.device),
-        },
+        device: cai_device(data, hs.device),
         ndim,
         dtype: dl_dtype,
         shape: shape_ptr,

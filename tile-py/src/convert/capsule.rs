@@ -121,25 +121,35 @@ pub(crate) unsafe fn capsule_unused(versioned: bool, ptr: *mut c_void) -> Unused
     }
 }
 
-/// Checks the capsule's name, takes its pointer and renames it `used_*`, atomically with
-/// respect to other threads doing the same.
+/// Checks the capsule's name, takes its pointer, renames it `used_*` and clears its
+/// destructor, atomically with respect to other threads doing the same.
+///
+/// The destructor is cleared as JAX and nanobind clear it: a producer's destructor that calls
+/// the deleter whatever the name (CuPy's before dmlc/dlpack#51, pytorch/pytorch#9260) would
+/// otherwise delete the tensor when the capsule dies, while the launch still uses it, and tile_py
+/// would delete it a second time. A rollback puts both the name and the destructor back.
 pub(crate) fn claim_capsule(
     py: Python<'_>,
     index: usize,
     cap: &Bound<'_, PyAny>,
 ) -> PyResult<Tensor> {
-    let (versioned, ptr) = with_critical_section(cap, || {
+    let (versioned, ptr, destructor) = with_critical_section(cap, || {
         let (versioned, ptr) = capsule_tensor(py, index, cap)?;
         let used = if versioned {
             CLAIMED_VERSIONED
         } else {
             CLAIMED_LEGACY
         };
+        // SAFETY: `cap` is a valid capsule (its pointer was just read), so a null result means
+        // no destructor, not an error.
+        let destructor = unsafe { ffi::PyCapsule_GetDestructor(cap.as_ptr()) };
         // SAFETY: `used` is a 'static C string, as `PyCapsule_SetName` keeps the pointer.
         if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), used.as_ptr()) } != 0 {
             return Err(PyErr::fetch(py));
         }
-        Ok((versioned, ptr))
+        // SAFETY: `cap` is a valid capsule; clearing its destructor cannot fail then.
+        unsafe { ffi::PyCapsule_SetDestructor(cap.as_ptr(), None) };
+        Ok((versioned, ptr, destructor))
     })?;
     let restore = if versioned {
         c"dltensor_versioned"
@@ -155,6 +165,7 @@ pub(crate) fn claim_capsule(
         claim: Claim::Capsule {
             capsule: cap.clone().unbind(),
             restore,
+            destructor,
         },
         ready_on: None,
         owner: None,
@@ -162,13 +173,24 @@ pub(crate) fn claim_capsule(
     })
 }
 
-/// Gives a claimed capsule its original name back (the tensor was not consumed).
-pub(crate) fn unclaim_capsule(py: Python<'_>, cap: &Bound<'_, PyAny>, restore: &'static CStr) {
+/// Gives a claimed capsule its original name and destructor back (the tensor was not
+/// consumed).
+pub(crate) fn unclaim_capsule(
+    py: Python<'_>,
+    cap: &Bound<'_, PyAny>,
+    restore: &'static CStr,
+    destructor: Option<ffi::PyCapsule_Destructor>,
+) {
     with_critical_section(cap, || {
         // SAFETY: `cap` is a capsule we renamed; `restore` is a 'static C string.
         if unsafe { ffi::PyCapsule_SetName(cap.as_ptr(), restore.as_ptr()) } != 0 {
             // Cannot fail for a valid capsule; if it did, the capsule stays marked consumed
             // and its tensor leaks rather than being freed twice.
+            let _ = PyErr::take(py);
+            return;
+        }
+        // SAFETY: `cap` is a valid capsule; `destructor` is the one it had when claimed.
+        if unsafe { ffi::PyCapsule_SetDestructor(cap.as_ptr(), destructor) } != 0 {
             let _ = PyErr::take(py);
         }
     });
@@ -181,9 +203,43 @@ pub(crate) enum HeldCapsule {
     Claimed(Tensor),
     /// The tensor of a consumed capsule, taken over unread (its descriptor may be one tile
     /// would not launch on: the launcher's work uses its memory all the same, so it is never
-    /// refused, and never released early). The capsule keeps its name (it is `used_*` already,
-    /// so its destructor never calls the deleter).
-    TakenOver(Taken),
+    /// refused, and never released early). The capsule keeps its name (it is `used_*` already)
+    /// and its destructor is cleared, as [`claim_capsule`] clears it.
+    TakenOver(TakenCapsule),
+}
+
+/// A consumed capsule's tensor taken over by `tile_py.hold`, with what is needed to give it
+/// back: the capsule and the destructor it had (cleared while tile_py holds the tensor, since
+/// one that calls the deleter whatever the name would delete it when the capsule dies).
+pub(crate) struct TakenCapsule {
+    taken: Taken,
+    capsule: Py<PyAny>,
+    destructor: Option<ffi::PyCapsule_Destructor>,
+}
+
+impl TakenCapsule {
+    /// The tensor, whose deleter tile_py now runs once.
+    pub(crate) fn into_taken(self) -> Taken {
+        self.taken
+    }
+
+    /// Gives the duty back to the caller (a refused hold): the deleter is not run, and the
+    /// capsule gets its destructor back.
+    pub(crate) fn give_back(self, py: Python<'_>) {
+        let TakenCapsule {
+            taken,
+            capsule,
+            destructor,
+        } = self;
+        std::mem::forget(taken);
+        let cap = capsule.bind(py);
+        with_critical_section(cap, || {
+            // SAFETY: `cap` is a valid capsule; `destructor` is the one it had when taken.
+            if unsafe { ffi::PyCapsule_SetDestructor(cap.as_ptr(), destructor) } != 0 {
+                let _ = PyErr::take(py);
+            }
+        });
+    }
 }
 
 /// Reads a capsule for `tile_py.hold` (see [`HeldCapsule`]); refuses what [`claim_capsule`]
@@ -193,7 +249,7 @@ pub(crate) enum HeldCapsule {
 ///
 /// When the capsule is named `used_*`, the caller hands over the duty to call its tensor's
 /// deleter, which nobody has called yet and nobody else calls: the `Taken` runs it once, when
-/// dropped (a caller that gives it back forgets it instead).
+/// dropped (a caller that gives it back calls [`TakenCapsule::give_back`] instead).
 pub(crate) unsafe fn hold_capsule(
     py: Python<'_>,
     index: usize,
@@ -201,6 +257,7 @@ pub(crate) unsafe fn hold_capsule(
 ) -> PyResult<HeldCapsule> {
     let consumed = with_critical_section(cap, || {
         let (named, ptr) = capsule_contents(py, index, cap)?;
+        let mut destructor = None;
         if named.by_tile_py {
             // Its deleter is tile_py's already (a launch or hold holds it, or one in progress
             // has claimed it): taking it over again would run that deleter twice.
@@ -212,13 +269,20 @@ pub(crate) unsafe fn hold_capsule(
                  each capsule to tile_py once",
             ));
         }
-        Ok::<_, PyErr>(named.consumed.then_some((named.versioned, ptr)))
+        if named.consumed {
+            // SAFETY: `cap` is a valid capsule (its pointer was just read): a null result means
+            // no destructor; clearing it cannot fail.
+            destructor = unsafe { ffi::PyCapsule_GetDestructor(cap.as_ptr()) };
+            // SAFETY: as above.
+            unsafe { ffi::PyCapsule_SetDestructor(cap.as_ptr(), None) };
+        }
+        Ok::<_, PyErr>(named.consumed.then_some((named.versioned, ptr, destructor)))
     })?;
     match consumed {
         // SAFETY: the capsule is named `used_dltensor[_versioned]`, so its pointer (not null:
         // `capsule_contents` refuses null) is that kind of tensor, valid until its deleter
         // runs: this function's contract says that nobody has run it or will, but the `Taken`.
-        Some((versioned, ptr)) => {
+        Some((versioned, ptr, destructor)) => {
             let taken = if versioned {
                 // SAFETY: as above.
                 unsafe { Taken::versioned(ptr.cast()) }
@@ -226,9 +290,11 @@ pub(crate) unsafe fn hold_capsule(
                 // SAFETY: as above, for a legacy tensor.
                 unsafe { Taken::legacy(ptr.cast()) }
             };
-            Ok(HeldCapsule::TakenOver(
-                taken.expect("capsule_contents refuses null"),
-            ))
+            Ok(HeldCapsule::TakenOver(TakenCapsule {
+                taken: taken.expect("capsule_contents refuses null"),
+                capsule: cap.clone().unbind(),
+                destructor,
+            }))
         }
         None => claim_capsule(py, index, cap).map(HeldCapsule::Claimed),
     }

@@ -93,10 +93,21 @@ pub(crate) fn from_exchange_api(
     if hs.sync && major == 1 {
         // SAFETY: major version 1: the layout is `DLManagedTensorVersioned`.
         let dev: DLDevice = unsafe { (*out).dl_tensor.device };
-        if dev.device_type == DLDeviceType::CUDA || dev.device_type == DLDeviceType::ROCM {
+        // The producer's current stream, which its pending writes are ordered on: for device
+        // memory, on the tensor's device; for managed and pinned host memory (which a kernel
+        // of any device reads, and whose DLPack device id is 0 whatever GPU wrote it), the
+        // producer's CUDA stream on the launch device. Host memory has none (and is refused).
+        let asked = match dev.device_type {
+            DLDeviceType::CUDA | DLDeviceType::ROCM => Some((dev.device_type, dev.device_id)),
+            DLDeviceType::CUDAMANAGED | DLDeviceType::CUDAHOST => {
+                Some((DLDeviceType::CUDA, hs.device))
+            }
+            _ => None,
+        };
+        if let Some((device_type, device_id)) = asked {
             let mut s: *mut c_void = std::ptr::null_mut();
             // SAFETY: plain values and a valid out pointer.
-            let rc = unsafe { current_stream(dev.device_type, dev.device_id, &mut s) };
+            let rc = unsafe { current_stream(device_type, device_id, &mut s) };
             if rc != 0 {
                 let e = PyErr::take(py).unwrap_or_else(|| {
                     arg_err(

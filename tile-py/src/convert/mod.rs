@@ -104,10 +104,11 @@ impl Handshake {
 
 /// How one tensor argument was taken.
 pub(crate) enum Claim {
-    /// A capsule we renamed; on rollback its name is restored.
+    /// A capsule we renamed and whose destructor we cleared; on rollback both are restored.
     Capsule {
         capsule: Py<PyAny>,
         restore: &'static CStr,
+        destructor: Option<ffi::PyCapsule_Destructor>,
     },
     /// A tensor we own outright (exchange API, or built from `__cuda_array_interface__`);
     /// on rollback it is released.
@@ -172,8 +173,12 @@ impl Converted {
         self.args.clear();
         for claim in self.claims.drain(..).flatten() {
             match claim {
-                Claim::Capsule { capsule, restore } => {
-                    Python::attach(|py| unclaim_capsule(py, capsule.bind(py), restore));
+                Claim::Capsule {
+                    capsule,
+                    restore,
+                    destructor,
+                } => {
+                    Python::attach(|py| unclaim_capsule(py, capsule.bind(py), restore, destructor));
                 }
                 Claim::Owned(ptr) => release_owned(ptr),
             }

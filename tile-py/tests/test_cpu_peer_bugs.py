@@ -1,0 +1,206 @@
+"""CPU tests of input classes taken from public bug reports of other DLPack and
+``__cuda_array_interface__`` consumers and producers, and from their own test suites (rows 31
+on of ``BAD_INPUT_ROWS.md``). Each asserts the exception type and text, exact deleter counts
+and that nothing was launched."""
+
+import gc
+
+import pytest
+
+from tile_py import _testing
+from tile_py import In, Out
+from dlpack_ctypes import (
+    Producer,
+    capsule_name,
+    kDLCPU,
+    kDLCUDA,
+    kDLCUDAHost,
+    kDLCUDAManaged,
+    make_capsule,
+    make_exchange_producer_type,
+)
+
+from cpu_checks import check
+
+
+@pytest.fixture
+def counters():
+    class Delta:
+        def __init__(self):
+            self.start = _testing.debug_counters()
+
+        def __getitem__(self, k):
+            return _testing.debug_counters()[k] - self.start[k]
+
+    d = Delta()
+    yield d
+    assert d["launches_issued"] == 0
+    assert _testing.debug_counters()["queued_releases"] == 0
+
+
+# ---- row 31: a capsule destructor that calls the deleter whatever the capsule's name ----------
+# pytorch/pytorch#9260, dmlc/dlpack#51: CuPy's capsules of that time deleted the tensor when the
+# capsule died, consumed or not, so a consumer that only renamed the capsule had its tensor freed
+# under it (and deleted twice). JAX and nanobind clear the destructor of a capsule they consume.
+
+
+@pytest.mark.parametrize("versioned", [True, False])
+def test_row31_consumed_capsule_with_an_unconditional_destructor_is_deleted_once(
+    counters, versioned
+):
+    cap, c = make_capsule(destructor="unconditional", versioned=versioned)
+    check([In("float32")], (cap,))
+    used = "used_dltensor_versioned" if versioned else "used_dltensor"
+    assert capsule_name(cap) == used
+    assert c.calls == 1 and counters["consumed"] == 1
+    del cap
+    gc.collect()
+    assert c.calls == 1
+
+
+def test_row31_export_with_an_unconditional_destructor_is_deleted_once(counters):
+    p = Producer(destructor="unconditional")
+    check([In("float32")], (p,))
+    gc.collect()
+    assert len(p.calls) == 1 and p.deleted == 1
+
+
+def test_row31_a_capsule_given_back_keeps_its_destructor(counters):
+    # Refused at the second argument, after the first was claimed: the capsule is given back as
+    # it came, so that its producer still deletes it when it dies, once.
+    cap, c = make_capsule(destructor="unconditional")
+    with pytest.raises(TypeError, match=r"^argument 1: expected a tensor"):
+        check([In("float32"), In("float32")], (cap, object()))
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+    del cap
+    gc.collect()
+    assert c.calls == 1 and counters["consumed"] == 0
+
+
+def test_row31_a_capsule_given_back_by_consume_false_keeps_its_destructor(counters):
+    cap, c = make_capsule(destructor="unconditional")
+    check([Out("float32")], (cap,), consume=False)
+    assert capsule_name(cap) == "dltensor_versioned" and c.calls == 0
+    del cap
+    gc.collect()
+    assert c.calls == 1
+
+
+# ---- row 32: an exchange-API export of managed or pinned host memory ---------------------------
+# The DLPack C exchange API exports without synchronising ("the consumer should query
+# DLPackCurrentWorkStream ... and launch kernels on it"): the launch's only ordering after the
+# producer's pending writes is the producer's current work stream. It was asked for kDLCUDA and
+# kDLROCM tensors only, so managed (kDLCUDAManaged) and pinned host (kDLCUDAHost) exports, which
+# the launch accepts, were launched with no ordering at all. Their device id is 0 by DLPack's
+# rule, so the producer is asked for its current CUDA stream on the launch device.
+
+
+@pytest.mark.parametrize("device_type", [kDLCUDAManaged, kDLCUDAHost])
+@pytest.mark.parametrize("launch_device", [0, 1])
+def test_row32_exchange_export_of_managed_or_pinned_memory_is_ordered(
+    counters, device_type, launch_device
+):
+    Ex, log = make_exchange_producer_type(current_stream=0x777)
+    p = Ex(device=(device_type, 0))
+    check([In("float32")], (p,), device=launch_device)
+    assert log["current_work_stream"] == [(kDLCUDA, launch_device)]
+    assert p.deleted == 1 and counters["consumed"] == 1
+
+
+def test_row32_exchange_export_of_host_memory_asks_no_stream(counters):
+    Ex, log = make_exchange_producer_type()
+    p = Ex(device=(kDLCPU, 0))
+    with pytest.raises(ValueError, match=r"^argument 0: tensor is on cpu"):
+        check([In("float32")], (p,))
+    assert log["current_work_stream"] == [] and p.deleted == 1
+
+
+# ---- row 33: a __cuda_array_interface__ of managed or pinned host memory -----------------------
+# A CAI dict names no memory kind: tile_py labelled every CAI array kDLCUDA on the device the
+# driver reports for its pointer, so a numba managed array (``cuda.managed_array``) or a CuPy
+# array of a managed pool, allocated on one GPU, was refused by a launch on another ("tensor is
+# on cuda:1, but the launch stream is on cuda:0"), although managed and pinned host memory are
+# usable from every device (as for the same memory exported through DLPack, row 10). The stub
+# driver answers for its managed and page-locked ranges with device 1.
+
+
+def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from tile_py import _testing, In, Out
+        from cpu_checks import CAI, check
+        MANAGED, PINNED, DEVICE = 0x6D0000001000, 0x680000001000, 0x7F0000001000
+        before = _testing.debug_counters()["consumed"]
+        for address in (MANAGED, PINNED):
+            check([In("float32"), Out("float32")], (CAI(data=(address, False)),) * 2)
+        assert _testing.debug_counters()["consumed"] == before + 4
+        # Device memory is still the device's own.
+        try:
+            check([In("float32")], (CAI(data=(DEVICE, False)),), device=1)
+        except ValueError as e:
+            assert str(e) == "argument 0: tensor is on cuda:0, but the launch stream is on cuda:1", e
+        else:
+            raise AssertionError("device memory of device 0 was taken for a launch on device 1")
+        print("ok")
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# Row 31 through tile_py.hold: a capsule another launcher consumed (renamed used_*) and whose
+# deleter duty the caller hands over; its destructor may still call the deleter when it dies.
+
+
+def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destructor(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import ctypes, gc, os, sys
+        sys.path.insert(0, %r)
+        import tile_py
+        from dlpack_ctypes import capsule_name, make_capsule
+        STREAM = 0x5000
+        stub = ctypes.CDLL(os.environ["TILE_LIBCUDA"])
+        ctypes.pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        USED = b"used_dltensor_versioned"
+        cap, count = make_capsule(destructor="unconditional")
+        assert ctypes.pythonapi.PyCapsule_SetName(cap, USED) == 0
+        stub.stub_set_busy(1)
+        tile_py.hold(STREAM, cap)
+        del cap
+        gc.collect()
+        tile_py.stats()
+        assert count.calls == 0, count.calls  # not while the work runs
+        stub.stub_set_busy(0)
+        tile_py.synchronize()
+        assert count.calls == 1, count.calls
+        # Refused (the second object is the same capsule): given back with its destructor.
+        cap, count = make_capsule(destructor="unconditional")
+        assert ctypes.pythonapi.PyCapsule_SetName(cap, USED) == 0
+        try:
+            tile_py.hold(STREAM, cap, cap)
+        except ValueError as e:
+            assert "the same DLPack capsule as argument 0" in str(e), e
+        else:
+            raise AssertionError("the same capsule twice was held")
+        assert count.calls == 0 and capsule_name(cap) == "used_dltensor_versioned"
+        del cap
+        gc.collect()
+        assert count.calls == 1, count.calls
+        print("ok")
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
