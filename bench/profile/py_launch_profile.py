@@ -14,7 +14,8 @@ the capsule path's 3 arrays: what another launcher calls after its launch; nothi
 cutile and cutile-capsule (the torch and capsule paths' arguments through tile_py.cutile.launch, a
 cuTile kernel's cached launch: its one compile, at the first launch, registers the stub's kernel
 in place of cuTile's compiler, so every measured launch is a hit; needs cuda-tile), cutile-int
-(cutile-capsule's launch with an int stream handle, as most cuTile programs pass) and ct (the peer:
+(cutile-capsule's launch with an int stream handle, as most cuTile programs pass, on a handle no
+stream object names: a launch-only stream) and ct (the peer:
 cuTile's own ct.launch of the same kernel and arguments with the same int handle, its compiler
 likewise replaced by the stub's image; needs cuda-tile).
 
@@ -34,6 +35,10 @@ from tile_py import In, Out, Scalar
 import fake_exchange
 
 HANDLE = 0x5000  # a stream handle the stub driver accepts
+# The int-handle paths' own handle: a handle first seen through a stream object is cached as that
+# object's stream (kept alive by it), so on HANDLE an int would measure the object path instead
+# of a launch-only stream (an event recorded in every launch).
+INT_HANDLE = 0x5100
 
 
 class CudaStream:
@@ -71,7 +76,7 @@ def ct_launcher(args):
 
     kernel = cutile_kernel()
     type(kernel)._compile = lambda self, sig, ctx, cc=None: (b"\x7fELF stub image\0", "k", None, ())
-    return lambda: ct.launch(HANDLE, (16,), kernel, args)
+    return lambda: ct.launch(INT_HANDLE, (16,), kernel, args)
 
 
 def cutile_launcher(lib, k3, args, stream=STREAM):
@@ -109,7 +114,7 @@ def main():
             lib, k3, (a, b, c, 1, 2, 3, 4) if path == "cutile" else (x, y, z, 1, 2, 3, 4)
         )
     if path == "cutile-int":
-        paths[path] = cutile_launcher(lib, k3, (x, y, z, 1, 2, 3, 4), stream=HANDLE)
+        paths[path] = cutile_launcher(lib, k3, (x, y, z, 1, 2, 3, 4), stream=INT_HANDLE)
     if path == "ct":
         paths[path] = ct_launcher((x, y, z, 1, 2, 3, 4))
     launch = paths[path]

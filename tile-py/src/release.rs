@@ -124,6 +124,9 @@ struct Queue {
     items: Vec<Release>,
     /// Batches taken off `items` by a drain (on any thread) whose deleters have not all run.
     flights: Vec<Flight>,
+    /// A run batch's emptied vector, the next `items` (so that the queue does not grow a new
+    /// vector from nothing for every batch).
+    spare: Vec<Release>,
     /// The ticket of the next batch: batches are numbered in the order they are taken.
     next_ticket: u64,
     /// Threads waiting in [`settle`]: a finished batch wakes them only when there are any.
@@ -138,6 +141,7 @@ struct Flight {
 static RELEASES: Mutex<Queue> = Mutex::new(Queue {
     items: Vec::new(),
     flights: Vec::new(),
+    spare: Vec::new(),
     next_ticket: 0,
     waiters: 0,
 });
@@ -207,7 +211,8 @@ fn take_queued() -> Option<(Vec<Release>, Landing)> {
     if q.items.is_empty() {
         return None;
     }
-    let batch = std::mem::take(&mut q.items);
+    let spare = std::mem::take(&mut q.spare);
+    let batch = std::mem::replace(&mut q.items, spare);
     let ticket = q.next_ticket;
     q.next_ticket += 1;
     q.flights.push(Flight { ticket });
@@ -215,6 +220,7 @@ fn take_queued() -> Option<(Vec<Release>, Landing)> {
     let landing = Landing {
         ticket,
         left: Cell::new(batch.len()),
+        emptied: Cell::new(Vec::new()),
     };
     Some((batch, landing))
 }
@@ -224,7 +230,12 @@ struct Landing {
     ticket: u64,
     /// Its releases that have not run yet.
     left: Cell<usize>,
+    /// The batch's vector once run, kept as the queue's spare when the batch ends.
+    emptied: Cell<Vec<Release>>,
 }
+
+/// The largest emptied batch vector kept for reuse (releases); a larger one is freed.
+const SPARE_RELEASES: usize = 4096;
 
 impl Landing {
     /// One release of the batch has run: it no longer counts in `releasing`.
@@ -236,7 +247,12 @@ impl Landing {
 
 impl Drop for Landing {
     fn drop(&mut self) {
+        let emptied = self.emptied.take();
         let mut q = lock();
+        if emptied.capacity() <= SPARE_RELEASES && emptied.capacity() > q.spare.capacity() {
+            debug_assert!(emptied.is_empty());
+            q.spare = emptied;
+        }
         if let Some(i) = q.flights.iter().position(|f| f.ticket == self.ticket) {
             q.flights.swap_remove(i);
             // What did not run (a batch leaked at exit, or a panic): no longer under way.
@@ -336,9 +352,9 @@ fn device_of(item: &Release) -> Option<i32> {
 /// particular device (pinned host memory, an object kept alive) joins the group before it, or,
 /// first in the batch, runs in the first device's context tile_py made. No context is ever
 /// made here: without one (no launch yet, or no driver) the batch runs as it is.
-fn release_batch(py: Python<'_>, batch: Vec<Release>, landing: &Landing) {
+fn release_batch(py: Python<'_>, mut batch: Vec<Release>, landing: &Landing) {
     // Each group is released straight from the batch's iterator, without a vector of its own.
-    let mut items = batch.into_iter().peekable();
+    let mut items = batch.drain(..).peekable();
     let mut device = None;
     while let Some(first) = items.peek() {
         device = device_of(first).or(device);
@@ -365,6 +381,8 @@ fn release_batch(py: Python<'_>, batch: Vec<Release>, landing: &Landing) {
             None => group(),
         }
     }
+    drop(items);
+    landing.emptied.set(batch);
 }
 
 /// The exception pending on this thread, taken; the indicator is read first, so that the

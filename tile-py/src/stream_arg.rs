@@ -11,7 +11,6 @@
 //!   ([`get_with_owner`], [`forget_idle_streams`]).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -19,6 +18,7 @@ use cuda_sys::CUstream;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple, PyType};
+use rustc_hash::FxHashMap;
 use tile_launch::{Context, Stats, Stream, WeakStream};
 
 use crate::exceptions::{Kind, err, launch_err, show};
@@ -501,7 +501,7 @@ struct Entry {
     owner: usize,
 }
 
-static STREAMS: Mutex<Option<HashMap<(i32, usize), Entry>>> = Mutex::new(None);
+static STREAMS: Mutex<Option<FxHashMap<(i32, usize), Entry>>> = Mutex::new(None);
 /// `STREAMS`' length, updated under its lock, read without it ([`any_held`]).
 static HELD: AtomicUsize = AtomicUsize::new(0);
 
@@ -518,7 +518,7 @@ static GONE: Mutex<Option<Stats>> = Mutex::new(None);
 /// stream objects are no longer kept alive, their handles (which may be destroyed and reused)
 /// are never touched again, and a later launch on the same handle starts with fresh state.
 /// No driver call. Their counters are kept in [`GONE`].
-fn forget_idle(map: &mut HashMap<(i32, usize), Entry>) -> Vec<Stream> {
+fn forget_idle(map: &mut FxHashMap<(i32, usize), Entry>) -> Vec<Stream> {
     let mut dropped = Vec::new();
     map.retain(|_, e| {
         let forget = e.stream.is_forgettable();
@@ -624,7 +624,7 @@ pub(crate) fn get_with_owner(py: Python<'_>, spec: StreamSpec) -> PyResult<(Stre
     }
     .map_err(to_py)?;
     let mut g = STREAMS.lock().unwrap_or_else(|p| p.into_inner());
-    let map = g.get_or_insert_with(HashMap::new);
+    let map = g.get_or_insert_with(FxHashMap::default);
     let e = map.entry(key).or_insert(Entry { stream, owner });
     let found = (e.stream.clone(), e.owner);
     HELD.store(map.len(), Ordering::Release);
