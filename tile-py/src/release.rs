@@ -70,7 +70,10 @@ pub(crate) fn after_fork_in_child() {
     let mut q = lock();
     let batch = std::mem::take(&mut q.items);
     QUEUED.store(0, Ordering::Release);
-    // Batches other threads of the parent were running: those threads do not exist here.
+    // Batches in flight: other threads' of the parent (those threads do not exist here), and
+    // this thread's own when one of their deleters forked. What they had left is counted as
+    // leaked here, once: a batch this thread goes on running leaks the rest without counting
+    // it again, and without counting it down from `RELEASING` ([`Landing::one_done`]).
     q.flights.clear();
     let in_flight = RELEASING.swap(0, Ordering::Relaxed);
     drop(q);
@@ -238,10 +241,14 @@ struct Landing {
 const SPARE_RELEASES: usize = 4096;
 
 impl Landing {
-    /// One release of the batch has run: it no longer counts in `releasing`.
+    /// One release of the batch has run: it no longer counts in `releasing`. In a forked child
+    /// only a batch taken before the fork runs (a child's drain leaks what it takes), and what
+    /// it had left was taken out of `RELEASING` at the fork ([`after_fork_in_child`]).
     fn one_done(&self) {
         self.left.set(self.left.get() - 1);
-        RELEASING.fetch_sub(1, Ordering::Relaxed);
+        if !crate::process::forked() {
+            RELEASING.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -367,8 +374,11 @@ fn release_batch(py: Python<'_>, mut batch: Vec<Release>, landing: &Landing) {
             {
                 if leaking() {
                     // The `atexit` hook gave up waiting for this batch (a deleter outlasted its
-                    // timeout) and counted the rest as leaked: never run them once it has.
-                    COUNTERS.leaked_at_exit.fetch_add(1, Ordering::Relaxed);
+                    // timeout), or one of its deleters forked and this is the child (which
+                    // counted the rest as leaked at the fork): never run them once it has.
+                    if !crate::process::forked() {
+                        COUNTERS.leaked_at_exit.fetch_add(1, Ordering::Relaxed);
+                    }
                     std::mem::forget(item);
                 } else {
                     release_one(py, item);

@@ -114,3 +114,53 @@ def test_the_fork_hook_called_in_the_process_itself_changes_nothing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert "os.fork()" not in out.stdout, out.stdout
+
+
+FORK_IN_A_RELEASE = """
+    import os, sys
+    import tile_py
+    from tile_py import _testing
+
+    in_child = []
+    deleted = []
+
+    class Forker:
+        # Released in a drain's batch: forks from inside it, so that the child goes on running
+        # that batch on this thread.
+        def __del__(self):
+            pid = os.fork()
+            if pid == 0:
+                in_child.append(True)
+                return
+            _, status = os.waitpid(pid, 0)
+            print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+
+    class Marker:
+        def __del__(self):
+            deleted.append(1)
+
+    leaked_before = _testing.debug_counters()["leaked_at_exit"]
+    _testing.queue_release(Forker())
+    for _ in range(3):
+        _testing.queue_release(Marker())
+    tile_py.synchronize()
+    st = tile_py.stats()
+    leaked = _testing.debug_counters()["leaked_at_exit"] - leaked_before
+    who = "child" if in_child else "parent"
+    print(who, "releasing", st["releasing"], "leaked", leaked, "deleted", len(deleted),
+          flush=True)
+    if in_child:
+        os._exit(0)
+"""
+
+
+def test_a_fork_inside_a_release_counts_the_rest_of_its_batch_leaked_once():
+    """A deleter (here a released object's ``__del__``) that forks: the child goes on running
+    the batch it was released in. What that batch had left at the fork counts as leaked once
+    (at the fork: the release running then, and the three never run in the child), and
+    ``stats()["releasing"]`` is 0 once the batch ends, never wrapped below zero; the parent
+    runs the whole batch."""
+    out = run(FORK_IN_A_RELEASE)
+    assert "child releasing 0 leaked 4 deleted 0" in out, out
+    assert "child exit 0" in out, out
+    assert "parent releasing 0 leaked 0 deleted 3" in out, out
