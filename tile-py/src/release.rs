@@ -357,18 +357,20 @@ fn device_of(item: &Release) -> Option<i32> {
 /// ([`tile_launch::Context::releasing`], the context tile_py launched on for that device: the
 /// launch stream's, since a launch's tensors are on its stream's device). A release of no
 /// particular device (pinned host memory, an object kept alive) joins the group before it, or,
-/// first in the batch, runs in the first device's context tile_py made. No context is ever
-/// made here: without one (no launch yet, or no driver) the batch runs as it is.
+/// first in the batch, runs in the first device's context tile_py made, as does a group of a
+/// device tile_py made no context for. No context is ever made here: without one (no launch
+/// yet, or no driver) the batch runs as it is.
 fn release_batch(py: Python<'_>, mut batch: Vec<Release>, landing: &Landing) {
     // Each group is released straight from the batch's iterator, without a vector of its own.
     let mut items = batch.drain(..).peekable();
     let mut device = None;
     while let Some(first) = items.peek() {
         device = device_of(first).or(device);
-        let ctx = match device {
-            Some(d) => crate::device_contexts::cached_context(d),
-            None => crate::device_contexts::first_cached_context(),
-        };
+        // A device tile_py made no context for (managed memory, whatever its DLPack device id,
+        // is launched on any device): the first one, so that the release still runs relaxed.
+        let ctx = device
+            .and_then(crate::device_contexts::cached_context)
+            .or_else(crate::device_contexts::first_cached_context);
         let mut group = || {
             while let Some(item) = items.next_if(|i| device_of(i).is_none_or(|d| Some(d) == device))
             {

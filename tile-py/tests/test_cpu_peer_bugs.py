@@ -155,6 +155,62 @@ def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
+# Row 10's managed memory of any DLPack device id, released: the deleter runs, as every
+# release does, with a context of tile_py's current and the thread's stream-capture mode relaxed
+# (a deleter's cudaFree must not break another thread's global-mode capture), also when the
+# managed tensor names a device tile_py has no context for (the stub has one device; its
+# managed range is 0x6d00_0000_0000 on).
+
+
+def test_row10_managed_memory_of_another_device_id_is_released_relaxed(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import ctypes, os, sys
+        sys.path.insert(0, %r)
+        import tile_py
+        from tile_py import In, Scalar
+        from dlpack_ctypes import kDLCUDA, kDLCUDAManaged, make_capsule
+        stub = ctypes.CDLL(os.environ["TILE_LIBCUDA"])
+        stub.stub_driver_calls.restype = ctypes.c_ulonglong
+        stub.stub_driver_calls.argtypes = [ctypes.c_char_p]
+        STREAM = 0x5000
+        lib = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
+        k = lib.kernel("k", [In("float32")] + [Scalar("u64")] * 6)
+
+        class Relaxed(list):
+            # Each deleter call appends: whether the capture mode is relaxed there (the stub's
+            # cuThreadExchangeStreamCaptureMode calls come in pairs, an odd count inside one).
+            def append(self, _thread):
+                n = stub.stub_driver_calls(b"cuThreadExchangeStreamCaptureMode")
+                super().append(n %% 2 == 1)
+
+        seen = {}
+        for device, data in [((kDLCUDA, 0), 0x7F0000001000),
+                             ((kDLCUDAManaged, 0), 0x6D0000001000),
+                             ((kDLCUDAManaged, 1), 0x6D0000002000)]:
+            cap, count = make_capsule(device=device, data=data)
+            count.threads = Relaxed()
+            tile_py.launch(STREAM, 1, k, (cap, 1, 2, 3, 4, 5, 6), block=1)
+            tile_py.synchronize()
+            seen[device] = (count.calls, list(count.threads))
+        print(seen)
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = eval(r.stdout)
+    assert seen == {
+        (kDLCUDA, 0): (1, [True]),
+        (kDLCUDAManaged, 0): (1, [True]),
+        (kDLCUDAManaged, 1): (1, [True]),
+    }, seen
+
+
 # Row 31 through tile_py.hold: a capsule another launcher consumed (renamed used_*) and whose
 # deleter duty the caller hands over; its destructor may still call the deleter when it dies.
 
