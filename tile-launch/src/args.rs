@@ -671,6 +671,7 @@ fn check_arg(
 #[cfg(test)]
 mod spare_tests {
     use super::*;
+    use tile_dlpack::testing::{DeleterCount, RawTensor};
 
     #[test]
     fn a_recycled_argument_vector_is_the_next_one_handed_out_and_is_empty() {
@@ -707,5 +708,74 @@ mod spare_tests {
         }
         let kept = SPARE_ARGS.with(|s| s.borrow().len());
         assert_eq!(kept, SPARE_ARG_LISTS);
+    }
+
+    fn export() -> (RawTensor, DeleterCount) {
+        let spec = tile_dlpack::testing::TensorSpec::new(&[4], tile_dlpack::DType::F32);
+        tile_dlpack::testing::counted_raw(&spec)
+    }
+
+    #[test]
+    fn dropped_arguments_release_consumed_tensors_once_and_leave_the_others_in_a_reused_vector() {
+        let (left, left_count) = export();
+        let (taken, taken_count) = export();
+        let at;
+        {
+            let scale = 3i64;
+            let mut args = Args::new();
+            // SAFETY: fresh exports; `left` is deleted only below, once its `Unused` is gone,
+            // and `taken` only by its `Used`.
+            args.push(unsafe { left.unused() });
+            args.push(unsafe { taken.unused() }.consume().unwrap());
+            args.push(Scalar::Int(scale.into()));
+            at = args.as_ptr() as usize;
+            // Handed to a launch entry point as it is: the same vector, its arguments in it.
+            let list = args.into_arg_list();
+            assert_eq!((list.as_ptr() as usize, list.len()), (at, 3));
+            recycle_args(list);
+        }
+        assert_eq!(
+            left_count.get(),
+            0,
+            "an unconsumed tensor is left to its producer"
+        );
+        assert_eq!(taken_count.get(), 1, "a consumed tensor is released once");
+        // The vector is handed out again, empty, for arguments of another lifetime.
+        let again: ArgList<'static> = spare_args();
+        assert_eq!((again.as_ptr() as usize, again.len()), (at, 0));
+        recycle_args(again);
+        // SAFETY: the `Unused` of `left` was dropped without consuming it.
+        unsafe { left.delete() };
+        assert_eq!((left_count.get(), taken_count.get()), (1, 1));
+    }
+
+    #[test]
+    fn arguments_dropped_at_thread_exit_are_released_before_or_after_the_spares_are_gone() {
+        use std::cell::RefCell;
+        thread_local! {
+            static PARKED: RefCell<Option<Args<'static>>> = const { RefCell::new(None) };
+        }
+        for spares_first in [false, true] {
+            let (raw, count) = export();
+            // SAFETY: a fresh export, deleted only by its `Used`.
+            let used = unsafe { raw.unused() }.consume().unwrap();
+            std::thread::spawn(move || {
+                // Thread-locals are destroyed in the reverse order of their first use: the
+                // parked arguments drop while this thread's spares still exist, or after.
+                if spares_first {
+                    recycle_args(spare_args());
+                    PARKED.with(|_| ());
+                } else {
+                    PARKED.with(|_| ());
+                    recycle_args(spare_args());
+                }
+                let mut args = Args::new();
+                args.push(used);
+                PARKED.with(|p| *p.borrow_mut() = Some(args));
+            })
+            .join()
+            .unwrap();
+            assert_eq!(count.get(), 1, "spares first: {spares_first}");
+        }
     }
 }
