@@ -723,9 +723,9 @@ mod spare_tests {
         {
             let scale = 3i64;
             let mut args = Args::new();
-            // SAFETY: fresh exports; `left` is deleted only below, once its `Unused` is gone,
-            // and `taken` only by its `Used`.
+            // SAFETY: a fresh export, deleted only below, once its `Unused` is gone.
             args.push(unsafe { left.unused() });
+            // SAFETY: a fresh export, deleted only by its `Used`.
             args.push(unsafe { taken.unused() }.consume().unwrap());
             args.push(Scalar::Int(scale.into()));
             at = args.as_ptr() as usize;

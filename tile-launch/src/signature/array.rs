@@ -114,6 +114,7 @@ pub(crate) fn pack(
         });
     }
     // `ok_or_else`: the error is built (and dropped) only for a value that does not fit.
+    #[allow(clippy::unnecessary_lazy_evaluations)]
     let fit = |field: ArrayField, dim: usize, value: i64| {
         index_type
             .encode(value)
