@@ -67,9 +67,19 @@ use crate::process::leaking;
 /// (never runs the parent's deleters); the child has no release thread.
 pub(crate) fn after_fork_in_child() {
     thread_after_fork_in_child();
-    let mut q = lock();
+    let queued = QUEUED.swap(0, Ordering::AcqRel);
+    // A thread of the parent may have held the queue's lock at the fork (a launch made
+    // detached releases into it): the lock is then held for good here, and the child never
+    // waits for it ([`lock_unless_lost`]). What that queue held is counted as leaked from its
+    // mirrored length.
+    let Some(mut q) = lock_unless_lost() else {
+        let in_flight = RELEASING.swap(0, Ordering::Relaxed);
+        COUNTERS
+            .leaked_at_exit
+            .fetch_add((queued + in_flight) as u64, Ordering::Relaxed);
+        return;
+    };
     let batch = std::mem::take(&mut q.items);
-    QUEUED.store(0, Ordering::Release);
     // Batches in flight: other threads' of the parent (those threads do not exist here), and
     // this thread's own when one of their deleters forked. What they had left is counted as
     // leaked here, once: a batch this thread goes on running leaks the rest without counting
@@ -160,6 +170,34 @@ fn lock() -> MutexGuard<'static, Queue> {
     RELEASES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Holds the queue's lock on a thread of its own for `seconds`, as a thread releasing into it
+/// does (`tile_py._testing.hold_release_queue_lock`); returns once the lock is held.
+pub(crate) fn hold_lock_for(seconds: f64) {
+    let (held, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let q = lock();
+        let _ = held.send(());
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        drop(q);
+    });
+    let _ = wait.recv();
+}
+
+/// The queue's lock, except in a forked child where it is held (by a thread of the parent,
+/// which does not exist here: it would never be let go). A child queues nothing (its releases
+/// are leaked, [`push`]) and drains nothing ([`QUEUED`] is 0 from the fork on), so only what
+/// reads or ends a batch taken before the fork needs the lock there, and does without it.
+fn lock_unless_lost() -> Option<MutexGuard<'static, Queue>> {
+    if !crate::process::forked() {
+        return Some(lock());
+    }
+    match RELEASES.try_lock() {
+        Ok(q) => Some(q),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// `RELEASES.len()`, updated under its lock, read without it: [`drain`] skips the lock when it
 /// reads 0 (every entry point drains twice per call, and the queue is usually empty). A push
 /// racing with that read is drained by the next call; nothing is lost, only delayed.
@@ -190,9 +228,10 @@ pub(crate) fn defer_release(item: Release) {
     push([item]);
 }
 
-/// Number of releases queued, not yet drained.
+/// Number of releases queued, not yet drained (0 in a forked child whose queue's lock a
+/// thread of the parent held at the fork).
 pub(crate) fn queued() -> usize {
-    lock().items.len()
+    lock_unless_lost().map_or(0, |q| q.items.len())
 }
 
 /// Number of releases a drain has taken off the queue, on some thread, that have not run yet
@@ -255,7 +294,11 @@ impl Landing {
 impl Drop for Landing {
     fn drop(&mut self) {
         let emptied = self.emptied.take();
-        let mut q = lock();
+        // A batch the forking thread goes on running in the child, whose queue's lock a thread
+        // of the parent held at the fork: nobody waits for it there.
+        let Some(mut q) = lock_unless_lost() else {
+            return;
+        };
         if emptied.capacity() <= SPARE_RELEASES && emptied.capacity() > q.spare.capacity() {
             debug_assert!(emptied.is_empty());
             q.spare = emptied;

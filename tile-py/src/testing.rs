@@ -21,8 +21,8 @@ use crate::{kernel, stream_arg};
 pub(crate) mod _testing {
     #[pymodule_export]
     use super::{
-        check_args, debug_counters, exchange_api_cost, pack_args, queue_release, release_thread,
-        shutdown,
+        check_args, debug_counters, exchange_api_cost, hold_release_queue_lock, pack_args,
+        queue_release, release_thread, shutdown,
     };
     #[pymodule_export]
     use crate::process::after_fork_in_child;
@@ -165,6 +165,13 @@ fn pack_args(
 #[pyfunction]
 fn release_thread(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     crate::release::describe_thread(py)
+}
+
+/// Holds the release queue's lock on another thread for `seconds` (as a thread releasing a
+/// launch's tensors detached holds it); returns once it is held, without waiting.
+#[pyfunction]
+fn hold_release_queue_lock(py: Python<'_>, seconds: f64) {
+    py.detach(|| release::hold_lock_for(seconds));
 }
 
 /// Queues the release of a reference to `obj` (its decref) as a launch's guard does once its

@@ -168,3 +168,59 @@ def test_a_fork_inside_a_release_counts_the_rest_of_its_batch_leaked_once():
     assert "child releasing 0 leaked 4 deleted 0" in out, out
     assert "child exit 0" in out, out
     assert "parent releasing 0 leaked 0 deleted 3" in out, out
+
+
+def test_a_fork_while_another_thread_holds_the_release_queue_lock_does_not_hang_the_child():
+    """A thread of the parent releasing a detached launch's tensors holds the release queue's
+    lock; a fork at that moment leaves the lock held for good in the child, where that thread
+    does not exist. The child's fork hook and every call must not wait for it: the child answers
+    ``stats``, ``synchronize`` and the exit hook, refuses a launch with the fork reason, and
+    exits; the parent's queue works once the lock is let go."""
+    out = run("""
+        import os, signal, sys, time, weakref
+        import tile_py
+        from tile_py import _testing
+
+        class Marker:
+            pass
+
+        marker = Marker()
+        alive = weakref.ref(marker)
+        _testing.queue_release(marker)
+        del marker
+        _testing.hold_release_queue_lock(3.0)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                tile_py.stats()
+                tile_py.synchronize()
+                try:
+                    tile_py.launch(1, 1, None, (), block=1)
+                except ValueError as e:
+                    ok = "os.fork" in str(e)
+                else:
+                    ok = False
+                _testing.shutdown()
+                print("child ok" if ok else "child: launch not refused", flush=True)
+                os._exit(0 if ok else 1)
+            except BaseException as e:
+                print("child raised", type(e).__name__, e, flush=True)
+                os._exit(2)
+        deadline = time.monotonic() + 20
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                print("child exit", os.waitstatus_to_exitcode(status))
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                print("child hung")
+                break
+            time.sleep(0.02)
+        tile_py.synchronize()
+        print("parent's release ran" if alive() is None else "parent's release did not run")
+    """)
+    assert "child hung" not in out, out
+    assert "child ok" in out and "child exit 0" in out, out
+    assert "parent's release ran" in out, out
