@@ -3,7 +3,9 @@
 //!
 //! Each argument is converted once, as a launch converts it (the DLPack handshake with the
 //! launch stream); the key is read from those validated descriptors, and the exports it was
-//! read from are the ones launched. The key holds everything cuTile derives a kernel's
+//! read from are the ones launched: each is put where the launch's argument list holds it when
+//! the walk meets it, and every other leaf leaves a slot there, which is filled once the
+//! specialisation (and so the declared type of each scalar) is known. The key holds everything cuTile derives a kernel's
 //! assumptions from: per array the dtype, rank, 16-byte base alignment, disjoint elements,
 //! whether every extent and stride fits 32 bits, per dimension (up to 5) whether the stride is
 //! 1 or a multiple of 16 bytes and whether the extent is 1 or a multiple of 16, and the values
@@ -30,7 +32,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use smallvec::SmallVec;
-use tile_launch::{ArrayAssumptions, Dim3, LaunchConfig, Param};
+use tile_launch::{Arg, ArrayAssumptions, Dim3, LaunchConfig, Param};
 
 use crate::convert::INLINE;
 use crate::convert::{
@@ -364,21 +366,23 @@ thread_local! {
 }
 static ARRAY_TYPES: TypeCache<ArrayKind> = TypeCache::new(&LAST_ARRAY_TYPE);
 
-/// A leaf argument (tuples flattened) as the launch passes it.
+/// A leaf argument (tuples flattened) as the launch passes it. A slot is the leaf's index in
+/// the walk's [`Converted`] arguments (before the fill of [`fill_slots`]).
 enum Leaf<'py> {
-    /// A scalar or a constant, converted against the compiled kernel's parameter, and the
-    /// value of an exact int that fits 64 bits (read once, for the key).
-    Scalar(Bound<'py, PyAny>, Option<i64>),
-    /// A converted array: its index among the converted tensors, and whether cuTile is shown
-    /// the export's layout (it cannot read the object's own).
+    /// A scalar or a constant, converted against the compiled kernel's parameter into its
+    /// slot (None for a parameter annotated as a constant, which has none), and the value of
+    /// an exact int that fits 64 bits (read once, for the key).
+    Scalar(Bound<'py, PyAny>, Option<i64>, Option<usize>),
+    /// A converted array, in its slot, and whether cuTile is shown the export's layout (it
+    /// cannot read the object's own), which a miss reads again from the claim.
     Array(usize, bool),
-    /// A list of arrays (`tile_py.cutile._ListArg`), its length, and the elements as cuTile is
-    /// shown them.
-    List(Bound<'py, PyAny>, usize, Bound<'py, PyAny>),
+    /// A list of arrays (`tile_py.cutile._ListArg`), its length, the elements as cuTile is
+    /// shown them, and its two slots (the staged descriptor buffer, the length) from this one.
+    List(Bound<'py, PyAny>, usize, Bound<'py, PyAny>, usize),
 }
 
-/// One launch's walk over its arguments: the key, the leaves, the converted arrays and the
-/// bytes each spans (with its order of appearance), for the overlap check.
+/// One launch's walk over its arguments: the key, the leaves, the arguments converted in
+/// place and the bytes each array spans (with its order of appearance), for the overlap check.
 struct Walk<'a, 'py> {
     py: Python<'py>,
     /// The launch's handshake and stream; None for a key alone ([`_cutile_key`]), whose
@@ -387,18 +391,16 @@ struct Walk<'a, 'py> {
     params: &'a Params,
     words: Words,
     leaves: SmallVec<[Leaf<'py>; INLINE]>,
-    tensors: SmallVec<[Tensor; INLINE]>,
+    /// The launch's arguments in the order of the leaves: each array converted (and claimed)
+    /// where the walk meets it, and a placeholder scalar per slot of any other leaf, which
+    /// [`fill_slots`] fills once the kernel is known. An array is moved once, into here, and
+    /// launched from here.
+    conv: Converted,
     spans: SmallVec<[(i128, i128, usize); INLINE]>,
 }
 
-/// Hands back every claim of arrays converted but not launched.
-fn abandon(py: Python<'_>, tensors: SmallVec<[Tensor; INLINE]>) {
-    let mut c = Converted::new();
-    for t in tensors {
-        c.push_tensor(t);
-    }
-    c.abandon(py);
-}
+/// A slot's content until [`fill_slots`] converts the leaf into it.
+const PLACEHOLDER: tile_launch::Scalar = tile_launch::Scalar::Bool(false);
 
 impl<'py> Walk<'_, 'py> {
     fn arg(&mut self, obj: &Bound<'py, PyAny>, node: &Node, param: usize) -> PyResult<()> {
@@ -416,11 +418,19 @@ impl<'py> Walk<'_, 'py> {
         self.leaf(obj, node)
     }
 
+    /// Reserves the next slot of the arguments, for a leaf that is not an array.
+    fn slot(&mut self) -> usize {
+        self.conv.push_scalar(PLACEHOLDER);
+        self.conv.args.len() - 1
+    }
+
     fn leaf(&mut self, obj: &Bound<'py, PyAny>, node: &Node) -> PyResult<()> {
         let py = self.py;
         let index = self.leaves.len();
         if node.constant {
             constant_words(obj, &mut self.words)?;
+            self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
+            return Ok(());
         } else if obj.cast_exact::<PyBool>().is_ok() {
             self.words.push(tag::BOOL);
         } else if obj.cast_exact::<PyInt>().is_ok() {
@@ -428,7 +438,8 @@ impl<'py> Walk<'_, 'py> {
             self.words.push(tag::INT);
             self.words
                 .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
-            self.leaves.push(Leaf::Scalar(obj.clone(), v));
+            let slot = self.slot();
+            self.leaves.push(Leaf::Scalar(obj.clone(), v, Some(slot)));
             return Ok(());
         } else if obj.cast_exact::<PyFloat>().is_ok() {
             self.words.push(tag::FLOAT);
@@ -444,7 +455,7 @@ impl<'py> Walk<'_, 'py> {
                     strides: &strides,
                 };
                 let _ = layout.words(node.statics.as_ref(), &mut self.words);
-                self.leaves.push(Leaf::Scalar(obj.clone(), None));
+                self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
                 return Ok(());
             };
             let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
@@ -461,8 +472,8 @@ impl<'py> Walk<'_, 'py> {
                 };
                 layout.words(node.statics.as_ref(), &mut self.words)
             });
-            let k = self.tensors.len();
-            self.tensors.push(t);
+            let slot = self.conv.args.len();
+            self.conv.push_tensor(t);
             let span = read.map_err(|source| {
                 launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
                     None
@@ -471,7 +482,7 @@ impl<'py> Walk<'_, 'py> {
             if let Some((lo, hi)) = span {
                 self.spans.push((lo, hi, at));
             }
-            self.leaves.push(Leaf::Array(k, shown_as_export));
+            self.leaves.push(Leaf::Array(slot, shown_as_export));
             return Ok(());
         } else if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>() {
             let key = (intern!(py, "scalar"), obj.get_type());
@@ -483,7 +494,9 @@ impl<'py> Walk<'_, 'py> {
             // Only a constant can be this: its value decides the code.
             constant_words(obj, &mut self.words)?;
         }
-        self.leaves.push(Leaf::Scalar(obj.clone(), None));
+        let slot = self.slot();
+        self.leaves
+            .push(Leaf::Scalar(obj.clone(), None, Some(slot)));
         Ok(())
     }
 
@@ -523,7 +536,10 @@ impl<'py> Walk<'_, 'py> {
             // `tile_py.cutile`): their span is not used.
             let _ = layout.words(node.list_statics.as_ref(), &mut self.words);
         }
-        self.leaves.push(Leaf::List(arg, layouts.len(), shown));
+        let slot = self.slot();
+        self.slot();
+        self.leaves
+            .push(Leaf::List(arg, layouts.len(), shown, slot));
         Ok(())
     }
 
@@ -556,26 +572,22 @@ impl<'py> Walk<'_, 'py> {
         let d = PyDict::new(py);
         for (i, leaf) in self.leaves.iter().enumerate() {
             match leaf {
-                Leaf::Array(k, true) => {
-                    let view = self.tensors[*k].view().map_err(|source| {
-                        launch_err(
-                            py,
-                            tile_launch::Error::Descriptor { index: i, source },
-                            |_| None,
-                        )
-                    })?;
-                    let dt = view.dtype();
-                    d.set_item(
-                        i,
+                Leaf::Array(slot, true) => {
+                    let Some(Some(claim)) = self.conv.claims.get(*slot) else {
+                        return Err(mismatch(i));
+                    };
+                    let shown = claim.peek(py, i, |view| {
+                        let dt = view.dtype();
                         (
                             (dt.code, dt.bits, dt.lanes),
                             view.data_ptr(),
                             view.shape().to_vec(),
                             view.strides().to_vec(),
-                        ),
-                    )?;
+                        )
+                    })?;
+                    d.set_item(i, shown)?;
                 }
-                Leaf::List(_, _, shown) => d.set_item(i, shown)?,
+                Leaf::List(_, _, shown, _) => d.set_item(i, shown)?,
                 _ => {}
             }
         }
@@ -871,18 +883,19 @@ pub(crate) fn launch<'py>(
         py,
         launch: Some((&hs, &stream)),
         params: &params,
-        words: smallvec::smallvec![u64::from(cc.0) << 32 | u64::from(cc.1)],
+        words: Words::new(),
         leaves: SmallVec::new(),
-        tensors: SmallVec::new(),
+        conv: Converted::new(),
         spans: SmallVec::new(),
     };
+    w.words.push(u64::from(cc.0) << 32 | u64::from(cc.1));
     let walked = args
         .iter_borrowed()
         .zip(&params.nodes)
         .enumerate()
         .try_for_each(|(i, (a, node))| w.arg(&a, node, i));
     if let Err(e) = walked {
-        abandon(py, std::mem::take(&mut w.tensors));
+        w.conv.abandon(py);
         return Err(e);
     }
     // This thread's last specialisation, else the table (read again: the walk ran Python).
@@ -913,20 +926,20 @@ pub(crate) fn launch<'py>(
             let compiled = match (compiled, overlap) {
                 (Ok(Some(c)), None) => c,
                 (Err(e), _) => {
-                    abandon(py, std::mem::take(&mut w.tensors));
+                    w.conv.abandon(py);
                     return Err(e);
                 }
                 // cuTile's own refusal of these arguments came first; what it compiled for
                 // overlapping arrays is not kept.
                 (Ok(_), overlap) => {
-                    abandon(py, std::mem::take(&mut w.tensors));
+                    w.conv.abandon(py);
                     return Err(err(Kind::Value, overlap.unwrap_or_default()));
                 }
             };
             match register(kid, &params, &w.words, &compiled) {
                 Ok(e) => e,
                 Err(e) => {
-                    abandon(py, std::mem::take(&mut w.tensors));
+                    w.conv.abandon(py);
                     return Err(e);
                 }
             }
@@ -975,7 +988,7 @@ pub(crate) fn _cutile_key(
         params: &params,
         words: Words::new(),
         leaves: SmallVec::new(),
-        tensors: SmallVec::new(),
+        conv: Converted::new(),
         spans: SmallVec::new(),
     };
     for (i, (a, node)) in args.try_iter()?.zip(&params.nodes).enumerate() {
@@ -1022,9 +1035,7 @@ fn register(
     Ok(entry)
 }
 
-/// Launches `kernel` with the walked leaves in the compiled kernel's order: constants
-/// dropped, scalars converted to the declared types, the arrays as converted, each list as its
-/// staged descriptor buffer and its length.
+/// Launches `kernel` with the walked arguments, their slots filled for it ([`fill_slots`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_leaves(
     py: Python<'_>,
@@ -1037,56 +1048,8 @@ fn launch_leaves(
     hs: &Handshake,
 ) -> PyResult<LaunchHandle> {
     let tk = kernel.get();
-    let mut conv = Converted::new();
-    let mut converted = w.tensors.drain(..);
-    let mut params = tk.params.iter();
-    let mut failed = (keep.len() != w.leaves.len()).then(|| {
-        err(
-            Kind::Runtime,
-            "tile_py.cutile: the compiled kernel's leaf count does not match its arguments \
-             (a bug)",
-        )
-    });
-    for (i, (leaf, &k)) in w.leaves.iter().zip(keep).enumerate() {
-        if failed.is_some() {
-            break;
-        }
-        let r = match (leaf, k) {
-            (Leaf::Array(..), _) => {
-                // Every array is passed: cuTile keeps only constants out.
-                conv.push_tensor(converted.next().expect("one converted tensor per array"));
-                match params.next() {
-                    Some(p) if !matches!(p, Param::Scalar(_)) => Ok(()),
-                    _ => Err(mismatch(i)),
-                }
-            }
-            (_, false) => Ok(()),
-            (Leaf::Scalar(obj, int), true) => match params.next() {
-                Some(Param::Scalar(ty)) => match int.and_then(|v| int_scalar(v.into(), *ty)) {
-                    Some(v) => {
-                        conv.push_scalar(v);
-                        Ok(())
-                    }
-                    None => convert_scalar(i, obj, *ty).map(|v| conv.push_scalar(v)),
-                },
-                _ => Err(mismatch(i)),
-            },
-            (Leaf::List(arg, len, _), true) => {
-                stage(py, i, arg, *len, &mut params, hs).map(|(t, n)| {
-                    conv.push_tensor(t);
-                    conv.push_scalar(n);
-                })
-            }
-        };
-        failed = r.err();
-    }
-    // What was not moved (after a failure) is handed back with the rest.
-    converted.for_each(|t| conv.push_tensor(t));
-    if failed.is_none() && conv.args.len() != tk.params.len() {
-        failed = Some(mismatch(conv.args.len()));
-    }
-    if let Some(e) = failed {
-        conv.abandon(py);
+    if let Err(e) = fill_slots(py, w, &tk.params, keep, hs) {
+        w.conv.abandon(py);
         return Err(e);
     }
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
@@ -1099,8 +1062,70 @@ fn launch_leaves(
             config,
             bound: None,
         },
-        &mut conv,
+        &mut w.conv,
     )
+}
+
+/// Puts the walked arguments in the compiled kernel's order (`params`; `keep`, per leaf,
+/// whether it is passed): each scalar converted to its declared type in its slot, each list
+/// staged (its descriptor buffer and its length in its two slots), the slot of a leaf that is
+/// not passed (a constant cuTile found in its value) removed. Arrays are always passed, as
+/// converted: only constants are kept out. The kinds and the count are tile-launch's to check.
+fn fill_slots(
+    py: Python<'_>,
+    w: &mut Walk<'_, '_>,
+    params: &[Param],
+    keep: &[bool],
+    hs: &Handshake,
+) -> PyResult<()> {
+    if keep.len() != w.leaves.len() {
+        return Err(err(
+            Kind::Runtime,
+            "tile_py.cutile: the compiled kernel's leaf count does not match its arguments \
+             (a bug)",
+        ));
+    }
+    let conv = &mut w.conv;
+    // Slots removed so far: later slots are that many places earlier.
+    let mut removed = 0;
+    for (i, (leaf, &k)) in w.leaves.iter().zip(keep).enumerate() {
+        match (leaf, k) {
+            (Leaf::Array(..), _) | (Leaf::Scalar(_, _, None), false) => {}
+            (Leaf::Scalar(obj, int, Some(slot)), true) => {
+                let j = slot - removed;
+                let Some(Param::Scalar(ty)) = params.get(j) else {
+                    return Err(mismatch(i));
+                };
+                let v = match int.and_then(|v| int_scalar(v.into(), *ty)) {
+                    Some(v) => v,
+                    None => convert_scalar(i, obj, *ty)?,
+                };
+                conv.args[j] = Arg::Scalar(v);
+            }
+            (Leaf::Scalar(_, _, Some(slot)), false) => {
+                let j = slot - removed;
+                conv.args.remove(j);
+                conv.claims.remove(j);
+                removed += 1;
+            }
+            (Leaf::List(arg, len, _, slot), true) => {
+                let j = slot - removed;
+                let (t, n) = stage(py, i, arg, *len, params.get(j..).unwrap_or_default(), hs)?;
+                // Into the first slot: appended, swapped in, the placeholder dropped.
+                conv.push_tensor(t);
+                let last = conv.args.len() - 1;
+                conv.args.swap(j, last);
+                conv.claims.swap(j, last);
+                conv.args.pop();
+                conv.claims.pop();
+                conv.args[j + 1] = Arg::Scalar(n);
+            }
+            (Leaf::Scalar(_, _, None), true) | (Leaf::List(..), false) => {
+                return Err(mismatch(i));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn mismatch(i: usize) -> PyErr {
@@ -1114,15 +1139,15 @@ fn mismatch(i: usize) -> PyErr {
 
 /// A list argument's staged descriptor buffer (`tile_py.cutile._stage`), converted, and its
 /// length, against the next two declared parameters.
-fn stage<'a>(
+fn stage(
     py: Python<'_>,
     i: usize,
     arg: &Bound<'_, PyAny>,
     len: usize,
-    params: &mut impl Iterator<Item = &'a Param>,
+    params: &[Param],
     hs: &Handshake,
 ) -> PyResult<(Tensor, tile_launch::Scalar)> {
-    let (Some(buffer), Some(Param::Scalar(ty))) = (params.next(), params.next()) else {
+    let [buffer, Param::Scalar(ty), ..] = params else {
         return Err(mismatch(i));
     };
     if matches!(buffer, Param::Scalar(_)) {

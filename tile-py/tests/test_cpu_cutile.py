@@ -945,6 +945,69 @@ def test_the_last_specialisation_is_found_again_only_for_its_own_key(stub_driver
     """)
 
 
+def test_a_leaf_cutile_makes_a_constant_leaves_the_others_in_their_own_places(
+        stub_driver, tmp_path):
+    """A leaf of an unannotated parameter that cuTile compiles as a constant (here a string) is
+    not passed, and every later scalar is still converted into its own parameter: each value
+    below fits only the type declared for its own place, on the launch that compiles and on the
+    hits after it; a list's two slots after such a leaf too. (The stub kernel's parameters are
+    8 bytes each.)"""
+    on_stub(stub_driver, tmp_path, """
+        @ct.kernel
+        def k8(x, y, out, mode, a, b, c, d):
+            pass
+
+        @ct.kernel
+        def klist8(xs, out, mode, a, b, c, d):
+            pass
+
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        array = tile_py.In("float32", strided=True)
+        declared = [array] * 3 + [
+            tile_py.Scalar("u64"), tile_py.Scalar("f64"), tile_py.Scalar("i64"),
+            tile_py.Scalar("f64")]
+
+        def compile_mode(kernel, args, cc):
+            compiled.append(args)
+            keep = (True, True, True, False, True, True, True, True)
+            return tc._Compiled(LIB.kernel("k", declared), keep, None)
+
+        tc._compile = compile_mode
+        plain = LIB.kernel("k", declared)
+        for a, b, c in [(2**64 - 1, 1.5, -7), (2**63 + 5, -2.0, -9), (2**64 - 1, 1.5, -7)]:
+            tc.launch(1, (4,), k8, (x, y, out, "fast", a, b, c, 0.5)).wait()
+            tile_py.launch(1, 4, plain, (x, y, out, a, b, c, 0.5), block=1).wait()
+        assert len(compiled) == 1 and tc.cache_info()["hits"] == 2
+        # Out of place (other keys, compiled with the same declarations), a value is refused:
+        # each slot's type is the one declared there.
+        for bad in [(x, y, out, "fast", -7, 1.5, 2**64 - 1, 0.5),
+                    (x, y, out, "fast", 1.5, 2**64 - 1, -7, 0.5)]:
+            try:
+                tc.launch(1, (4,), k8, bad)
+            except (OverflowError, TypeError) as e:
+                assert str(e).startswith("argument 4:"), e
+            else:
+                raise AssertionError(f"launched {bad}")
+        # A list before such a leaf: its buffer and its length in their own two slots.
+        tc._stage = lambda arg: tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+
+        def compile_list(kernel, args, cc):
+            compiled.append(args)
+            keep = (True, True, False, True, True, True, True)
+            listed = [tile_py.In("int64"), tile_py.Scalar("u64"), array, tile_py.Scalar("f64"),
+                      tile_py.Scalar("i64"), tile_py.Scalar("f64"), tile_py.Scalar("u64")]
+            return tc._Compiled(LIB.kernel("k", listed), keep, None)
+
+        tc._compile = compile_list
+        before = tc.cache_info()
+        for _ in range(2):
+            xs = [Dev([64]), Dev([64], ptr=BASE + 0x1000)]
+            tc.launch(1, (4,), klist8, (xs, out, "m", 2.5, -3, 0.25, 2**64 - 1)).wait()
+        after = tc.cache_info()
+        assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 1)
+    """)
+
+
 def test_int_scalars_convert_to_the_declared_type_as_tile_py_launch_converts_them(
         stub_driver, tmp_path):
     """An int argument is read once for the key and launched from that value when it fits the
