@@ -289,34 +289,25 @@ struct Layout<'a> {
 impl Layout<'_> {
     /// Appends the array's features (the module docs list them): the dtype, the rank, a word of
     /// flags, a word of 4 bits per dimension, then `(1, value)` per statically annotated
-    /// dimension (`0` for one out of range). Returns the bytes `[lo, hi)` the array can touch
-    /// (None when it is empty), read in the same pass.
-    fn words(&self, statics: Option<&Statics>, out: &mut Words) -> Option<(i128, i128)> {
-        let bits = i128::from(self.bits) * i128::from(self.lanes);
+    /// dimension (`0` for one out of range).
+    fn words(&self, statics: Option<&Statics>, out: &mut Words) {
+        let bits = u64::from(self.bits) * u64::from(self.lanes);
         let (shape, strides) = (self.shape, self.strides);
         // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
         let unit_strides = statics.is_none_or(|(_, stride_dims)| stride_dims.is_empty());
         let mut fits32 = true;
         let mut per_dim = 0u64;
-        let (mut lo, mut hi) = (i128::from(self.ptr), i128::from(self.ptr));
-        let mut empty = false;
         for (d, (&n, &s)) in shape.iter().zip(strides).enumerate() {
-            fits32 &= i32::try_from(n).is_ok() && i32::try_from(s).is_ok();
-            let (n, s) = (i128::from(n), i128::from(s));
+            fits32 &= i64::from(n as i32) == n && i64::from(s as i32) == s;
             if d < 5 {
-                // Bit masks: a multiple of 16 bytes is a multiple of 128 bits.
-                let f = u64::from((s * bits) & 127 == 0)
+                // A multiple of 16 bytes is a multiple of 128 bits: the low 7 bits of the
+                // product, which wrapping keeps. An extent that is a multiple of 16 is one of
+                // whole bytes.
+                let f = u64::from((s as u64).wrapping_mul(bits) & 127 == 0)
                     | u64::from(unit_strides && s == 1) << 1
-                    | u64::from((n * bits) & 7 == 0 && n & 15 == 0) << 2
+                    | u64::from(n & 15 == 0) << 2
                     | u64::from(n == 1) << 3;
                 per_dim |= f << (4 * d);
-            }
-            empty |= n == 0;
-            let off = ((n - 1) * s * bits) >> 3; // floor(bits / 8)
-            if off < 0 {
-                lo += off;
-            } else {
-                hi += off;
             }
         }
         let head = [
@@ -328,11 +319,9 @@ impl Layout<'_> {
                 | u64::from(fits32) << 2,
             per_dim,
         ];
-        // Word for word (no copy call); the per-dimension word only up to 5 dimensions.
-        out.reserve(head.len());
-        for w in &head[..if shape.len() <= 5 { 5 } else { 4 }] {
-            out.push(*w);
-        }
+        // The per-dimension word only up to 5 dimensions; `extend` writes them without a
+        // capacity check each.
+        out.extend(head[..if shape.len() <= 5 { 5 } else { 4 }].iter().copied());
         if let Some((shape_dims, stride_dims)) = statics {
             for (values, dims) in [(shape, shape_dims), (strides, stride_dims)] {
                 let n = values.len() as i64;
@@ -345,7 +334,26 @@ impl Layout<'_> {
                 }
             }
         }
-        (!empty).then_some((lo, hi + (bits / 8).max(1)))
+    }
+}
+
+impl Layout<'_> {
+    /// The bytes `[lo, hi)` a non-empty array of packed sub-byte elements can touch (a byte
+    /// per element at least).
+    #[cold]
+    fn sub_byte_span(&self) -> (u64, u64) {
+        let bits = i128::from(self.bits) * i128::from(self.lanes);
+        let (mut lo, mut hi) = (i128::from(self.ptr), i128::from(self.ptr));
+        for (&n, &s) in self.shape.iter().zip(self.strides) {
+            let off = ((i128::from(n) - 1) * i128::from(s) * bits) >> 3; // floor(bits / 8)
+            if off < 0 {
+                lo += off;
+            } else {
+                hi += off;
+            }
+        }
+        let addr = |v: i128| v.clamp(0, i128::from(u64::MAX)) as u64;
+        (addr(lo), addr(hi + 1))
     }
 }
 
@@ -396,7 +404,9 @@ struct Walk<'a, 'py> {
     /// [`fill_slots`] fills once the kernel is known. An array is moved once, into here, and
     /// launched from here.
     conv: Converted,
-    spans: SmallVec<[(i128, i128, usize); INLINE]>,
+    /// Per non-empty array, the bytes `[lo, hi)` its validated descriptor says it can touch,
+    /// and its order of appearance.
+    spans: SmallVec<[(u64, u64, usize); INLINE]>,
 }
 
 /// A slot's content until [`fill_slots`] converts the leaf into it.
@@ -404,7 +414,10 @@ const PLACEHOLDER: tile_launch::Scalar = tile_launch::Scalar::Bool(false);
 
 impl<'py> Walk<'_, 'py> {
     fn arg(&mut self, obj: &Bound<'py, PyAny>, node: &Node, param: usize) -> PyResult<()> {
-        if let Ok(t) = obj.cast::<PyTuple>() {
+        // Type checks by `is_instance_of`: a failed `cast` makes an error holding the type.
+        if obj.is_instance_of::<PyTuple>()
+            && let Ok(t) = obj.cast::<PyTuple>()
+        {
             self.words.push(tag::TUPLE);
             self.words.push(t.len() as u64);
             for (i, item) in t.iter().enumerate() {
@@ -412,7 +425,7 @@ impl<'py> Walk<'_, 'py> {
             }
             return Ok(());
         }
-        if !node.constant && obj.cast::<PyList>().is_ok() {
+        if !node.constant && obj.is_instance_of::<PyList>() {
             return self.list(obj, node, param);
         }
         self.leaf(obj, node)
@@ -431,9 +444,9 @@ impl<'py> Walk<'_, 'py> {
             constant_words(obj, &mut self.words)?;
             self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
             return Ok(());
-        } else if obj.cast_exact::<PyBool>().is_ok() {
+        } else if obj.is_exact_instance_of::<PyBool>() {
             self.words.push(tag::BOOL);
-        } else if obj.cast_exact::<PyInt>().is_ok() {
+        } else if obj.is_exact_instance_of::<PyInt>() {
             let v: Option<i64> = obj.extract().ok();
             self.words.push(tag::INT);
             self.words
@@ -441,7 +454,7 @@ impl<'py> Walk<'_, 'py> {
             let slot = self.slot();
             self.leaves.push(Leaf::Scalar(obj.clone(), v, Some(slot)));
             return Ok(());
-        } else if obj.cast_exact::<PyFloat>().is_ok() {
+        } else if obj.is_exact_instance_of::<PyFloat>() {
             self.words.push(tag::FLOAT);
         } else if let Some(shown_as_export) = array_kind(obj) {
             let Some((hs, _)) = self.launch else {
@@ -454,7 +467,7 @@ impl<'py> Walk<'_, 'py> {
                     shape: &shape,
                     strides: &strides,
                 };
-                let _ = layout.words(node.statics.as_ref(), &mut self.words);
+                layout.words(node.statics.as_ref(), &mut self.words);
                 self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
                 return Ok(());
             };
@@ -470,7 +483,20 @@ impl<'py> Walk<'_, 'py> {
                     shape: view.shape(),
                     strides: view.strides(),
                 };
-                layout.words(node.statics.as_ref(), &mut self.words)
+                layout.words(node.statics.as_ref(), &mut self.words);
+                // Validation computed the extent, and proved `ptr + extent` in the address
+                // space for a non-empty tensor (an empty one has `0..0`, and so has one of
+                // packed sub-byte elements, whose item size is 0 bytes).
+                let e = view.byte_extent();
+                if e.end > e.start {
+                    let ptr = layout.ptr;
+                    Some((
+                        ptr.wrapping_add_signed(e.start),
+                        ptr.wrapping_add_signed(e.end),
+                    ))
+                } else {
+                    (view.numel() > 0).then(|| layout.sub_byte_span())
+                }
             });
             let slot = self.conv.args.len();
             self.conv.push_tensor(t);
@@ -533,8 +559,8 @@ impl<'py> Walk<'_, 'py> {
                 strides: &strides,
             };
             // List elements are not part of the overlap check (see the module docs of
-            // `tile_py.cutile`): their span is not used.
-            let _ = layout.words(node.list_statics.as_ref(), &mut self.words);
+            // `tile_py.cutile`).
+            layout.words(node.list_statics.as_ref(), &mut self.words);
         }
         let slot = self.slot();
         self.slot();
@@ -598,7 +624,7 @@ impl<'py> Walk<'_, 'py> {
 /// How `obj` is read as an array, or None when it is not one: `Some(true)` when cuTile must be
 /// shown the export's layout.
 fn array_kind(obj: &Bound<'_, PyAny>) -> Option<bool> {
-    if obj.cast::<PyCapsule>().is_ok() {
+    if obj.is_instance_of::<PyCapsule>() {
         return Some(true);
     }
     let py = obj.py();
@@ -698,15 +724,16 @@ fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut Words)
 fn grid_dims(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     // The common cases, an exact int or a tuple of exact ints in range: no allocation.
     let fits = |v: &Bound<'_, PyAny>| {
-        v.cast_exact::<PyInt>()
-            .ok()
-            .and_then(|i| i.extract::<u32>().ok())
+        v.is_exact_instance_of::<PyInt>()
+            .then(|| v.extract::<u32>().ok())
+            .flatten()
             .filter(|&n| i64::from(n) <= MAX_GRID_DIM)
     };
     if let Some(x) = fits(grid) {
         return Ok(Dim3::new(x, 1, 1));
     }
-    if let Ok(t) = grid.cast_exact::<PyTuple>()
+    if grid.is_exact_instance_of::<PyTuple>()
+        && let Ok(t) = grid.cast::<PyTuple>()
         && t.len() <= 3
     {
         let mut dims = [1u32; 3];
@@ -776,9 +803,7 @@ fn grid_dims_other(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
 /// A stream as cuTile takes it, in a form tile_py takes: the int handle 0 is the legacy default
 /// stream (tile_py's 1); anything else as tile_py reads it (a numba-cuda stream included).
 fn cutile_stream<'py>(stream: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    if let Ok(i) = stream.cast_exact::<PyInt>()
-        && i.extract::<u64>().is_ok_and(|v| v == 0)
-    {
+    if stream.is_exact_instance_of::<PyInt>() && stream.extract::<u64>().is_ok_and(|v| v == 0) {
         return Ok(1i32.into_pyobject(stream.py())?.into_any());
     }
     Ok(stream.clone())
@@ -865,9 +890,13 @@ pub(crate) fn launch<'py>(
     };
     // A tuple is walked in place (its items cannot change); anything else is read once into
     // one, which is also what a miss shows cuTile.
-    let args: Bound<'py, PyTuple> = match args.cast::<PyTuple>() {
-        Ok(t) => t.clone(),
-        Err(_) => PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
+    let read;
+    let args: &Bound<'py, PyTuple> = match args.cast::<PyTuple>() {
+        Ok(t) => t,
+        Err(_) => {
+            read = PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+            &read
+        }
     };
     let n = params.nodes.len();
     if args.len() != n {
@@ -1100,7 +1129,11 @@ fn fill_slots(
                     Some(v) => v,
                     None => convert_scalar(i, obj, *ty)?,
                 };
-                conv.args[j] = Arg::Scalar(v);
+                // The placeholder's value replaced (nothing to drop).
+                match &mut conv.args[j] {
+                    Arg::Scalar(placeholder) => *placeholder = v,
+                    Arg::Tensor(_) => return Err(mismatch(i)),
+                }
             }
             (Leaf::Scalar(_, _, Some(slot)), false) => {
                 let j = slot - removed;

@@ -701,6 +701,37 @@ def test_cutiles_own_errors_come_before_the_overlap_refusal(stub_driver, tmp_pat
     """)
 
 
+def test_overlap_is_checked_on_every_launch_from_the_validated_extents(stub_driver, tmp_path):
+    """Arrays that share a byte are refused on a hit as on a miss, each array's bytes being the
+    extent its validated descriptor states (a negative stride reaches below the data pointer);
+    arrays that only touch are launched."""
+    on_stub(stub_driver, tmp_path, """
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+
+        def refusal(x, y):
+            try:
+                tc.launch(1, (1,), k7, (x, y, out, 1.0, 2, 3, 4)).wait()
+                return None
+            except ValueError as e:
+                return str(e)
+
+        overlap = "array arguments 0 and 1 (in order of appearance) overlap in memory"
+        assert refusal(Dev([64], ptr=BASE + 0x1000 - 256), y) is None  # touching below
+        assert refusal(Dev([64], ptr=BASE + 0x1000 + 256), y) is None  # touching above
+        assert tc.cache_info() == {"entries": 1, "hits": 1, "misses": 1}
+        # The same specialisation, sharing 16 bytes: found, and refused (a refused launch is
+        # not counted as a hit).
+        assert overlap in refusal(Dev([64], ptr=BASE + 0x1000 - 240), y)
+        assert overlap in refusal(Dev([64], ptr=BASE + 0x1000 + 240), y)
+        assert tc.cache_info() == {"entries": 1, "hits": 1, "misses": 1}
+        # Reversed, its data pointer at its highest element: it reaches 252 bytes below. The
+        # second finds the kernel the first compiled, and is refused.
+        assert refusal(Dev([64], strides=[-1], ptr=BASE + 0x1000 + 256 + 252), y) is None
+        assert overlap in refusal(Dev([64], strides=[-1], ptr=BASE + 0x1000 + 252 + 16), y)
+        assert tc.cache_info() == {"entries": 2, "hits": 1, "misses": 2}
+    """)
+
+
 def test_refusals_before_anything_is_consumed(stub_driver, tmp_path):
     on_stub(stub_driver, tmp_path, """
         cap, c = make_capsule(shape=(64,), data=BASE)
