@@ -49,8 +49,59 @@ use crate::release::COUNTERS;
 /// wrong tile block IDs.
 const MAX_GRID_DIM: i64 = (1 << 24) - 1;
 
-/// The words of one launch's key: the compute capability, then the arguments'.
+/// The words of a registered key: the compute capability, then the arguments'.
 type Words = SmallVec<[u64; 24]>;
+
+/// The words of one launch's key as its walk writes them: inline up to [`KeyBuf::INLINE`]
+/// (a push is a store), on the heap past that.
+struct KeyBuf {
+    len: usize,
+    inline: [u64; KeyBuf::INLINE],
+    spilled: Vec<u64>,
+}
+
+impl KeyBuf {
+    const INLINE: usize = 32;
+
+    fn new() -> KeyBuf {
+        KeyBuf {
+            len: 0,
+            inline: [0; KeyBuf::INLINE],
+            spilled: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, w: u64) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = w,
+            None => self.spill(w),
+        }
+        self.len += 1;
+    }
+
+    #[cold]
+    fn spill(&mut self, w: u64) {
+        if self.spilled.is_empty() {
+            self.spilled.extend_from_slice(&self.inline);
+        }
+        self.spilled.push(w);
+    }
+
+    #[inline]
+    fn extend(&mut self, words: impl IntoIterator<Item = u64>) {
+        for w in words {
+            self.push(w);
+        }
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        match self.inline.get(..self.len) {
+            Some(words) => words,
+            None => &self.spilled,
+        }
+    }
+}
 
 /// A multiply-and-rotate hash taken a word at a time (a key's words are hashed as their bytes):
 /// keys are short and not attacker-chosen.
@@ -290,7 +341,7 @@ impl Layout<'_> {
     /// Appends the array's features (the module docs list them): the dtype, the rank, a word of
     /// flags, a word of 4 bits per dimension, then `(1, value)` per statically annotated
     /// dimension (`0` for one out of range).
-    fn words(&self, statics: Option<&Statics>, out: &mut Words) {
+    fn words(&self, statics: Option<&Statics>, out: &mut KeyBuf) {
         let bits = u64::from(self.bits) * u64::from(self.lanes);
         let (shape, strides) = (self.shape, self.strides);
         // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
@@ -319,15 +370,14 @@ impl Layout<'_> {
                 | u64::from(fits32) << 2,
             per_dim,
         ];
-        // The per-dimension word only up to 5 dimensions; `extend` writes them without a
-        // capacity check each.
+        // The per-dimension word only up to 5 dimensions.
         out.extend(head[..if shape.len() <= 5 { 5 } else { 4 }].iter().copied());
         if let Some((shape_dims, stride_dims)) = statics {
             for (values, dims) in [(shape, shape_dims), (strides, stride_dims)] {
                 let n = values.len() as i64;
                 for &d in dims {
                     if (-n..n).contains(&d) {
-                        out.extend_from_slice(&[1, values[d.rem_euclid(n) as usize] as u64]);
+                        out.extend([1, values[d.rem_euclid(n) as usize] as u64]);
                     } else {
                         out.push(0);
                     }
@@ -397,7 +447,7 @@ struct Walk<'a, 'py> {
     /// arrays are read from `__cuda_array_interface__`, not converted.
     launch: Option<(&'a Handshake, &'a Bound<'py, PyAny>)>,
     params: &'a Params,
-    words: Words,
+    words: KeyBuf,
     leaves: SmallVec<[Leaf<'py>; INLINE]>,
     /// The launch's arguments in the order of the leaves: each array converted (and claimed)
     /// where the walk meets it, and a placeholder scalar per slot of any other leaf, which
@@ -413,22 +463,30 @@ struct Walk<'a, 'py> {
 const PLACEHOLDER: tile_launch::Scalar = tile_launch::Scalar::Bool(false);
 
 impl<'py> Walk<'_, 'py> {
+    /// One argument, or one item of a tuple. Inlined into the walk's loop, as the leaves
+    /// common in a launch are (ints, arrays): one call per array, none per int.
+    #[inline]
     fn arg(&mut self, obj: &Bound<'py, PyAny>, node: &Node, param: usize) -> PyResult<()> {
         // Type checks by `is_instance_of`: a failed `cast` makes an error holding the type.
         if obj.is_instance_of::<PyTuple>()
             && let Ok(t) = obj.cast::<PyTuple>()
         {
-            self.words.push(tag::TUPLE);
-            self.words.push(t.len() as u64);
-            for (i, item) in t.iter().enumerate() {
-                self.arg(&item, node.item(i), param)?;
-            }
-            return Ok(());
+            return self.tuple(t, node, param);
         }
         if !node.constant && obj.is_instance_of::<PyList>() {
             return self.list(obj, node, param);
         }
         self.leaf(obj, node)
+    }
+
+    #[inline(never)]
+    fn tuple(&mut self, t: &Bound<'py, PyTuple>, node: &Node, param: usize) -> PyResult<()> {
+        self.words.push(tag::TUPLE);
+        self.words.push(t.len() as u64);
+        for (i, item) in t.iter().enumerate() {
+            self.arg(&item, node.item(i), param)?;
+        }
+        Ok(())
     }
 
     /// Reserves the next slot of the arguments, for a leaf that is not an array.
@@ -437,7 +495,87 @@ impl<'py> Walk<'_, 'py> {
         self.conv.args.len() - 1
     }
 
+    #[inline]
     fn leaf(&mut self, obj: &Bound<'py, PyAny>, node: &Node) -> PyResult<()> {
+        if !node.constant {
+            if obj.is_exact_instance_of::<PyInt>() {
+                let v: Option<i64> = obj.extract().ok();
+                self.words.push(tag::INT);
+                self.words
+                    .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
+                let slot = self.slot();
+                self.leaves.push(Leaf::Scalar(obj.clone(), v, Some(slot)));
+                return Ok(());
+            }
+            // A bool or a float is no array; anything else is asked.
+            if !obj.is_exact_instance_of::<PyBool>()
+                && !obj.is_exact_instance_of::<PyFloat>()
+                && let Some((hs, _)) = self.launch
+                && let Some(shown_as_export) = array_kind(obj)
+            {
+                return self.array(obj, node, hs, shown_as_export);
+            }
+        }
+        self.other_leaf(obj, node)
+    }
+
+    /// An array of a launch: converted, its features read from the validated descriptor, put
+    /// in the arguments.
+    #[inline(never)]
+    fn array(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        node: &Node,
+        hs: &Handshake,
+        shown_as_export: bool,
+    ) -> PyResult<()> {
+        let py = self.py;
+        let index = self.leaves.len();
+        let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
+        let at = self.spans.len();
+        let read = t.view().map(|view| {
+            let dt = view.dtype();
+            let layout = Layout {
+                code: dt.code,
+                bits: dt.bits,
+                lanes: dt.lanes,
+                ptr: view.data_ptr(),
+                shape: view.shape(),
+                strides: view.strides(),
+            };
+            layout.words(node.statics.as_ref(), &mut self.words);
+            // Validation computed the extent, and proved `ptr + extent` in the address space
+            // for a non-empty tensor (an empty one has `0..0`, and so has one of packed
+            // sub-byte elements, whose item size is 0 bytes).
+            let e = view.byte_extent();
+            if e.end > e.start {
+                let ptr = layout.ptr;
+                Some((
+                    ptr.wrapping_add_signed(e.start),
+                    ptr.wrapping_add_signed(e.end),
+                ))
+            } else {
+                (view.numel() > 0).then(|| layout.sub_byte_span())
+            }
+        });
+        let slot = self.conv.args.len();
+        self.conv.push_tensor(t);
+        let span = read.map_err(|source| {
+            launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
+                None
+            })
+        })?;
+        if let Some((lo, hi)) = span {
+            self.spans.push((lo, hi, at));
+        }
+        self.leaves.push(Leaf::Array(slot, shown_as_export));
+        Ok(())
+    }
+
+    /// Every leaf but an int and an array of a launch: constants, bools, floats, the arrays of
+    /// a key alone, other scalars.
+    #[inline(never)]
+    fn other_leaf(&mut self, obj: &Bound<'py, PyAny>, node: &Node) -> PyResult<()> {
         let py = self.py;
         let index = self.leaves.len();
         if node.constant {
@@ -446,69 +584,22 @@ impl<'py> Walk<'_, 'py> {
             return Ok(());
         } else if obj.is_exact_instance_of::<PyBool>() {
             self.words.push(tag::BOOL);
-        } else if obj.is_exact_instance_of::<PyInt>() {
-            let v: Option<i64> = obj.extract().ok();
-            self.words.push(tag::INT);
-            self.words
-                .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
-            let slot = self.slot();
-            self.leaves.push(Leaf::Scalar(obj.clone(), v, Some(slot)));
-            return Ok(());
         } else if obj.is_exact_instance_of::<PyFloat>() {
             self.words.push(tag::FLOAT);
-        } else if let Some(shown_as_export) = array_kind(obj) {
-            let Some((hs, _)) = self.launch else {
-                let (dt, ptr, shape, strides) = cai_layout(index, obj)?;
-                let layout = Layout {
-                    code: dt.code,
-                    bits: dt.bits,
-                    lanes: dt.lanes,
-                    ptr,
-                    shape: &shape,
-                    strides: &strides,
-                };
-                layout.words(node.statics.as_ref(), &mut self.words);
-                self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
-                return Ok(());
+        } else if self.launch.is_none()
+            && let Some(_) = array_kind(obj)
+        {
+            let (dt, ptr, shape, strides) = cai_layout(index, obj)?;
+            let layout = Layout {
+                code: dt.code,
+                bits: dt.bits,
+                lanes: dt.lanes,
+                ptr,
+                shape: &shape,
+                strides: &strides,
             };
-            let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
-            let at = self.spans.len();
-            let read = t.view().map(|view| {
-                let dt = view.dtype();
-                let layout = Layout {
-                    code: dt.code,
-                    bits: dt.bits,
-                    lanes: dt.lanes,
-                    ptr: view.data_ptr(),
-                    shape: view.shape(),
-                    strides: view.strides(),
-                };
-                layout.words(node.statics.as_ref(), &mut self.words);
-                // Validation computed the extent, and proved `ptr + extent` in the address
-                // space for a non-empty tensor (an empty one has `0..0`, and so has one of
-                // packed sub-byte elements, whose item size is 0 bytes).
-                let e = view.byte_extent();
-                if e.end > e.start {
-                    let ptr = layout.ptr;
-                    Some((
-                        ptr.wrapping_add_signed(e.start),
-                        ptr.wrapping_add_signed(e.end),
-                    ))
-                } else {
-                    (view.numel() > 0).then(|| layout.sub_byte_span())
-                }
-            });
-            let slot = self.conv.args.len();
-            self.conv.push_tensor(t);
-            let span = read.map_err(|source| {
-                launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
-                    None
-                })
-            })?;
-            if let Some((lo, hi)) = span {
-                self.spans.push((lo, hi, at));
-            }
-            self.leaves.push(Leaf::Array(slot, shown_as_export));
+            layout.words(node.statics.as_ref(), &mut self.words);
+            self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
             return Ok(());
         } else if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>() {
             let key = (intern!(py, "scalar"), obj.get_type());
@@ -623,6 +714,7 @@ impl<'py> Walk<'_, 'py> {
 
 /// How `obj` is read as an array, or None when it is not one: `Some(true)` when cuTile must be
 /// shown the export's layout.
+#[inline]
 fn array_kind(obj: &Bound<'_, PyAny>) -> Option<bool> {
     if obj.is_instance_of::<PyCapsule>() {
         return Some(true);
@@ -677,7 +769,7 @@ fn cai_layout(
 }
 
 /// Appends a constant's words: its value decides the code.
-fn constant_words(obj: &Bound<'_, PyAny>, out: &mut Words) -> PyResult<()> {
+fn constant_words(obj: &Bound<'_, PyAny>, out: &mut KeyBuf) -> PyResult<()> {
     if let Ok(b) = obj.cast_exact::<PyBool>() {
         out.extend([tag::CONST_BOOL, u64::from(b.is_true())]);
     } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
@@ -697,7 +789,7 @@ fn constant_words(obj: &Bound<'_, PyAny>, out: &mut Words) -> PyResult<()> {
 
 /// Appends the identity number of `key` (see [`INTERNED`]); `obj` is named when it cannot be
 /// a key.
-fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut Words) -> PyResult<()> {
+fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut KeyBuf) -> PyResult<()> {
     let py = key.py();
     if key.hash().is_err() {
         return Err(err(
@@ -912,7 +1004,7 @@ pub(crate) fn launch<'py>(
         py,
         launch: Some((&hs, &stream)),
         params: &params,
-        words: Words::new(),
+        words: KeyBuf::new(),
         leaves: SmallVec::new(),
         conv: Converted::new(),
         spans: SmallVec::new(),
@@ -928,13 +1020,15 @@ pub(crate) fn launch<'py>(
         return Err(e);
     }
     // This thread's last specialisation, else the table (read again: the walk ran Python).
-    let found = last_of(kid, |l| (l.key == w.words).then(|| l.entry.clone())).or_else(|| {
-        let e = plans()
-            .as_ref()
-            .and_then(|m| m.get(&kid)?.entries.get(&w.words).cloned())?;
-        remember(kid, &params, &w.words, &e);
-        Some(e)
-    });
+    let key = w.words.as_slice();
+    let found =
+        last_of(kid, |l| (l.key.as_slice() == key).then(|| l.entry.clone())).or_else(|| {
+            let e = plans()
+                .as_ref()
+                .and_then(|m| m.get(&kid)?.entries.get(key).cloned())?;
+            remember(kid, &params, key, &e);
+            Some(e)
+        });
     let overlap = w.overlap();
     let entry = match (found, overlap) {
         (Some(found), None) => {
@@ -965,7 +1059,7 @@ pub(crate) fn launch<'py>(
                     return Err(err(Kind::Value, overlap.unwrap_or_default()));
                 }
             };
-            match register(kid, &params, &w.words, &compiled) {
+            match register(kid, &params, w.words.as_slice(), &compiled) {
                 Ok(e) => e,
                 Err(e) => {
                     w.conv.abandon(py);
@@ -987,12 +1081,12 @@ pub(crate) fn launch<'py>(
 }
 
 /// Makes `entry`, found or registered under `key` for kernel `kid`, this thread's [`Last`].
-fn remember(kid: usize, params: &Arc<Params>, key: &Words, entry: &Arc<Entry>) {
+fn remember(kid: usize, params: &Arc<Params>, key: &[u64], entry: &Arc<Entry>) {
     let last = Last {
         generation: GENERATION.load(Ordering::Acquire),
         kid,
         params: params.clone(),
-        key: key.clone(),
+        key: Words::from_slice(key),
         entry: entry.clone(),
     };
     // The one it replaces is dropped after the borrow: its kernel's references are let go of
@@ -1015,7 +1109,7 @@ pub(crate) fn _cutile_key(
         py,
         launch: None,
         params: &params,
-        words: Words::new(),
+        words: KeyBuf::new(),
         leaves: SmallVec::new(),
         conv: Converted::new(),
         spans: SmallVec::new(),
@@ -1023,7 +1117,7 @@ pub(crate) fn _cutile_key(
     for (i, (a, node)) in args.try_iter()?.zip(&params.nodes).enumerate() {
         w.arg(&a?, node, i)?;
     }
-    Ok(w.words.to_vec())
+    Ok(w.words.as_slice().to_vec())
 }
 
 /// A grid as [`launch`] reads it, `(x, y, z)`, with cuTile's errors (`tile_py.cutile._dims`).
@@ -1039,7 +1133,7 @@ pub(crate) fn _cutile_grid(grid: &Bound<'_, PyAny>) -> PyResult<(u32, u32, u32)>
 fn register(
     kid: usize,
     params: &Arc<Params>,
-    key: &Words,
+    key: &[u64],
     compiled: &Bound<'_, PyAny>,
 ) -> PyResult<Arc<Entry>> {
     let (kernel, keep): (Bound<'_, Kernel>, Vec<bool>) = compiled.extract()?;
@@ -1053,7 +1147,7 @@ fn register(
     };
     let kept = plan
         .entries
-        .entry(key.clone())
+        .entry(Words::from_slice(key))
         .or_insert_with(|| {
             MISSES.fetch_add(1, Ordering::Relaxed);
             entry.clone()

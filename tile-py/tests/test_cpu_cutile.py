@@ -592,6 +592,21 @@ def test_exports_inside_tuples_are_launched_in_their_own_places(stub_driver, tmp
     """)
 
 
+def test_a_key_longer_than_its_inline_words_tells_every_word_apart(stub_driver, tmp_path):
+    """A key of more words than a launch's walk holds inline (a constant tuple of twenty ints
+    after three arrays): the same arguments find the kernel; a change of an array's layout (in
+    the inline words) or of the last constant (past them) is another kernel."""
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        t = tuple(range(20))
+        assert compiles(kconst, (x, y, out, 1.0, 2, 3, 4, t), (x, y, out, 1.0, 2, 3, 4, t)) == 1
+        assert compiles(kconst, (x, y, Dev([64], ptr=BASE + 0x2004), 1.0, 2, 3, 4, t)) == 1
+        assert compiles(kconst, (x, y, out, 1.0, 2, 3, 4, t[:-1] + (7,))) == 1
+        assert compiles(kconst, (x, y, out, 5.0, 6, 7, 8, tuple(range(20)))) == 0
+        assert tc.cache_info() == {"entries": 3, "hits": 2, "misses": 3}
+    """)
+
+
 def test_a_misaligned_export_gets_its_own_kernel(stub_driver, tmp_path):
     on_stub(stub_driver, tmp_path, """
         y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
