@@ -24,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -249,17 +250,20 @@ struct Last {
 }
 
 thread_local! {
-    static LAST: std::cell::RefCell<Option<Last>> = const { std::cell::RefCell::new(None) };
+    static LAST: std::cell::RefCell<Option<Rc<Last>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// This thread's [`Last`] for kernel `kid`, when it is of the current generation: what `f`
-/// reads of it.
-fn last_of<R>(kid: usize, f: impl FnOnce(&Last) -> Option<R>) -> Option<R> {
+/// This thread's [`Last`] when it is of kernel `kid` in the current generation. A launch takes
+/// it once, before its walk, and keeps it: what the walk's Python code does meanwhile changes
+/// nothing it holds (an entry is never changed; `kid` is the launch's own kernel, alive for the
+/// call), so an equal key after the walk is a hit still. A `clear_cache()` during the walk
+/// leaves that launch its entry, as it leaves another thread the entry it found.
+fn last_of(kid: usize) -> Option<Rc<Last>> {
     let generation = GENERATION.load(Ordering::Acquire);
     LAST.with_borrow(|l| {
         l.as_ref()
             .filter(|l| l.kid == kid && l.generation == generation)
-            .and_then(f)
+            .cloned()
     })
 }
 
@@ -976,9 +980,14 @@ pub(crate) fn launch<'py>(
     config.cooperative = cooperative;
     config.programmatic_dependent_launch = programmatic_dependent_launch;
     let kid = kernel.as_ptr() as usize;
-    let params = match last_of(kid, |l| Some(l.params.clone())) {
-        Some(p) => p,
-        None => params_of(kernel)?,
+    let last = last_of(kid);
+    let read_params;
+    let params = match &last {
+        Some(l) => &l.params,
+        None => {
+            read_params = params_of(kernel)?;
+            &read_params
+        }
     };
     // A tuple is walked in place (its items cannot change); anything else is read once into
     // one, which is also what a miss shows cuTile.
@@ -1003,7 +1012,7 @@ pub(crate) fn launch<'py>(
     let mut w = Walk {
         py,
         launch: Some((&hs, &stream)),
-        params: &params,
+        params,
         words: KeyBuf::new(),
         leaves: SmallVec::new(),
         conv: Converted::new(),
@@ -1019,17 +1028,23 @@ pub(crate) fn launch<'py>(
         w.conv.abandon(py);
         return Err(e);
     }
-    // This thread's last specialisation, else the table (read again: the walk ran Python).
+    // This thread's last specialisation, else the table (read now: the walk ran Python).
     let key = w.words.as_slice();
-    let found =
-        last_of(kid, |l| (l.key.as_slice() == key).then(|| l.entry.clone())).or_else(|| {
-            let e = plans()
+    let in_table;
+    let found = match &last {
+        Some(l) if l.key.as_slice() == key => Some(&l.entry),
+        _ => {
+            in_table = plans()
                 .as_ref()
-                .and_then(|m| m.get(&kid)?.entries.get(key).cloned())?;
-            remember(kid, &params, key, &e);
-            Some(e)
-        });
+                .and_then(|m| m.get(&kid)?.entries.get(key).cloned());
+            if let Some(e) = &in_table {
+                remember(kid, params, key, e);
+            }
+            in_table.as_ref()
+        }
+    };
     let overlap = w.overlap();
+    let registered;
     let entry = match (found, overlap) {
         (Some(found), None) => {
             HITS.fetch_add(1, Ordering::Relaxed);
@@ -1059,13 +1074,14 @@ pub(crate) fn launch<'py>(
                     return Err(err(Kind::Value, overlap.unwrap_or_default()));
                 }
             };
-            match register(kid, &params, w.words.as_slice(), &compiled) {
+            registered = match register(kid, params, w.words.as_slice(), &compiled) {
                 Ok(e) => e,
                 Err(e) => {
                     w.conv.abandon(py);
                     return Err(e);
                 }
-            }
+            };
+            &registered
         }
     };
     launch_leaves(
@@ -1091,7 +1107,7 @@ fn remember(kid: usize, params: &Arc<Params>, key: &[u64], entry: &Arc<Entry>) {
     };
     // The one it replaces is dropped after the borrow: its kernel's references are let go of
     // with nothing borrowed.
-    let old = LAST.replace(Some(last));
+    let old = LAST.replace(Some(Rc::new(last)));
     drop(old);
 }
 

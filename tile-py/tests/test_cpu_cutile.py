@@ -1054,6 +1054,31 @@ def test_a_leaf_cutile_makes_a_constant_leaves_the_others_in_their_own_places(
     """)
 
 
+def test_clear_cache_during_a_launch_leaves_it_the_kernel_it_found(stub_driver, tmp_path):
+    """A launch takes this thread's last specialisation before it exports its arrays: a
+    ``clear_cache()`` run by a producer meanwhile leaves that launch the kernel compiled for its
+    key (launched, compiled once), and the next launch compiles again."""
+    on_stub(stub_driver, tmp_path, """
+        class Clearing(Producer):
+            def __dlpack__(self, **kw):
+                if self.clear:
+                    tc.clear_cache()
+                return super().__dlpack__(**kw)
+
+        x = Clearing(shape=(64,), data=BASE)
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        x.clear = False
+        assert compiles(k7, (x, y, out, 1.0, 2, 3, 4)) == 1
+        x.clear = True
+        h = tc.launch(1, (4,), k7, (x, y, out, 1.0, 2, 3, 4))
+        assert len(compiled) == 1 and tc.cache_info()["entries"] == 0
+        h.wait()
+        assert x.deleted == 2
+        x.clear = False
+        assert compiles(k7, (x, y, out, 1.0, 2, 3, 4)) == 1
+    """)
+
+
 def test_int_scalars_convert_to_the_declared_type_as_tile_py_launch_converts_them(
         stub_driver, tmp_path):
     """An int argument is read once for the key and launched from that value when it fits the
