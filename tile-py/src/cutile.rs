@@ -89,6 +89,19 @@ impl KeyBuf {
         self.spilled.push(w);
     }
 
+    /// Appends `words[..n]`: the five stored at once when they fit inline (the words past
+    /// `n` are stored too, and are no part of the key).
+    #[inline]
+    fn extend_five(&mut self, words: [u64; 5], n: usize) {
+        match self.inline.get_mut(self.len..self.len + 5) {
+            Some(slots) => {
+                slots.copy_from_slice(&words);
+                self.len += n;
+            }
+            None => self.extend(words[..n].iter().copied()),
+        }
+    }
+
     #[inline]
     fn extend(&mut self, words: impl IntoIterator<Item = u64>) {
         for w in words {
@@ -375,7 +388,7 @@ impl Layout<'_> {
             per_dim,
         ];
         // The per-dimension word only up to 5 dimensions.
-        out.extend(head[..if shape.len() <= 5 { 5 } else { 4 }].iter().copied());
+        out.extend_five(head, if shape.len() <= 5 { 5 } else { 4 });
         if let Some((shape_dims, stride_dims)) = statics {
             for (values, dims) in [(shape, shape_dims), (strides, stride_dims)] {
                 let n = values.len() as i64;

@@ -607,6 +607,22 @@ def test_a_key_longer_than_its_inline_words_tells_every_word_apart(stub_driver, 
     """)
 
 
+def test_an_array_of_more_than_five_dimensions_keys_its_rank_and_the_words_after_it(
+        stub_driver, tmp_path):
+    """A 6-D array has no per-dimension word in the key (cuTile's five): its rank, alignment
+    and what follows it still tell launches apart, and equal launches find their kernel."""
+    on_stub(stub_driver, tmp_path, """
+        six = lambda ptr=BASE: Dev([2, 2, 2, 2, 2, 16], ptr=ptr)  # noqa: E731
+        out = Dev([64, 32], ptr=BASE + 0x10000)
+        assert compiles(k2d, (six(), out, 1, 2, 3, 4, 5), (six(BASE + 0x800), out, 6, 7, 8, 9, 10)) == 1
+        assert compiles(k2d, (six(BASE + 4), out, 1, 2, 3, 4, 5)) == 1  # misaligned
+        assert compiles(k2d, (six(), out, 1, 2, 3, 4, 2**40)) == 1  # the last int past 32 bits
+        assert compiles(k2d, (six(), out, 1, 2, 3, 4, 2**41)) == 0
+        assert compiles(k2d, (Dev([2, 2, 2, 2, 2, 2, 8]), out, 1, 2, 3, 4, 5)) == 1  # 7-D
+        assert compiles(k2d, (Dev([2, 2, 2, 2, 2, 2, 8]), out, 1, 2, 3, 4, 5)) == 0
+    """)
+
+
 def test_a_misaligned_export_gets_its_own_kernel(stub_driver, tmp_path):
     on_stub(stub_driver, tmp_path, """
         y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
