@@ -339,6 +339,20 @@ impl<'a> Args<'a> {
     pub fn drain(&mut self) -> impl Iterator<Item = Arg<'a>> + '_ {
         self.list.drain(..)
     }
+
+    /// Removes and returns the argument at `index`, shifting those after it.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is out of bounds.
+    pub fn remove(&mut self, index: usize) -> Arg<'a> {
+        self.list.remove(index)
+    }
+
+    /// Removes and returns the last argument.
+    pub fn pop(&mut self) -> Option<Arg<'a>> {
+        self.list.pop()
+    }
 }
 
 /// No arguments and no vector yet (the first [`push`](Args::push) allocates one): what
@@ -353,6 +367,12 @@ impl<'a> std::ops::Deref for Args<'a> {
     type Target = [Arg<'a>];
     fn deref(&self) -> &[Arg<'a>] {
         &self.list
+    }
+}
+
+impl<'a> std::ops::DerefMut for Args<'a> {
+    fn deref_mut(&mut self) -> &mut [Arg<'a>] {
+        &mut self.list
     }
 }
 

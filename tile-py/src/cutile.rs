@@ -3,7 +3,9 @@
 //!
 //! Each argument is converted once, as a launch converts it (the DLPack handshake with the
 //! launch stream); the key is read from those validated descriptors, and the exports it was
-//! read from are the ones launched. The key holds everything cuTile derives a kernel's
+//! read from are the ones launched: each is put where the launch's argument list holds it when
+//! the walk meets it, and every other leaf leaves a slot there, which is filled once the
+//! specialisation (and so the declared type of each scalar) is known. The key holds everything cuTile derives a kernel's
 //! assumptions from: per array the dtype, rank, 16-byte base alignment, disjoint elements,
 //! whether every extent and stride fits 32 bits, per dimension (up to 5) whether the stride is
 //! 1 or a multiple of 16 bytes and whether the extent is 1 or a multiple of 16, and the values
@@ -22,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -30,7 +33,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use smallvec::SmallVec;
-use tile_launch::{ArrayAssumptions, Dim3, LaunchConfig, Param};
+use tile_launch::{Arg, ArrayAssumptions, Dim3, LaunchConfig, Param};
 
 use crate::convert::INLINE;
 use crate::convert::{
@@ -47,8 +50,72 @@ use crate::release::COUNTERS;
 /// wrong tile block IDs.
 const MAX_GRID_DIM: i64 = (1 << 24) - 1;
 
-/// The words of one launch's key: the compute capability, then the arguments'.
+/// The words of a registered key: the compute capability, then the arguments'.
 type Words = SmallVec<[u64; 24]>;
+
+/// The words of one launch's key as its walk writes them: inline up to [`KeyBuf::INLINE`]
+/// (a push is a store), on the heap past that.
+struct KeyBuf {
+    len: usize,
+    inline: [u64; KeyBuf::INLINE],
+    spilled: Vec<u64>,
+}
+
+impl KeyBuf {
+    const INLINE: usize = 32;
+
+    fn new() -> KeyBuf {
+        KeyBuf {
+            len: 0,
+            inline: [0; KeyBuf::INLINE],
+            spilled: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, w: u64) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => *slot = w,
+            None => self.spill(w),
+        }
+        self.len += 1;
+    }
+
+    #[cold]
+    fn spill(&mut self, w: u64) {
+        if self.spilled.is_empty() {
+            self.spilled.extend_from_slice(&self.inline);
+        }
+        self.spilled.push(w);
+    }
+
+    /// Appends `words[..n]`: the five stored at once when they fit inline (the words past
+    /// `n` are stored too, and are no part of the key).
+    #[inline]
+    fn extend_five(&mut self, words: [u64; 5], n: usize) {
+        match self.inline.get_mut(self.len..self.len + 5) {
+            Some(slots) => {
+                slots.copy_from_slice(&words);
+                self.len += n;
+            }
+            None => self.extend(words[..n].iter().copied()),
+        }
+    }
+
+    #[inline]
+    fn extend(&mut self, words: impl IntoIterator<Item = u64>) {
+        for w in words {
+            self.push(w);
+        }
+    }
+
+    fn as_slice(&self) -> &[u64] {
+        match self.inline.get(..self.len) {
+            Some(words) => words,
+            None => &self.spilled,
+        }
+    }
+}
 
 /// A multiply-and-rotate hash taken a word at a time (a key's words are hashed as their bytes):
 /// keys are short and not attacker-chosen.
@@ -196,17 +263,20 @@ struct Last {
 }
 
 thread_local! {
-    static LAST: std::cell::RefCell<Option<Last>> = const { std::cell::RefCell::new(None) };
+    static LAST: std::cell::RefCell<Option<Rc<Last>>> = const { std::cell::RefCell::new(None) };
 }
 
-/// This thread's [`Last`] for kernel `kid`, when it is of the current generation: what `f`
-/// reads of it.
-fn last_of<R>(kid: usize, f: impl FnOnce(&Last) -> Option<R>) -> Option<R> {
+/// This thread's [`Last`] when it is of kernel `kid` in the current generation. A launch takes
+/// it once, before its walk, and keeps it: what the walk's Python code does meanwhile changes
+/// nothing it holds (an entry is never changed; `kid` is the launch's own kernel, alive for the
+/// call), so an equal key after the walk is a hit still. A `clear_cache()` during the walk
+/// leaves that launch its entry, as it leaves another thread the entry it found.
+fn last_of(kid: usize) -> Option<Rc<Last>> {
     let generation = GENERATION.load(Ordering::Acquire);
     LAST.with_borrow(|l| {
         l.as_ref()
             .filter(|l| l.kid == kid && l.generation == generation)
-            .and_then(f)
+            .cloned()
     })
 }
 
@@ -287,34 +357,25 @@ struct Layout<'a> {
 impl Layout<'_> {
     /// Appends the array's features (the module docs list them): the dtype, the rank, a word of
     /// flags, a word of 4 bits per dimension, then `(1, value)` per statically annotated
-    /// dimension (`0` for one out of range). Returns the bytes `[lo, hi)` the array can touch
-    /// (None when it is empty), read in the same pass.
-    fn words(&self, statics: Option<&Statics>, out: &mut Words) -> Option<(i128, i128)> {
-        let bits = i128::from(self.bits) * i128::from(self.lanes);
+    /// dimension (`0` for one out of range).
+    fn words(&self, statics: Option<&Statics>, out: &mut KeyBuf) {
+        let bits = u64::from(self.bits) * u64::from(self.lanes);
         let (shape, strides) = (self.shape, self.strides);
         // With static strides annotated, cuTile infers no stride of 1 in other dimensions.
         let unit_strides = statics.is_none_or(|(_, stride_dims)| stride_dims.is_empty());
         let mut fits32 = true;
         let mut per_dim = 0u64;
-        let (mut lo, mut hi) = (i128::from(self.ptr), i128::from(self.ptr));
-        let mut empty = false;
         for (d, (&n, &s)) in shape.iter().zip(strides).enumerate() {
-            fits32 &= i32::try_from(n).is_ok() && i32::try_from(s).is_ok();
-            let (n, s) = (i128::from(n), i128::from(s));
+            fits32 &= i64::from(n as i32) == n && i64::from(s as i32) == s;
             if d < 5 {
-                // Bit masks: a multiple of 16 bytes is a multiple of 128 bits.
-                let f = u64::from((s * bits) & 127 == 0)
+                // A multiple of 16 bytes is a multiple of 128 bits: the low 7 bits of the
+                // product, which wrapping keeps. An extent that is a multiple of 16 is one of
+                // whole bytes.
+                let f = u64::from((s as u64).wrapping_mul(bits) & 127 == 0)
                     | u64::from(unit_strides && s == 1) << 1
-                    | u64::from((n * bits) & 7 == 0 && n & 15 == 0) << 2
+                    | u64::from(n & 15 == 0) << 2
                     | u64::from(n == 1) << 3;
                 per_dim |= f << (4 * d);
-            }
-            empty |= n == 0;
-            let off = ((n - 1) * s * bits) >> 3; // floor(bits / 8)
-            if off < 0 {
-                lo += off;
-            } else {
-                hi += off;
             }
         }
         let head = [
@@ -326,24 +387,40 @@ impl Layout<'_> {
                 | u64::from(fits32) << 2,
             per_dim,
         ];
-        // Word for word (no copy call); the per-dimension word only up to 5 dimensions.
-        out.reserve(head.len());
-        for w in &head[..if shape.len() <= 5 { 5 } else { 4 }] {
-            out.push(*w);
-        }
+        // The per-dimension word only up to 5 dimensions.
+        out.extend_five(head, if shape.len() <= 5 { 5 } else { 4 });
         if let Some((shape_dims, stride_dims)) = statics {
             for (values, dims) in [(shape, shape_dims), (strides, stride_dims)] {
                 let n = values.len() as i64;
                 for &d in dims {
                     if (-n..n).contains(&d) {
-                        out.extend_from_slice(&[1, values[d.rem_euclid(n) as usize] as u64]);
+                        out.extend([1, values[d.rem_euclid(n) as usize] as u64]);
                     } else {
                         out.push(0);
                     }
                 }
             }
         }
-        (!empty).then_some((lo, hi + (bits / 8).max(1)))
+    }
+}
+
+impl Layout<'_> {
+    /// The bytes `[lo, hi)` a non-empty array of packed sub-byte elements can touch (a byte
+    /// per element at least).
+    #[cold]
+    fn sub_byte_span(&self) -> (u64, u64) {
+        let bits = i128::from(self.bits) * i128::from(self.lanes);
+        let (mut lo, mut hi) = (i128::from(self.ptr), i128::from(self.ptr));
+        for (&n, &s) in self.shape.iter().zip(self.strides) {
+            let off = ((i128::from(n) - 1) * i128::from(s) * bits) >> 3; // floor(bits / 8)
+            if off < 0 {
+                lo += off;
+            } else {
+                hi += off;
+            }
+        }
+        let addr = |v: i128| v.clamp(0, i128::from(u64::MAX)) as u64;
+        (addr(lo), addr(hi + 1))
     }
 }
 
@@ -364,114 +441,182 @@ thread_local! {
 }
 static ARRAY_TYPES: TypeCache<ArrayKind> = TypeCache::new(&LAST_ARRAY_TYPE);
 
-/// A leaf argument (tuples flattened) as the launch passes it.
+/// A leaf argument (tuples flattened) as the launch passes it. A slot is the leaf's index in
+/// the walk's [`Converted`] arguments (before the fill of [`fill_slots`]).
 enum Leaf<'py> {
-    /// A scalar or a constant, converted against the compiled kernel's parameter, and the
-    /// value of an exact int that fits 64 bits (read once, for the key).
-    Scalar(Bound<'py, PyAny>, Option<i64>),
-    /// A converted array: its index among the converted tensors, and whether cuTile is shown
-    /// the export's layout (it cannot read the object's own).
+    /// A scalar or a constant, converted against the compiled kernel's parameter into its
+    /// slot (None for a parameter annotated as a constant, which has none), and the value of
+    /// an exact int that fits 64 bits (read once, for the key).
+    Scalar(Bound<'py, PyAny>, Option<i64>, Option<usize>),
+    /// A converted array, in its slot, and whether cuTile is shown the export's layout (it
+    /// cannot read the object's own), which a miss reads again from the claim.
     Array(usize, bool),
-    /// A list of arrays (`tile_py.cutile._ListArg`), its length, and the elements as cuTile is
-    /// shown them.
-    List(Bound<'py, PyAny>, usize, Bound<'py, PyAny>),
+    /// A list of arrays (`tile_py.cutile._ListArg`), its length, the elements as cuTile is
+    /// shown them, and its two slots (the staged descriptor buffer, the length) from this one.
+    List(Bound<'py, PyAny>, usize, Bound<'py, PyAny>, usize),
 }
 
-/// One launch's walk over its arguments: the key, the leaves, the converted arrays and the
-/// bytes each spans (with its order of appearance), for the overlap check.
+/// One launch's walk over its arguments: the key, the leaves, the arguments converted in
+/// place and the bytes each array spans (with its order of appearance), for the overlap check.
 struct Walk<'a, 'py> {
     py: Python<'py>,
     /// The launch's handshake and stream; None for a key alone ([`_cutile_key`]), whose
     /// arrays are read from `__cuda_array_interface__`, not converted.
     launch: Option<(&'a Handshake, &'a Bound<'py, PyAny>)>,
     params: &'a Params,
-    words: Words,
+    words: KeyBuf,
     leaves: SmallVec<[Leaf<'py>; INLINE]>,
-    tensors: SmallVec<[Tensor; INLINE]>,
-    spans: SmallVec<[(i128, i128, usize); INLINE]>,
+    /// The launch's arguments in the order of the leaves: each array converted (and claimed)
+    /// where the walk meets it, and a placeholder scalar per slot of any other leaf, which
+    /// [`fill_slots`] fills once the kernel is known. An array is moved once, into here, and
+    /// launched from here.
+    conv: Converted,
+    /// Per non-empty array, the bytes `[lo, hi)` its validated descriptor says it can touch,
+    /// and its order of appearance.
+    spans: SmallVec<[(u64, u64, usize); INLINE]>,
 }
 
-/// Hands back every claim of arrays converted but not launched.
-fn abandon(py: Python<'_>, tensors: SmallVec<[Tensor; INLINE]>) {
-    let mut c = Converted::new();
-    for t in tensors {
-        c.push_tensor(t);
-    }
-    c.abandon(py);
-}
+/// A slot's content until [`fill_slots`] converts the leaf into it.
+const PLACEHOLDER: tile_launch::Scalar = tile_launch::Scalar::Bool(false);
 
 impl<'py> Walk<'_, 'py> {
+    /// One argument, or one item of a tuple. Inlined into the walk's loop, as the leaves
+    /// common in a launch are (ints, arrays): one call per array, none per int.
+    #[inline]
     fn arg(&mut self, obj: &Bound<'py, PyAny>, node: &Node, param: usize) -> PyResult<()> {
-        if let Ok(t) = obj.cast::<PyTuple>() {
-            self.words.push(tag::TUPLE);
-            self.words.push(t.len() as u64);
-            for (i, item) in t.iter().enumerate() {
-                self.arg(&item, node.item(i), param)?;
-            }
-            return Ok(());
+        // Type checks by `is_instance_of`: a failed `cast` makes an error holding the type.
+        if obj.is_instance_of::<PyTuple>()
+            && let Ok(t) = obj.cast::<PyTuple>()
+        {
+            return self.tuple(t, node, param);
         }
-        if !node.constant && obj.cast::<PyList>().is_ok() {
+        if !node.constant && obj.is_instance_of::<PyList>() {
             return self.list(obj, node, param);
         }
         self.leaf(obj, node)
     }
 
+    #[inline(never)]
+    fn tuple(&mut self, t: &Bound<'py, PyTuple>, node: &Node, param: usize) -> PyResult<()> {
+        self.words.push(tag::TUPLE);
+        self.words.push(t.len() as u64);
+        for (i, item) in t.iter().enumerate() {
+            self.arg(&item, node.item(i), param)?;
+        }
+        Ok(())
+    }
+
+    /// Reserves the next slot of the arguments, for a leaf that is not an array.
+    fn slot(&mut self) -> usize {
+        self.conv.push_scalar(PLACEHOLDER);
+        self.conv.args.len() - 1
+    }
+
+    #[inline]
     fn leaf(&mut self, obj: &Bound<'py, PyAny>, node: &Node) -> PyResult<()> {
+        if !node.constant {
+            if obj.is_exact_instance_of::<PyInt>() {
+                let v: Option<i64> = obj.extract().ok();
+                self.words.push(tag::INT);
+                self.words
+                    .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
+                let slot = self.slot();
+                self.leaves.push(Leaf::Scalar(obj.clone(), v, Some(slot)));
+                return Ok(());
+            }
+            // A bool or a float is no array; anything else is asked.
+            if !obj.is_exact_instance_of::<PyBool>()
+                && !obj.is_exact_instance_of::<PyFloat>()
+                && let Some((hs, _)) = self.launch
+                && let Some(shown_as_export) = array_kind(obj)
+            {
+                return self.array(obj, node, hs, shown_as_export);
+            }
+        }
+        self.other_leaf(obj, node)
+    }
+
+    /// An array of a launch: converted, its features read from the validated descriptor, put
+    /// in the arguments.
+    #[inline(never)]
+    fn array(
+        &mut self,
+        obj: &Bound<'py, PyAny>,
+        node: &Node,
+        hs: &Handshake,
+        shown_as_export: bool,
+    ) -> PyResult<()> {
+        let py = self.py;
+        let index = self.leaves.len();
+        let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
+        let at = self.spans.len();
+        let read = t.view().map(|view| {
+            let dt = view.dtype();
+            let layout = Layout {
+                code: dt.code,
+                bits: dt.bits,
+                lanes: dt.lanes,
+                ptr: view.data_ptr(),
+                shape: view.shape(),
+                strides: view.strides(),
+            };
+            layout.words(node.statics.as_ref(), &mut self.words);
+            // Validation computed the extent, and proved `ptr + extent` in the address space
+            // for a non-empty tensor (an empty one has `0..0`, and so has one of packed
+            // sub-byte elements, whose item size is 0 bytes).
+            let e = view.byte_extent();
+            if e.end > e.start {
+                let ptr = layout.ptr;
+                Some((
+                    ptr.wrapping_add_signed(e.start),
+                    ptr.wrapping_add_signed(e.end),
+                ))
+            } else {
+                (view.numel() > 0).then(|| layout.sub_byte_span())
+            }
+        });
+        let slot = self.conv.args.len();
+        self.conv.push_tensor(t);
+        let span = read.map_err(|source| {
+            launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
+                None
+            })
+        })?;
+        if let Some((lo, hi)) = span {
+            self.spans.push((lo, hi, at));
+        }
+        self.leaves.push(Leaf::Array(slot, shown_as_export));
+        Ok(())
+    }
+
+    /// Every leaf but an int and an array of a launch: constants, bools, floats, the arrays of
+    /// a key alone, other scalars.
+    #[inline(never)]
+    fn other_leaf(&mut self, obj: &Bound<'py, PyAny>, node: &Node) -> PyResult<()> {
         let py = self.py;
         let index = self.leaves.len();
         if node.constant {
             constant_words(obj, &mut self.words)?;
-        } else if obj.cast_exact::<PyBool>().is_ok() {
-            self.words.push(tag::BOOL);
-        } else if obj.cast_exact::<PyInt>().is_ok() {
-            let v: Option<i64> = obj.extract().ok();
-            self.words.push(tag::INT);
-            self.words
-                .push(u64::from(v.is_some_and(|v| i32::try_from(v).is_ok())));
-            self.leaves.push(Leaf::Scalar(obj.clone(), v));
+            self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
             return Ok(());
-        } else if obj.cast_exact::<PyFloat>().is_ok() {
+        } else if obj.is_exact_instance_of::<PyBool>() {
+            self.words.push(tag::BOOL);
+        } else if obj.is_exact_instance_of::<PyFloat>() {
             self.words.push(tag::FLOAT);
-        } else if let Some(shown_as_export) = array_kind(obj) {
-            let Some((hs, _)) = self.launch else {
-                let (dt, ptr, shape, strides) = cai_layout(index, obj)?;
-                let layout = Layout {
-                    code: dt.code,
-                    bits: dt.bits,
-                    lanes: dt.lanes,
-                    ptr,
-                    shape: &shape,
-                    strides: &strides,
-                };
-                let _ = layout.words(node.statics.as_ref(), &mut self.words);
-                self.leaves.push(Leaf::Scalar(obj.clone(), None));
-                return Ok(());
+        } else if self.launch.is_none()
+            && let Some(_) = array_kind(obj)
+        {
+            let (dt, ptr, shape, strides) = cai_layout(index, obj)?;
+            let layout = Layout {
+                code: dt.code,
+                bits: dt.bits,
+                lanes: dt.lanes,
+                ptr,
+                shape: &shape,
+                strides: &strides,
             };
-            let t = convert_tensor(py, index, obj, &ANY_INPUT, hs)?;
-            let at = self.spans.len();
-            let read = t.view().map(|view| {
-                let dt = view.dtype();
-                let layout = Layout {
-                    code: dt.code,
-                    bits: dt.bits,
-                    lanes: dt.lanes,
-                    ptr: view.data_ptr(),
-                    shape: view.shape(),
-                    strides: view.strides(),
-                };
-                layout.words(node.statics.as_ref(), &mut self.words)
-            });
-            let k = self.tensors.len();
-            self.tensors.push(t);
-            let span = read.map_err(|source| {
-                launch_err(py, tile_launch::Error::Descriptor { index, source }, |_| {
-                    None
-                })
-            })?;
-            if let Some((lo, hi)) = span {
-                self.spans.push((lo, hi, at));
-            }
-            self.leaves.push(Leaf::Array(k, shown_as_export));
+            layout.words(node.statics.as_ref(), &mut self.words);
+            self.leaves.push(Leaf::Scalar(obj.clone(), None, None));
             return Ok(());
         } else if obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>() {
             let key = (intern!(py, "scalar"), obj.get_type());
@@ -483,7 +628,9 @@ impl<'py> Walk<'_, 'py> {
             // Only a constant can be this: its value decides the code.
             constant_words(obj, &mut self.words)?;
         }
-        self.leaves.push(Leaf::Scalar(obj.clone(), None));
+        let slot = self.slot();
+        self.leaves
+            .push(Leaf::Scalar(obj.clone(), None, Some(slot)));
         Ok(())
     }
 
@@ -520,10 +667,13 @@ impl<'py> Walk<'_, 'py> {
                 strides: &strides,
             };
             // List elements are not part of the overlap check (see the module docs of
-            // `tile_py.cutile`): their span is not used.
-            let _ = layout.words(node.list_statics.as_ref(), &mut self.words);
+            // `tile_py.cutile`).
+            layout.words(node.list_statics.as_ref(), &mut self.words);
         }
-        self.leaves.push(Leaf::List(arg, layouts.len(), shown));
+        let slot = self.slot();
+        self.slot();
+        self.leaves
+            .push(Leaf::List(arg, layouts.len(), shown, slot));
         Ok(())
     }
 
@@ -556,26 +706,22 @@ impl<'py> Walk<'_, 'py> {
         let d = PyDict::new(py);
         for (i, leaf) in self.leaves.iter().enumerate() {
             match leaf {
-                Leaf::Array(k, true) => {
-                    let view = self.tensors[*k].view().map_err(|source| {
-                        launch_err(
-                            py,
-                            tile_launch::Error::Descriptor { index: i, source },
-                            |_| None,
-                        )
-                    })?;
-                    let dt = view.dtype();
-                    d.set_item(
-                        i,
+                Leaf::Array(slot, true) => {
+                    let Some(Some(claim)) = self.conv.claims.get(*slot) else {
+                        return Err(mismatch(i));
+                    };
+                    let shown = claim.peek(py, i, |view| {
+                        let dt = view.dtype();
                         (
                             (dt.code, dt.bits, dt.lanes),
                             view.data_ptr(),
                             view.shape().to_vec(),
                             view.strides().to_vec(),
-                        ),
-                    )?;
+                        )
+                    })?;
+                    d.set_item(i, shown)?;
                 }
-                Leaf::List(_, _, shown) => d.set_item(i, shown)?,
+                Leaf::List(_, _, shown, _) => d.set_item(i, shown)?,
                 _ => {}
             }
         }
@@ -585,8 +731,9 @@ impl<'py> Walk<'_, 'py> {
 
 /// How `obj` is read as an array, or None when it is not one: `Some(true)` when cuTile must be
 /// shown the export's layout.
+#[inline]
 fn array_kind(obj: &Bound<'_, PyAny>) -> Option<bool> {
-    if obj.cast::<PyCapsule>().is_ok() {
+    if obj.is_instance_of::<PyCapsule>() {
         return Some(true);
     }
     let py = obj.py();
@@ -639,7 +786,7 @@ fn cai_layout(
 }
 
 /// Appends a constant's words: its value decides the code.
-fn constant_words(obj: &Bound<'_, PyAny>, out: &mut Words) -> PyResult<()> {
+fn constant_words(obj: &Bound<'_, PyAny>, out: &mut KeyBuf) -> PyResult<()> {
     if let Ok(b) = obj.cast_exact::<PyBool>() {
         out.extend([tag::CONST_BOOL, u64::from(b.is_true())]);
     } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
@@ -659,7 +806,7 @@ fn constant_words(obj: &Bound<'_, PyAny>, out: &mut Words) -> PyResult<()> {
 
 /// Appends the identity number of `key` (see [`INTERNED`]); `obj` is named when it cannot be
 /// a key.
-fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut Words) -> PyResult<()> {
+fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut KeyBuf) -> PyResult<()> {
     let py = key.py();
     if key.hash().is_err() {
         return Err(err(
@@ -686,15 +833,16 @@ fn intern_words(key: &Bound<'_, PyAny>, obj: &Bound<'_, PyAny>, out: &mut Words)
 fn grid_dims(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
     // The common cases, an exact int or a tuple of exact ints in range: no allocation.
     let fits = |v: &Bound<'_, PyAny>| {
-        v.cast_exact::<PyInt>()
-            .ok()
-            .and_then(|i| i.extract::<u32>().ok())
+        v.is_exact_instance_of::<PyInt>()
+            .then(|| v.extract::<u32>().ok())
+            .flatten()
             .filter(|&n| i64::from(n) <= MAX_GRID_DIM)
     };
     if let Some(x) = fits(grid) {
         return Ok(Dim3::new(x, 1, 1));
     }
-    if let Ok(t) = grid.cast_exact::<PyTuple>()
+    if grid.is_exact_instance_of::<PyTuple>()
+        && let Ok(t) = grid.cast::<PyTuple>()
         && t.len() <= 3
     {
         let mut dims = [1u32; 3];
@@ -764,9 +912,7 @@ fn grid_dims_other(grid: &Bound<'_, PyAny>) -> PyResult<Dim3> {
 /// A stream as cuTile takes it, in a form tile_py takes: the int handle 0 is the legacy default
 /// stream (tile_py's 1); anything else as tile_py reads it (a numba-cuda stream included).
 fn cutile_stream<'py>(stream: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    if let Ok(i) = stream.cast_exact::<PyInt>()
-        && i.extract::<u64>().is_ok_and(|v| v == 0)
-    {
+    if stream.is_exact_instance_of::<PyInt>() && stream.extract::<u64>().is_ok_and(|v| v == 0) {
         return Ok(1i32.into_pyobject(stream.py())?.into_any());
     }
     Ok(stream.clone())
@@ -847,15 +993,24 @@ pub(crate) fn launch<'py>(
     config.cooperative = cooperative;
     config.programmatic_dependent_launch = programmatic_dependent_launch;
     let kid = kernel.as_ptr() as usize;
-    let params = match last_of(kid, |l| Some(l.params.clone())) {
-        Some(p) => p,
-        None => params_of(kernel)?,
+    let last = last_of(kid);
+    let read_params;
+    let params = match &last {
+        Some(l) => &l.params,
+        None => {
+            read_params = params_of(kernel)?;
+            &read_params
+        }
     };
     // A tuple is walked in place (its items cannot change); anything else is read once into
     // one, which is also what a miss shows cuTile.
-    let args: Bound<'py, PyTuple> = match args.cast::<PyTuple>() {
-        Ok(t) => t.clone(),
-        Err(_) => PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?,
+    let read;
+    let args: &Bound<'py, PyTuple> = match args.cast::<PyTuple>() {
+        Ok(t) => t,
+        Err(_) => {
+            read = PyTuple::new(py, args.try_iter()?.collect::<PyResult<Vec<_>>>()?)?;
+            &read
+        }
     };
     let n = params.nodes.len();
     if args.len() != n {
@@ -870,30 +1025,39 @@ pub(crate) fn launch<'py>(
     let mut w = Walk {
         py,
         launch: Some((&hs, &stream)),
-        params: &params,
-        words: smallvec::smallvec![u64::from(cc.0) << 32 | u64::from(cc.1)],
+        params,
+        words: KeyBuf::new(),
         leaves: SmallVec::new(),
-        tensors: SmallVec::new(),
+        conv: Converted::new(),
         spans: SmallVec::new(),
     };
+    w.words.push(u64::from(cc.0) << 32 | u64::from(cc.1));
     let walked = args
         .iter_borrowed()
         .zip(&params.nodes)
         .enumerate()
         .try_for_each(|(i, (a, node))| w.arg(&a, node, i));
     if let Err(e) = walked {
-        abandon(py, std::mem::take(&mut w.tensors));
+        w.conv.abandon(py);
         return Err(e);
     }
-    // This thread's last specialisation, else the table (read again: the walk ran Python).
-    let found = last_of(kid, |l| (l.key == w.words).then(|| l.entry.clone())).or_else(|| {
-        let e = plans()
-            .as_ref()
-            .and_then(|m| m.get(&kid)?.entries.get(&w.words).cloned())?;
-        remember(kid, &params, &w.words, &e);
-        Some(e)
-    });
+    // This thread's last specialisation, else the table (read now: the walk ran Python).
+    let key = w.words.as_slice();
+    let in_table;
+    let found = match &last {
+        Some(l) if l.key.as_slice() == key => Some(&l.entry),
+        _ => {
+            in_table = plans()
+                .as_ref()
+                .and_then(|m| m.get(&kid)?.entries.get(key).cloned());
+            if let Some(e) = &in_table {
+                remember(kid, params, key, e);
+            }
+            in_table.as_ref()
+        }
+    };
     let overlap = w.overlap();
+    let registered;
     let entry = match (found, overlap) {
         (Some(found), None) => {
             HITS.fetch_add(1, Ordering::Relaxed);
@@ -913,23 +1077,24 @@ pub(crate) fn launch<'py>(
             let compiled = match (compiled, overlap) {
                 (Ok(Some(c)), None) => c,
                 (Err(e), _) => {
-                    abandon(py, std::mem::take(&mut w.tensors));
+                    w.conv.abandon(py);
                     return Err(e);
                 }
                 // cuTile's own refusal of these arguments came first; what it compiled for
                 // overlapping arrays is not kept.
                 (Ok(_), overlap) => {
-                    abandon(py, std::mem::take(&mut w.tensors));
+                    w.conv.abandon(py);
                     return Err(err(Kind::Value, overlap.unwrap_or_default()));
                 }
             };
-            match register(kid, &params, &w.words, &compiled) {
+            registered = match register(kid, params, w.words.as_slice(), &compiled) {
                 Ok(e) => e,
                 Err(e) => {
-                    abandon(py, std::mem::take(&mut w.tensors));
+                    w.conv.abandon(py);
                     return Err(e);
                 }
-            }
+            };
+            &registered
         }
     };
     launch_leaves(
@@ -945,17 +1110,17 @@ pub(crate) fn launch<'py>(
 }
 
 /// Makes `entry`, found or registered under `key` for kernel `kid`, this thread's [`Last`].
-fn remember(kid: usize, params: &Arc<Params>, key: &Words, entry: &Arc<Entry>) {
+fn remember(kid: usize, params: &Arc<Params>, key: &[u64], entry: &Arc<Entry>) {
     let last = Last {
         generation: GENERATION.load(Ordering::Acquire),
         kid,
         params: params.clone(),
-        key: key.clone(),
+        key: Words::from_slice(key),
         entry: entry.clone(),
     };
     // The one it replaces is dropped after the borrow: its kernel's references are let go of
     // with nothing borrowed.
-    let old = LAST.replace(Some(last));
+    let old = LAST.replace(Some(Rc::new(last)));
     drop(old);
 }
 
@@ -973,15 +1138,15 @@ pub(crate) fn _cutile_key(
         py,
         launch: None,
         params: &params,
-        words: Words::new(),
+        words: KeyBuf::new(),
         leaves: SmallVec::new(),
-        tensors: SmallVec::new(),
+        conv: Converted::new(),
         spans: SmallVec::new(),
     };
     for (i, (a, node)) in args.try_iter()?.zip(&params.nodes).enumerate() {
         w.arg(&a?, node, i)?;
     }
-    Ok(w.words.to_vec())
+    Ok(w.words.as_slice().to_vec())
 }
 
 /// A grid as [`launch`] reads it, `(x, y, z)`, with cuTile's errors (`tile_py.cutile._dims`).
@@ -997,7 +1162,7 @@ pub(crate) fn _cutile_grid(grid: &Bound<'_, PyAny>) -> PyResult<(u32, u32, u32)>
 fn register(
     kid: usize,
     params: &Arc<Params>,
-    key: &Words,
+    key: &[u64],
     compiled: &Bound<'_, PyAny>,
 ) -> PyResult<Arc<Entry>> {
     let (kernel, keep): (Bound<'_, Kernel>, Vec<bool>) = compiled.extract()?;
@@ -1011,7 +1176,7 @@ fn register(
     };
     let kept = plan
         .entries
-        .entry(key.clone())
+        .entry(Words::from_slice(key))
         .or_insert_with(|| {
             MISSES.fetch_add(1, Ordering::Relaxed);
             entry.clone()
@@ -1022,9 +1187,7 @@ fn register(
     Ok(entry)
 }
 
-/// Launches `kernel` with the walked leaves in the compiled kernel's order: constants
-/// dropped, scalars converted to the declared types, the arrays as converted, each list as its
-/// staged descriptor buffer and its length.
+/// Launches `kernel` with the walked arguments, their slots filled for it ([`fill_slots`]).
 #[allow(clippy::too_many_arguments)]
 fn launch_leaves(
     py: Python<'_>,
@@ -1037,56 +1200,8 @@ fn launch_leaves(
     hs: &Handshake,
 ) -> PyResult<LaunchHandle> {
     let tk = kernel.get();
-    let mut conv = Converted::new();
-    let mut converted = w.tensors.drain(..);
-    let mut params = tk.params.iter();
-    let mut failed = (keep.len() != w.leaves.len()).then(|| {
-        err(
-            Kind::Runtime,
-            "tile_py.cutile: the compiled kernel's leaf count does not match its arguments \
-             (a bug)",
-        )
-    });
-    for (i, (leaf, &k)) in w.leaves.iter().zip(keep).enumerate() {
-        if failed.is_some() {
-            break;
-        }
-        let r = match (leaf, k) {
-            (Leaf::Array(..), _) => {
-                // Every array is passed: cuTile keeps only constants out.
-                conv.push_tensor(converted.next().expect("one converted tensor per array"));
-                match params.next() {
-                    Some(p) if !matches!(p, Param::Scalar(_)) => Ok(()),
-                    _ => Err(mismatch(i)),
-                }
-            }
-            (_, false) => Ok(()),
-            (Leaf::Scalar(obj, int), true) => match params.next() {
-                Some(Param::Scalar(ty)) => match int.and_then(|v| int_scalar(v.into(), *ty)) {
-                    Some(v) => {
-                        conv.push_scalar(v);
-                        Ok(())
-                    }
-                    None => convert_scalar(i, obj, *ty).map(|v| conv.push_scalar(v)),
-                },
-                _ => Err(mismatch(i)),
-            },
-            (Leaf::List(arg, len, _), true) => {
-                stage(py, i, arg, *len, &mut params, hs).map(|(t, n)| {
-                    conv.push_tensor(t);
-                    conv.push_scalar(n);
-                })
-            }
-        };
-        failed = r.err();
-    }
-    // What was not moved (after a failure) is handed back with the rest.
-    converted.for_each(|t| conv.push_tensor(t));
-    if failed.is_none() && conv.args.len() != tk.params.len() {
-        failed = Some(mismatch(conv.args.len()));
-    }
-    if let Some(e) = failed {
-        conv.abandon(py);
+    if let Err(e) = fill_slots(py, w, &tk.params, keep, hs) {
+        w.conv.abandon(py);
         return Err(e);
     }
     COUNTERS.launches_attempted.fetch_add(1, Ordering::Relaxed);
@@ -1099,8 +1214,74 @@ fn launch_leaves(
             config,
             bound: None,
         },
-        &mut conv,
+        &mut w.conv,
     )
+}
+
+/// Puts the walked arguments in the compiled kernel's order (`params`; `keep`, per leaf,
+/// whether it is passed): each scalar converted to its declared type in its slot, each list
+/// staged (its descriptor buffer and its length in its two slots), the slot of a leaf that is
+/// not passed (a constant cuTile found in its value) removed. Arrays are always passed, as
+/// converted: only constants are kept out. The kinds and the count are tile-launch's to check.
+fn fill_slots(
+    py: Python<'_>,
+    w: &mut Walk<'_, '_>,
+    params: &[Param],
+    keep: &[bool],
+    hs: &Handshake,
+) -> PyResult<()> {
+    if keep.len() != w.leaves.len() {
+        return Err(err(
+            Kind::Runtime,
+            "tile_py.cutile: the compiled kernel's leaf count does not match its arguments \
+             (a bug)",
+        ));
+    }
+    let conv = &mut w.conv;
+    // Slots removed so far: later slots are that many places earlier.
+    let mut removed = 0;
+    for (i, (leaf, &k)) in w.leaves.iter().zip(keep).enumerate() {
+        match (leaf, k) {
+            (Leaf::Array(..), _) | (Leaf::Scalar(_, _, None), false) => {}
+            (Leaf::Scalar(obj, int, Some(slot)), true) => {
+                let j = slot - removed;
+                let Some(Param::Scalar(ty)) = params.get(j) else {
+                    return Err(mismatch(i));
+                };
+                let v = match int.and_then(|v| int_scalar(v.into(), *ty)) {
+                    Some(v) => v,
+                    None => convert_scalar(i, obj, *ty)?,
+                };
+                // The placeholder's value replaced (nothing to drop).
+                match &mut conv.args[j] {
+                    Arg::Scalar(placeholder) => *placeholder = v,
+                    Arg::Tensor(_) => return Err(mismatch(i)),
+                }
+            }
+            (Leaf::Scalar(_, _, Some(slot)), false) => {
+                let j = slot - removed;
+                conv.args.remove(j);
+                conv.claims.remove(j);
+                removed += 1;
+            }
+            (Leaf::List(arg, len, _, slot), true) => {
+                let j = slot - removed;
+                let (t, n) = stage(py, i, arg, *len, params.get(j..).unwrap_or_default(), hs)?;
+                // Into the first slot: appended, swapped in, the placeholder dropped.
+                conv.push_tensor(t);
+                let last = conv.args.len() - 1;
+                conv.args.swap(j, last);
+                conv.claims.swap(j, last);
+                conv.args.pop();
+                conv.claims.pop();
+                conv.args[j + 1] = Arg::Scalar(n);
+            }
+            (Leaf::Scalar(_, _, None), true) | (Leaf::List(..), false) => {
+                return Err(mismatch(i));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn mismatch(i: usize) -> PyErr {
@@ -1114,15 +1295,15 @@ fn mismatch(i: usize) -> PyErr {
 
 /// A list argument's staged descriptor buffer (`tile_py.cutile._stage`), converted, and its
 /// length, against the next two declared parameters.
-fn stage<'a>(
+fn stage(
     py: Python<'_>,
     i: usize,
     arg: &Bound<'_, PyAny>,
     len: usize,
-    params: &mut impl Iterator<Item = &'a Param>,
+    params: &[Param],
     hs: &Handshake,
 ) -> PyResult<(Tensor, tile_launch::Scalar)> {
-    let (Some(buffer), Some(Param::Scalar(ty))) = (params.next(), params.next()) else {
+    let [buffer, Param::Scalar(ty), ..] = params else {
         return Err(mismatch(i));
     };
     if matches!(buffer, Param::Scalar(_)) {

@@ -592,6 +592,37 @@ def test_exports_inside_tuples_are_launched_in_their_own_places(stub_driver, tmp
     """)
 
 
+def test_a_key_longer_than_its_inline_words_tells_every_word_apart(stub_driver, tmp_path):
+    """A key of more words than a launch's walk holds inline (a constant tuple of twenty ints
+    after three arrays): the same arguments find the kernel; a change of an array's layout (in
+    the inline words) or of the last constant (past them) is another kernel."""
+    on_stub(stub_driver, tmp_path, """
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        t = tuple(range(20))
+        assert compiles(kconst, (x, y, out, 1.0, 2, 3, 4, t), (x, y, out, 1.0, 2, 3, 4, t)) == 1
+        assert compiles(kconst, (x, y, Dev([64], ptr=BASE + 0x2004), 1.0, 2, 3, 4, t)) == 1
+        assert compiles(kconst, (x, y, out, 1.0, 2, 3, 4, t[:-1] + (7,))) == 1
+        assert compiles(kconst, (x, y, out, 5.0, 6, 7, 8, tuple(range(20)))) == 0
+        assert tc.cache_info() == {"entries": 3, "hits": 2, "misses": 3}
+    """)
+
+
+def test_an_array_of_more_than_five_dimensions_keys_its_rank_and_the_words_after_it(
+        stub_driver, tmp_path):
+    """A 6-D array has no per-dimension word in the key (cuTile's five): its rank, alignment
+    and what follows it still tell launches apart, and equal launches find their kernel."""
+    on_stub(stub_driver, tmp_path, """
+        six = lambda ptr=BASE: Dev([2, 2, 2, 2, 2, 16], ptr=ptr)  # noqa: E731
+        out = Dev([64, 32], ptr=BASE + 0x10000)
+        assert compiles(k2d, (six(), out, 1, 2, 3, 4, 5), (six(BASE + 0x800), out, 6, 7, 8, 9, 10)) == 1
+        assert compiles(k2d, (six(BASE + 4), out, 1, 2, 3, 4, 5)) == 1  # misaligned
+        assert compiles(k2d, (six(), out, 1, 2, 3, 4, 2**40)) == 1  # the last int past 32 bits
+        assert compiles(k2d, (six(), out, 1, 2, 3, 4, 2**41)) == 0
+        assert compiles(k2d, (Dev([2, 2, 2, 2, 2, 2, 8]), out, 1, 2, 3, 4, 5)) == 1  # 7-D
+        assert compiles(k2d, (Dev([2, 2, 2, 2, 2, 2, 8]), out, 1, 2, 3, 4, 5)) == 0
+    """)
+
+
 def test_a_misaligned_export_gets_its_own_kernel(stub_driver, tmp_path):
     on_stub(stub_driver, tmp_path, """
         y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
@@ -698,6 +729,37 @@ def test_cutiles_own_errors_come_before_the_overlap_refusal(stub_driver, tmp_pat
             assert "array arguments 0 and 1 (in order of appearance) overlap in memory" in str(e)
         assert len(compiled) == 2
         assert tc.cache_info() == {"entries": 0, "hits": 0, "misses": 0}
+    """)
+
+
+def test_overlap_is_checked_on_every_launch_from_the_validated_extents(stub_driver, tmp_path):
+    """Arrays that share a byte are refused on a hit as on a miss, each array's bytes being the
+    extent its validated descriptor states (a negative stride reaches below the data pointer);
+    arrays that only touch are launched."""
+    on_stub(stub_driver, tmp_path, """
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+
+        def refusal(x, y):
+            try:
+                tc.launch(1, (1,), k7, (x, y, out, 1.0, 2, 3, 4)).wait()
+                return None
+            except ValueError as e:
+                return str(e)
+
+        overlap = "array arguments 0 and 1 (in order of appearance) overlap in memory"
+        assert refusal(Dev([64], ptr=BASE + 0x1000 - 256), y) is None  # touching below
+        assert refusal(Dev([64], ptr=BASE + 0x1000 + 256), y) is None  # touching above
+        assert tc.cache_info() == {"entries": 1, "hits": 1, "misses": 1}
+        # The same specialisation, sharing 16 bytes: found, and refused (a refused launch is
+        # not counted as a hit).
+        assert overlap in refusal(Dev([64], ptr=BASE + 0x1000 - 240), y)
+        assert overlap in refusal(Dev([64], ptr=BASE + 0x1000 + 240), y)
+        assert tc.cache_info() == {"entries": 1, "hits": 1, "misses": 1}
+        # Reversed, its data pointer at its highest element: it reaches 252 bytes below. The
+        # second finds the kernel the first compiled, and is refused.
+        assert refusal(Dev([64], strides=[-1], ptr=BASE + 0x1000 + 256 + 252), y) is None
+        assert overlap in refusal(Dev([64], strides=[-1], ptr=BASE + 0x1000 + 252 + 16), y)
+        assert tc.cache_info() == {"entries": 2, "hits": 1, "misses": 2}
     """)
 
 
@@ -942,6 +1004,94 @@ def test_the_last_specialisation_is_found_again_only_for_its_own_key(stub_driver
         assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 1
         assert launched(k7, (a, y, out, 1.0, 1, 2, 3)) == 0
         assert tc.cache_info() == {"entries": 1, "hits": hits + 1, "misses": 7}
+    """)
+
+
+def test_a_leaf_cutile_makes_a_constant_leaves_the_others_in_their_own_places(
+        stub_driver, tmp_path):
+    """A leaf of an unannotated parameter that cuTile compiles as a constant (here a string) is
+    not passed, and every later scalar is still converted into its own parameter: each value
+    below fits only the type declared for its own place, on the launch that compiles and on the
+    hits after it; a list's two slots after such a leaf too. (The stub kernel's parameters are
+    8 bytes each.)"""
+    on_stub(stub_driver, tmp_path, """
+        @ct.kernel
+        def k8(x, y, out, mode, a, b, c, d):
+            pass
+
+        @ct.kernel
+        def klist8(xs, out, mode, a, b, c, d):
+            pass
+
+        x, y, out = Dev([64]), Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        array = tile_py.In("float32", strided=True)
+        declared = [array] * 3 + [
+            tile_py.Scalar("u64"), tile_py.Scalar("f64"), tile_py.Scalar("i64"),
+            tile_py.Scalar("f64")]
+
+        def compile_mode(kernel, args, cc):
+            compiled.append(args)
+            keep = (True, True, True, False, True, True, True, True)
+            return tc._Compiled(LIB.kernel("k", declared), keep, None)
+
+        tc._compile = compile_mode
+        plain = LIB.kernel("k", declared)
+        for a, b, c in [(2**64 - 1, 1.5, -7), (2**63 + 5, -2.0, -9), (2**64 - 1, 1.5, -7)]:
+            tc.launch(1, (4,), k8, (x, y, out, "fast", a, b, c, 0.5)).wait()
+            tile_py.launch(1, 4, plain, (x, y, out, a, b, c, 0.5), block=1).wait()
+        assert len(compiled) == 1 and tc.cache_info()["hits"] == 2
+        # Out of place (other keys, compiled with the same declarations), a value is refused:
+        # each slot's type is the one declared there.
+        for bad in [(x, y, out, "fast", -7, 1.5, 2**64 - 1, 0.5),
+                    (x, y, out, "fast", 1.5, 2**64 - 1, -7, 0.5)]:
+            try:
+                tc.launch(1, (4,), k8, bad)
+            except (OverflowError, TypeError) as e:
+                assert str(e).startswith("argument 4:"), e
+            else:
+                raise AssertionError(f"launched {bad}")
+        # A list before such a leaf: its buffer and its length in their own two slots.
+        tc._stage = lambda arg: tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+
+        def compile_list(kernel, args, cc):
+            compiled.append(args)
+            keep = (True, True, False, True, True, True, True)
+            listed = [tile_py.In("int64"), tile_py.Scalar("u64"), array, tile_py.Scalar("f64"),
+                      tile_py.Scalar("i64"), tile_py.Scalar("f64"), tile_py.Scalar("u64")]
+            return tc._Compiled(LIB.kernel("k", listed), keep, None)
+
+        tc._compile = compile_list
+        before = tc.cache_info()
+        for _ in range(2):
+            xs = [Dev([64]), Dev([64], ptr=BASE + 0x1000)]
+            tc.launch(1, (4,), klist8, (xs, out, "m", 2.5, -3, 0.25, 2**64 - 1)).wait()
+        after = tc.cache_info()
+        assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 1)
+    """)
+
+
+def test_clear_cache_during_a_launch_leaves_it_the_kernel_it_found(stub_driver, tmp_path):
+    """A launch takes this thread's last specialisation before it exports its arrays: a
+    ``clear_cache()`` run by a producer meanwhile leaves that launch the kernel compiled for its
+    key (launched, compiled once), and the next launch compiles again."""
+    on_stub(stub_driver, tmp_path, """
+        class Clearing(Producer):
+            def __dlpack__(self, **kw):
+                if self.clear:
+                    tc.clear_cache()
+                return super().__dlpack__(**kw)
+
+        x = Clearing(shape=(64,), data=BASE)
+        y, out = Dev([64], ptr=BASE + 0x1000), Dev([64], ptr=BASE + 0x2000)
+        x.clear = False
+        assert compiles(k7, (x, y, out, 1.0, 2, 3, 4)) == 1
+        x.clear = True
+        h = tc.launch(1, (4,), k7, (x, y, out, 1.0, 2, 3, 4))
+        assert len(compiled) == 1 and tc.cache_info()["entries"] == 0
+        h.wait()
+        assert x.deleted == 2
+        x.clear = False
+        assert compiles(k7, (x, y, out, 1.0, 2, 3, 4)) == 1
     """)
 
 

@@ -138,8 +138,9 @@ impl<'a> Checked<'_, 'a> {
         }
         let bytes = self.bytes;
         // 2. Parameters: one 8-byte slot per kernel parameter (an array argument fills
-        //    `1 + 2 * ndim`), pointed to by the parameter array.
-        let mut ptrs: SmallVec<[*mut c_void; INLINE_ARGS]> = self
+        //    `1 + 2 * ndim`), pointed to by the parameter array, inline for as many slots as
+        //    `ParamValues` holds inline (three 1-D arrays fill 9).
+        let mut ptrs: SmallVec<[*mut c_void; 2 * INLINE_ARGS]> = self
             .values
             .iter_mut()
             .map(|v| (v as *mut u64).cast::<c_void>())

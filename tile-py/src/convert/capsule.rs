@@ -173,6 +173,59 @@ pub(crate) fn claim_capsule(
     })
 }
 
+impl Claim {
+    /// Runs `f` on the validated view of the claimed tensor, read again through its claim (the
+    /// capsule's pointer, or the export owned outright), for a caller that handed the first
+    /// view's `Unused` to the launch's arguments (`tile_py.cutile`, which reads an export's
+    /// layout again only to show it to cuTile's compiler on a miss). Nothing is released;
+    /// argument `index` is named in errors.
+    pub(crate) fn peek<R>(
+        &self,
+        py: Python<'_>,
+        index: usize,
+        f: impl FnOnce(&tile_dlpack::TensorView<'_>) -> R,
+    ) -> PyResult<R> {
+        let read = |unused: Unused<'static>| {
+            let view = unused.peek().map_err(|source| {
+                crate::exceptions::launch_err(
+                    py,
+                    tile_launch::Error::Descriptor { index, source },
+                    |_| None,
+                )
+            })?;
+            Ok(f(&view))
+        };
+        match self {
+            Claim::Capsule {
+                capsule, restore, ..
+            } => {
+                let cap = capsule.bind(py);
+                let ptr = with_critical_section(cap, || {
+                    // SAFETY: `cap` is a capsule we renamed (`used_*`) when we claimed it; only a
+                    // rollback renames it again, and it is read under its name of now.
+                    unsafe {
+                        ffi::PyCapsule_GetPointer(
+                            cap.as_ptr(),
+                            ffi::PyCapsule_GetName(cap.as_ptr()),
+                        )
+                    }
+                });
+                if ptr.is_null() {
+                    return Err(PyErr::fetch(py));
+                }
+                // SAFETY: the capsule held a `dltensor[_versioned]` (`restore`) when we claimed
+                // it, and nobody but the holder of the claim consumes it or runs its deleter:
+                // the tensor is valid, and this `Unused` is only peeked at and dropped (which
+                // runs nothing).
+                read(unsafe { capsule_unused(*restore == c"dltensor_versioned", ptr) })
+            }
+            // SAFETY: a tensor we own outright, not consumed (the claim is still held), valid
+            // until its deleter runs; this `Unused` is only peeked at and dropped.
+            Claim::Owned(ptr) => read(unsafe { Unused::from_versioned(*ptr) }),
+        }
+    }
+}
+
 /// Gives a claimed capsule its original name and destructor back (the tensor was not
 /// consumed).
 pub(crate) fn unclaim_capsule(
