@@ -116,6 +116,22 @@ def test_row1_wrong_capsule_name(counters):
     assert c.calls == 0 and counters["consumed"] == 0
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["d", "dltenso", "dltensorX", "dltensor_", "dltensor_versione", "dltensor_versionedX",
+     "used_", "used_dltenso", "used_dltensor_", "used_dltensor_versionedX", "usedltensor",
+     "DLTENSOR", "dltensor versioned"],
+)
+def test_row1_a_name_that_only_starts_or_ends_like_dlpack_s_is_refused(counters, name):
+    """Only the four DLPack names count, whole: a prefix of one, one with more after it, or one
+    spelled otherwise is another kind of capsule, refused and left as it was."""
+    cap, c = make_capsule(name=name, destructor=False)
+    with pytest.raises(TypeError, match=r"argument 0: .*named " + repr_re(name).replace("'", '"')):
+        check([In("float32")], (cap,))
+    assert capsule_name(cap) == name
+    assert c.calls == 0 and counters["consumed"] == 0
+
+
 @pytest.mark.parametrize("bad", [1, None, "x", object()])
 def test_row1_not_a_tensor(counters, bad):
     good = Producer()
