@@ -260,7 +260,10 @@ pub struct ReleaseConfig {
     /// Launches between two polls of the oldest marker at launch time (`0` is treated as `1`).
     /// A poll is a `cuEventQuery`, which costs about as much as a third of a launch, so launches
     /// poll only every this many; a larger value lowers the launch cost and raises the time
-    /// from a kernel's completion to its deleters running.
+    /// from a kernel's completion to its deleters running. A stream whose every launch records
+    /// its own marker ([`Stream::from_raw_launch_only`](crate::Stream::from_raw_launch_only))
+    /// polls every `max(poll_every, marker_every)` launches: its launches' tensors are then
+    /// held about as long as an amortised marker holds them on another stream.
     pub poll_every: u32,
     /// Most guards the queue (deferred launches) may hold. Past it, `launch` and `defer` wait for
     /// the oldest queued work first. A single launch with more guards than this is waited for

@@ -305,7 +305,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             self.maybe_record(&mut st);
         }
         st.launches_since_poll = st.launches_since_poll.saturating_add(1);
-        if st.launches_since_poll >= self.config.poll_every.max(1) {
+        if st.launches_since_poll >= self.poll_period() {
             st.launches_since_poll = 0;
             self.poll_if_worth_it(&mut st);
         }
@@ -706,6 +706,22 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         // launch starts from a fresh marker.
         st.launches_since_marker = 0;
         st.sweep_orphans(&self.timeline);
+    }
+
+    /// Launches between two polls at launch time: `poll_every`, or, for a timeline that records
+    /// a marker in every launch ([`Timeline::thread_bound`]), at least `marker_every`. Such a
+    /// poll finds a new complete marker every time, and releases what it covers: polled every
+    /// `marker_every` launches, its launches' guards are held about as long as those of a
+    /// stream whose markers are amortised (one every `marker_every` launches, found complete by
+    /// the next poll), for a quarter of the queries and releases.
+    #[inline]
+    fn poll_period(&self) -> u32 {
+        let every = self.config.poll_every.max(1);
+        if self.timeline.thread_bound() {
+            every.max(self.config.marker_every)
+        } else {
+            every
+        }
     }
 
     /// The amortised marker policy.
