@@ -58,3 +58,23 @@ def stub_driver(tmp_path_factory):
     out = tmp_path_factory.mktemp("stub") / "libcuda.so.1"
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), source], check=True)
     return str(out)
+
+
+@pytest.fixture
+def counters():
+    """For tests that launch nothing: asserts that nothing was launched and no release is left
+    queued at the end, and gives the deltas of tile_py's debug counters (``counters["consumed"]``,
+    ``counters["released"]``, ...) since the test began."""
+    from tile_py import _testing
+
+    class Delta:
+        def __init__(self):
+            self.start = _testing.debug_counters()
+
+        def __getitem__(self, k):
+            return _testing.debug_counters()[k] - self.start[k]
+
+    d = Delta()
+    yield d
+    assert d["launches_issued"] == 0
+    assert _testing.debug_counters()["queued_releases"] == 0

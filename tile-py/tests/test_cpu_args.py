@@ -42,24 +42,6 @@ def check(params, args, **kw):
     return _testing.check_args(params, args, **kw)
 
 
-@pytest.fixture
-def counters():
-    """Asserts that nothing was launched during the test, and gives the consumed/released
-    deltas."""
-
-    class Delta:
-        def __init__(self):
-            self.start = _testing.debug_counters()
-
-        def __getitem__(self, k):
-            return _testing.debug_counters()[k] - self.start[k]
-
-    d = Delta()
-    yield d
-    assert d["launches_issued"] == 0
-    assert _testing.debug_counters()["queued_releases"] == 0
-
-
 # ---- success paths ----------------------------------------------------------------------------
 
 

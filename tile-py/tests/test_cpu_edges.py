@@ -28,21 +28,6 @@ from cpu_checks import STREAM, check, notes
 IS_COPIED = 2
 
 
-@pytest.fixture
-def counters():
-    class Delta:
-        def __init__(self):
-            self.start = _testing.debug_counters()
-
-        def __getitem__(self, k):
-            return _testing.debug_counters()[k] - self.start[k]
-
-    d = Delta()
-    yield d
-    assert d["launches_issued"] == 0
-    assert _testing.debug_counters()["queued_releases"] == 0
-
-
 # ---- row 18: a private copy (IS_COPIED) bound to an output ------------------------------------
 
 

@@ -23,21 +23,6 @@ from dlpack_ctypes import (
 from cpu_checks import check
 
 
-@pytest.fixture
-def counters():
-    class Delta:
-        def __init__(self):
-            self.start = _testing.debug_counters()
-
-        def __getitem__(self, k):
-            return _testing.debug_counters()[k] - self.start[k]
-
-    d = Delta()
-    yield d
-    assert d["launches_issued"] == 0
-    assert _testing.debug_counters()["queued_releases"] == 0
-
-
 # ---- row 31: a capsule destructor that calls the deleter whatever the capsule's name ----------
 # pytorch/pytorch#9260, dmlc/dlpack#51: CuPy's capsules of that time deleted the tensor when the
 # capsule died, consumed or not, so a consumer that only renamed the capsule had its tensor freed
