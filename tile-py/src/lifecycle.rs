@@ -108,8 +108,9 @@ fn totals(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 ///   waits for older work.
 /// - `held_guards`, `held_bytes`: always 0 in tile_py, whose launches put their tensors straight on
 ///   the release queue (kept for parity with Rust's `Stream::stats`).
-/// - `released`: DLPack deleters tile_py has run (tensors released), on every path:
-///   `wait()` / `done()`, release queues, CUDA graphs, and exports dropped by a failed check.
+/// - `released`: DLPack deleters tile_py has run (tensors released, and the descriptors it
+///   makes for `__cuda_array_interface__` objects), on every path: `wait()` / `done()`,
+///   release queues, CUDA graphs, and exports dropped by a failed check.
 /// - `guards_released`: guards the streams' release queues dropped, once the work was done (or
 ///   at once when the driver refused the launch). Dropping a guard only queues its release for
 ///   a thread that holds the GIL; this count includes `__cuda_array_interface__` objects and

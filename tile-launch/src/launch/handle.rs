@@ -14,6 +14,8 @@ use crate::timeline::CudaTimeline;
 /// [`defer`](LaunchHandle::defer) hands the tensors to the stream's release queue (released
 /// at later launches, [`Stream::poll`](crate::Stream::poll), [`Stream::synchronize`](crate::Stream::synchronize) or when the stream is dropped).
 /// Dropping an unretired handle blocks until the work is done, then releases: never earlier.
+/// (A handle of a launch made with [`Checked::queue_guards`](crate::Checked::queue_guards)
+/// owns nothing, its tensors being on the release queue: dropping it does nothing.)
 /// `mem::forget` leaks the tensors; it never frees them early.
 ///
 /// A launch made while the stream was capturing a CUDA graph ([`is_captured`](Self::is_captured))
