@@ -72,6 +72,13 @@ pub fn run() -> Result<()> {
     if copied.is_empty() {
         bail!("no test binaries were built");
     }
+    // The C API's example test builds `examples/launcher.c` against the crate's cdylib, which it
+    // looks for beside its own binary (where cargo puts it).
+    if copied.iter().any(|c| c.starts_with("tile-capi-")) {
+        let lib = root.join("target/release/deps/libtile_capi.so");
+        fs::copy(&lib, out.join("tests/libtile_capi.so"))
+            .with_context(|| format!("cannot copy {}", lib.display()))?;
+    }
 
     run_cmd(cargo().args([
         "build",
