@@ -195,15 +195,15 @@ impl Context {
         *SEVERAL.get_or_init(|| Self::device_count().is_ok_and(|n| n > 1))
     }
 
-    /// The device of the context that owns `stream`: one `cuStreamGetId` for a stream whose
-    /// device this process found before (a stream's id is unique for the life of the process
-    /// and a stream never changes context, so a handle destroyed and reused by another stream
-    /// is a new id); else `cuStreamGetCtx`, then `cuCtxGetId` when that is a primary context a
-    /// [`Context`] of this process holds, whose device is known, or `cuCtxGetDevice` with it
-    /// pushed and popped. For the default-stream handles (null,
-    /// `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), which name a stream of whichever context is
-    /// current, the device of the calling thread's current context, or `None` when no context is
-    /// current. The calling thread's current context is the same afterwards.
+    /// The device of the context that owns `stream`: `cuStreamGetCtx`, then `cuCtxGetId` when
+    /// that is a primary context a [`Context`] of this process holds, whose device is known, or
+    /// `cuCtxGetDevice` with it pushed and popped. Every one of these is allowed on a stream
+    /// that is capturing a graph (XLA hands its FFI calls such streams); `cuStreamGetId` is not
+    /// asked, since some drivers refuse it for a capturing stream, and a refused call
+    /// invalidates the capture. For the default-stream handles (null, `CU_STREAM_LEGACY`,
+    /// `CU_STREAM_PER_THREAD`), which name a stream of whichever context is current, the device
+    /// of the calling thread's current context, or `None` when no context is current. The
+    /// calling thread's current context is the same afterwards.
     ///
     /// # Safety
     ///
@@ -213,30 +213,15 @@ impl Context {
     ///
     /// [`Error::Driver`](crate::Error::Driver) without a driver; [`Error::Cuda`](crate::Error::Cuda)
     /// if a driver call fails (e.g. `CUDA_ERROR_INVALID_HANDLE` for a destroyed stream).
-    #[doc(alias = "cuStreamGetId")]
     #[doc(alias = "cuStreamGetCtx")]
     pub unsafe fn device_of_stream(stream: cuda_sys::CUstream) -> Result<Option<i32>> {
         let d = driver()?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         if HandleKind::of(stream) == HandleKind::Explicit {
-            let mut id = 0u64;
             // SAFETY: the caller vouches that `stream` is a live stream; out-pointer to a local.
-            // Refused for a capturing stream by some drivers: then asked as below.
-            let id = unsafe { (d.cuStreamGetId)(stream, &mut id) }
-                .check("cuStreamGetId")
-                .ok()
-                .map(|()| id);
-            if let Some(ordinal) = id.and_then(stream_ids::ordinal_of) {
-                return Ok(Some(ordinal));
-            }
-            // SAFETY: as above.
             unsafe { (d.cuStreamGetCtx)(stream, &mut ctx) }.check("cuStreamGetCtx")?;
             // SAFETY: `ctx` owns a live stream.
-            let ordinal = unsafe { device_of_context(d, ctx) }?;
-            if let Some(id) = id {
-                stream_ids::remember(id, ordinal);
-            }
-            return Ok(Some(ordinal));
+            return unsafe { device_of_context(d, ctx) }.map(Some);
         }
         // SAFETY: out-pointer to a local.
         unsafe { (d.cuCtxGetCurrent)(&mut ctx) }.check("cuCtxGetCurrent")?;
@@ -404,31 +389,6 @@ unsafe fn device_of_context(d: &Driver, ctx: CUcontext) -> Result<i32> {
     unsafe { (d.cuCtxPopCurrent)(&mut popped) }.check("cuCtxPopCurrent")?;
     got?;
     Ok(device)
-}
-
-/// The devices of the streams [`Context::device_of_stream`] asked about lately, by stream id.
-mod stream_ids {
-    use std::sync::Mutex;
-
-    /// How many streams are remembered: the newest replaces the oldest.
-    const KEPT: usize = 64;
-
-    static KNOWN: Mutex<Vec<(u64, i32)>> = Mutex::new(Vec::new());
-
-    /// The device of the stream with id `id`, if remembered.
-    pub(super) fn ordinal_of(id: u64) -> Option<i32> {
-        let known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
-        known.iter().rev().find(|k| k.0 == id).map(|k| k.1)
-    }
-
-    /// Remembers that the stream with id `id` belongs to device `ordinal`.
-    pub(super) fn remember(id: u64, ordinal: i32) {
-        let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
-        if known.len() == KEPT {
-            known.remove(0);
-        }
-        known.push((id, ordinal));
-    }
 }
 
 /// The primary contexts that [`Context`] values hold (retained, not yet released), with their

@@ -351,36 +351,30 @@ fn a_deleter_run_inside_a_launch_makes_the_launch_ask_again() {
 }
 
 #[test]
-fn the_device_of_a_stream_is_asked_once_then_known_by_the_stream_id() {
+fn the_device_of_a_stream_is_asked_of_its_context_with_calls_a_capture_allows() {
     if !stub::in_child() {
-        return in_child("the_device_of_a_stream_is_asked_once_then_known_by_the_stream_id");
+        return in_child(
+            "the_device_of_a_stream_is_asked_of_its_context_with_calls_a_capture_allows",
+        );
     }
     let counter = Counter::open();
     let stream = {
         let ctx = Context::new(0).unwrap();
         let stream = Stream::new(&ctx).unwrap();
         counter.take();
-        // SAFETY: a live stream.
-        let device = unsafe { Context::device_of_stream(stream.raw()) };
-        assert_eq!(device.unwrap(), Some(0));
-        // A stream not seen before, of a primary context a `Context` holds: its context's id is
-        // asked (a reset may have left its handle to another context), no push, no pop.
-        assert_eq!(
-            counter.take(),
-            calls(&[
-                ("cuStreamGetId", 1),
-                ("cuStreamGetCtx", 1),
-                ("cuCtxGetId", 1)
-            ])
-        );
         stream
     };
-    // Seen before: its id (unique for the life of the process) names its device.
+    // A stream of a primary context a `Context` holds: its context's id is asked (a reset may
+    // have left its handle to another context), no push, no pop; never `cuStreamGetId`, which
+    // some drivers refuse for a capturing stream (and the refusal invalidates the capture).
     for _ in 0..3 {
-        // SAFETY: as above (the stream keeps its context alive).
+        // SAFETY: a live stream (it keeps its context alive).
         let device = unsafe { Context::device_of_stream(stream.raw()) };
         assert_eq!(device.unwrap(), Some(0));
-        assert_eq!(counter.take(), calls(&[("cuStreamGetId", 1)]));
+        assert_eq!(
+            counter.take(),
+            calls(&[("cuStreamGetCtx", 1), ("cuCtxGetId", 1)])
+        );
     }
     drop(stream);
     counter.take();
@@ -392,17 +386,12 @@ fn the_device_of_a_stream_is_asked_once_then_known_by_the_stream_id() {
     assert_eq!(
         counter.take(),
         calls(&[
-            ("cuStreamGetId", 1),
             ("cuStreamGetCtx", 1),
             ("cuCtxPushCurrent", 1),
             ("cuCtxGetDevice", 1),
             ("cuCtxPopCurrent", 1),
         ])
     );
-    // SAFETY: as above.
-    let device = unsafe { Context::device_of_stream(raw) };
-    assert_eq!(device.unwrap(), Some(0));
-    assert_eq!(counter.take(), calls(&[("cuStreamGetId", 1)]));
 }
 
 #[test]
