@@ -324,11 +324,6 @@ impl<'a> Args<'a> {
         self.list.push(arg.into());
     }
 
-    /// The arguments, in order.
-    pub fn as_slice(&self) -> &[Arg<'a>] {
-        &self.list
-    }
-
     /// Removes every argument (an unconsumed tensor is left to its producer; a consumed one
     /// is released: its deleter runs here).
     pub fn clear(&mut self) {
