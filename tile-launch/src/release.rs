@@ -188,6 +188,33 @@ pub trait Timeline: Send + Sync + 'static {
         self.record()
     }
 
+    /// [`record`](Timeline::record) into a marker of this timeline's that has completed and that
+    /// nothing refers to any more, in place of a fresh one (a CUDA event recorded again: no event
+    /// taken from the pool). The tracker keeps one such marker, so that a stream with a marker
+    /// at every launch makes no allocation for it. On an error `marker` is left usable. The
+    /// default records a fresh marker and recycles the old one.
+    ///
+    /// # Errors
+    ///
+    /// As [`record`](Timeline::record).
+    fn rerecord(&self, marker: &mut Self::Marker) -> Result<(), Self::Error> {
+        let fresh = self.record()?;
+        self.recycle(std::mem::replace(marker, fresh));
+        Ok(())
+    }
+
+    /// [`rerecord`](Timeline::rerecord) from inside a launch call, as
+    /// [`record_at_launch`](Timeline::record_at_launch) is to `record`.
+    ///
+    /// # Errors
+    ///
+    /// As [`record`](Timeline::record).
+    fn rerecord_at_launch(&self, marker: &mut Self::Marker) -> Result<(), Self::Error> {
+        let fresh = self.record_at_launch()?;
+        self.recycle(std::mem::replace(marker, fresh));
+        Ok(())
+    }
+
     /// Whether a marker can be recorded now. `false` while the stream is capturing a CUDA graph
     /// (an event recorded then would become a node of the graph): a non-blocking poll or the
     /// amortised marker policy then records nothing and stores no error (the queued work is

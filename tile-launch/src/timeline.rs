@@ -260,7 +260,31 @@ impl CudaTimeline {
 
     /// `record`, refusing (without a driver call) where the handle may not be named.
     fn record_if(&self, reachable: bool) -> Result<Event, CudaError> {
-        let d = self.d;
+        self.recording(reachable, || {
+            let ev = self.event()?;
+            match self.record_event(&ev) {
+                Ok(()) => Ok(ev),
+                Err(e) => {
+                    self.recycle(ev);
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    /// `rerecord`: as [`record_if`](CudaTimeline::record_if), into an event of this timeline's.
+    fn rerecord_if(&self, reachable: bool, ev: &Event) -> Result<(), CudaError> {
+        self.recording(reachable, || self.record_event(ev))
+    }
+
+    /// Runs `record` where an event may be recorded on the stream: refuses (without a driver
+    /// call) where the handle may not be named; outside a launch call, binds the context and
+    /// refuses while the stream is capturing.
+    fn recording<R>(
+        &self,
+        reachable: bool,
+        record: impl FnOnce() -> Result<R, CudaError>,
+    ) -> Result<R, CudaError> {
         if !reachable {
             return Err(CudaError::new(
                 CUresult::CUDA_ERROR_INVALID_HANDLE,
@@ -269,23 +293,20 @@ impl CudaTimeline {
         }
         // Inside a launch call, its check bound the context and found the stream not capturing
         // ([`LaunchInProgress`]): neither is asked again.
-        let known = self.known_in_launch();
-        let _bound = if known {
+        let _bound = if self.known_in_launch() {
             None
         } else {
-            let bound = self.ctx.bind_with(d)?;
+            let bound = self.ctx.bind_with(self.d)?;
             self.refuse_if_capturing("cuEventRecord")?;
             Some(bound)
         };
-        let ev = self.event()?;
+        record()
+    }
+
+    /// `cuEventRecord` of `ev` on the stream, whose context is current.
+    fn record_event(&self, ev: &Event) -> Result<(), CudaError> {
         // SAFETY: `ev` is a live event and `self.raw` a live stream of the same context.
-        match unsafe { (d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord") {
-            Ok(()) => Ok(ev),
-            Err(e) => {
-                self.recycle(ev);
-                Err(e)
-            }
-        }
+        unsafe { (self.d.cuEventRecord)(ev.0, self.raw) }.check("cuEventRecord")
     }
 
     /// Whether the launch call in progress on this thread knows this stream not capturing and
@@ -374,6 +395,14 @@ impl Timeline for CudaTimeline {
 
     fn record_at_launch(&self) -> Result<Event, Self::Error> {
         self.record_if(self.reachable_in_launch())
+    }
+
+    fn rerecord(&self, marker: &mut Event) -> Result<(), Self::Error> {
+        self.rerecord_if(self.reachable(), marker)
+    }
+
+    fn rerecord_at_launch(&self, marker: &mut Event) -> Result<(), Self::Error> {
+        self.rerecord_if(self.reachable_in_launch(), marker)
     }
 
     fn is_lost(&self, error: &CudaError) -> bool {

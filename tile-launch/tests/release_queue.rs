@@ -279,7 +279,12 @@ fn no_release_before_completion() {
         ),
         (2, 0, 0)
     );
-    assert_eq!(h.fake.calls().recycle, 1);
+    // The completed marker is kept, to be recorded again for the next launch that needs one.
+    assert_eq!(h.fake.calls().recycle, 0);
+    h.launch(1).defer();
+    assert_eq!(h.tracker.poll(), 0);
+    assert_eq!(h.fake.markers_recorded(), 2);
+    assert_eq!((h.fake.calls().rerecord, h.fake.calls().recycle), (1, 0));
 }
 
 #[test]
@@ -1378,7 +1383,8 @@ fn concurrency_smoke(config: ReleaseConfig, threads: u64, launches: u64) {
     let h = Arc::into_inner(h).expect("no handle left");
     let Harness { fake, tracker, .. } = h;
     drop(tracker);
-    assert_eq!(fake.calls().recycle, fake.markers_recorded());
+    let calls = fake.calls();
+    assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
 }
 
 #[test]
@@ -1441,7 +1447,11 @@ fn every_marker_is_recycled_exactly_once() {
     // The forgotten handle keeps the tracker alive: shut it down, then drop our reference...
     tracker.shutdown();
     assert_eq!(log.lock().unwrap().len(), 11);
-    assert_eq!(fake.calls().recycle, fake.markers_recorded());
+    // None went back yet: each completed marker is kept, to be recorded again (the tracker
+    // gives them back when it is dropped, below and in `concurrency_smoke`).
+    let calls = fake.calls();
+    assert!(calls.rerecord > 0, "{calls:?}");
+    assert_eq!(calls.recycle, 0);
     // ...and a tracker dropped with a marker outstanding gives it back too.
     let fake2 = FakeTimeline::new();
     let t2: Arc<Tr> = Tracker::new(fake2.clone(), config(64));
@@ -1670,8 +1680,8 @@ fn a_lost_stream_is_abandoned_once_by_poll_and_leaks_counted() {
     }
     assert_eq!(h.stats().errors, 1, "no error more on every later poll");
     assert_eq!(h.fake.calls(), calls, "no driver call after abandoning");
-    // Every marker went back to the timeline (no event kept for a lost stream).
-    assert_eq!(calls.recycle, h.fake.markers_recorded());
+    // Every marker went back to the timeline (no event kept for a lost stream, no spare either).
+    assert_eq!(calls.recycle + calls.rerecord, h.fake.markers_recorded());
     assert_eq!(h.dropped(), 0, "leaked guards are never released");
 }
 
@@ -1768,6 +1778,45 @@ fn a_launch_only_timeline_is_never_named_after_the_launch() {
         "the stream was named only by the three launches"
     );
     assert!(h.tracker.is_quiescent());
+}
+
+/// A stream with a marker at every launch retires a period's markers at once; later launches
+/// record those again ([`Timeline::rerecord_at_launch`]) instead of taking new ones, and every
+/// marker goes back to the timeline once, when the tracker is dropped.
+#[test]
+fn completed_markers_are_recorded_again_by_later_launches() {
+    let fake = FakeTimeline::new();
+    fake.set_launch_only(true);
+    let h = Harness::with_fake(fake, config(64));
+    for _ in 0..10 {
+        h.launch_deferred(1);
+    }
+    let calls = h.fake.calls();
+    assert_eq!(
+        (calls.record, calls.rerecord),
+        (10, 0),
+        "ten markers, none to reuse"
+    );
+    h.fake.complete_through(10);
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.fake.calls().recycle, 0, "the ten are kept as spares");
+    for _ in 0..15 {
+        h.launch_deferred(1);
+    }
+    let calls = h.fake.calls();
+    assert_eq!(
+        (calls.record, calls.rerecord),
+        (25, 10),
+        "the ten spares, then five new markers"
+    );
+    h.fake.complete_through(25);
+    h.tracker.synchronize().unwrap();
+    h.assert_sound();
+    let Harness { fake, tracker, .. } = h;
+    drop(tracker);
+    let calls = fake.calls();
+    assert_eq!(calls.recycle, 15, "each of the 15 markers made, back once");
+    assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
 }
 
 /// What the recycle hook of [`recycled_vectors_come_back_empty_after_their_guards`] received:

@@ -59,6 +59,10 @@ pub struct FakeCalls {
     pub synchronize: u64,
     /// Calls of [`Timeline::recycle`].
     pub recycle: u64,
+    /// Successful calls of [`Timeline::rerecord`] and [`Timeline::rerecord_at_launch`] (each
+    /// also counted in `record` and in [`FakeTimeline::markers_recorded`]: a marker recorded
+    /// again is recorded, with no new marker to recycle).
+    pub rerecord: u64,
     /// Calls of [`Timeline::record`] or [`Timeline::synchronize`] made, and refused, on a thread
     /// other than the one a [`bound`](FakeTimeline::bind_to_current_thread) timeline belongs to.
     pub foreign: u64,
@@ -401,6 +405,18 @@ impl Timeline for FakeTimeline {
 
     fn record_at_launch(&self) -> Result<FakeMarker, FakeError> {
         self.record_checked(false)
+    }
+
+    fn rerecord(&self, marker: &mut FakeMarker) -> Result<(), FakeError> {
+        *marker = self.record_checked(true)?;
+        self.with(|st| st.calls.rerecord += 1);
+        Ok(())
+    }
+
+    fn rerecord_at_launch(&self, marker: &mut FakeMarker) -> Result<(), FakeError> {
+        *marker = self.record_checked(false)?;
+        self.with(|st| st.calls.rerecord += 1);
+        Ok(())
     }
 
     fn is_lost(&self, error: &FakeError) -> bool {

@@ -95,6 +95,11 @@ pub(super) struct MarkerSlot<M> {
 /// many launches at once, is freed).
 const MAX_SPARE_BATCH: usize = 1024;
 
+/// The most retired markers kept to be recorded again: as many as a stream with a marker at
+/// every launch retires at a poll (`ReleaseConfig::marker_every` launches' worth, by default
+/// 64), with room.
+const MAX_SPARE_MARKERS: usize = 256;
+
 /// Everything behind the tracker's lock.
 pub(super) struct State<T: Timeline, G> {
     /// The sequence number the next launch gets.
@@ -111,6 +116,10 @@ pub(super) struct State<T: Timeline, G> {
     /// them) when they were retired; recycled by a later sweep, at the latest when the tracker
     /// is dropped.
     pub(super) orphans: Vec<Arc<T::Marker>>,
+    /// Retired markers nobody refers to, kept to be recorded again ([`Timeline::rerecord`])
+    /// rather than recycled: a new marker reuses one's allocation (at most
+    /// [`MAX_SPARE_MARKERS`]).
+    pub(super) spare_markers: Vec<Arc<T::Marker>>,
     /// Deferred launches by sequence number (deferral order may differ from launch order).
     pub(super) deferred: Deferred<G>,
     pub(super) deferred_guards: usize,
@@ -212,18 +221,21 @@ impl<T: Timeline, G> State<T, G> {
                 self.orphans.push(slot.marker);
             }
         }
-        self.sweep_orphans(timeline);
+        self.sweep_orphans(timeline, true);
     }
 
-    /// Recycles the retired markers that nobody refers to any more. (A waiter lets go of its
-    /// reference before it takes the lock again, so whatever it was waiting for is recycled at
-    /// the latest by the sweep its own `mark_completed` does.)
-    pub(super) fn sweep_orphans(&mut self, timeline: &T) {
+    /// Recycles the retired markers that nobody refers to any more, but for those kept in
+    /// `spare_markers` when `keep_spare` (up to [`MAX_SPARE_MARKERS`]). (A waiter lets go of its reference
+    /// before it takes the lock again, so whatever it was waiting for is recycled at the latest
+    /// by the sweep its own `mark_completed` does.)
+    pub(super) fn sweep_orphans(&mut self, timeline: &T, keep_spare: bool) {
         let mut i = 0;
         while i < self.orphans.len() {
             if Arc::strong_count(&self.orphans[i]) == 1 {
                 let marker = self.orphans.swap_remove(i);
-                if let Ok(marker) = Arc::try_unwrap(marker) {
+                if keep_spare && self.spare_markers.len() < MAX_SPARE_MARKERS {
+                    self.spare_markers.push(marker);
+                } else if let Ok(marker) = Arc::try_unwrap(marker) {
                     timeline.recycle(marker);
                 }
             } else {

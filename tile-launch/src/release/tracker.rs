@@ -153,6 +153,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
                 launches_since_poll: 0,
                 markers: VecDeque::new(),
                 orphans: Vec::new(),
+                spare_markers: Vec::new(),
                 deferred: Deferred::new(),
                 deferred_guards: 0,
                 deferred_bytes: 0,
@@ -650,19 +651,45 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         if st.markers.back().is_some_and(|m| m.covers == st.next_seq) {
             return Ok(st.markers.len() - 1);
         }
-        let marker = self.timeline.record_at_launch()?;
+        let marker = match st.spare_markers.pop() {
+            Some(spare) => Self::rerecord(st, spare, T::rerecord_at_launch, &self.timeline)?,
+            None => Arc::new(self.timeline.record_at_launch()?),
+        };
         Ok(Self::push_marker(st, marker))
     }
 
     fn record_fresh(&self, st: &mut State<T, G>) -> Result<usize, T::Error> {
-        let marker = self.timeline.record()?;
+        let marker = match st.spare_markers.pop() {
+            Some(spare) => Self::rerecord(st, spare, T::rerecord, &self.timeline)?,
+            None => Arc::new(self.timeline.record()?),
+        };
         Ok(Self::push_marker(st, marker))
     }
 
-    fn push_marker(st: &mut State<T, G>, marker: T::Marker) -> usize {
+    /// Records a spare marker again with `rerecord`; on an error it stays a spare.
+    fn rerecord(
+        st: &mut State<T, G>,
+        mut spare: Arc<T::Marker>,
+        rerecord: fn(&T, &mut T::Marker) -> Result<(), T::Error>,
+        timeline: &T,
+    ) -> Result<Arc<T::Marker>, T::Error> {
+        // The spare is taken only once nothing else refers to it (`State::sweep_orphans`).
+        let Some(marker) = Arc::get_mut(&mut spare) else {
+            unreachable!("the spare marker is referred to elsewhere");
+        };
+        match rerecord(timeline, marker) {
+            Ok(()) => Ok(spare),
+            Err(e) => {
+                st.spare_markers.push(spare);
+                Err(e)
+            }
+        }
+    }
+
+    fn push_marker(st: &mut State<T, G>, marker: Arc<T::Marker>) -> usize {
         st.markers.push_back(MarkerSlot {
             covers: st.next_seq,
-            marker: Arc::new(marker),
+            marker,
         });
         st.markers_recorded += 1;
         st.launches_since_marker = 0;
@@ -702,10 +729,13 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         let markers = mem::take(&mut st.markers);
         st.orphans
             .extend(markers.into_iter().map(|slot| slot.marker));
+        // No event is kept for a lost stream, spares neither.
+        let spares = mem::take(&mut st.spare_markers);
+        st.orphans.extend(spares);
         // Launches so far are settled (leaked or held): none is waited for again, and a later
         // launch starts from a fresh marker.
         st.launches_since_marker = 0;
-        st.sweep_orphans(&self.timeline);
+        st.sweep_orphans(&self.timeline, false);
     }
 
     /// Launches between two polls at launch time: `poll_every`, or, for a timeline that records
@@ -1022,7 +1052,9 @@ impl<T: Timeline, G: Send + 'static> Drop for Tracker<T, G> {
         let outstanding = mem::take(&mut st.markers);
         st.orphans
             .extend(outstanding.into_iter().map(|slot| slot.marker));
+        let spares = mem::take(&mut st.spare_markers);
+        st.orphans.extend(spares);
         // Nobody else can refer to a marker now: waiters hold `&self`.
-        st.sweep_orphans(&self.timeline);
+        st.sweep_orphans(&self.timeline, false);
     }
 }
