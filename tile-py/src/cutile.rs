@@ -638,14 +638,14 @@ impl<'py> Walk<'_, 'py> {
         let py = self.py;
         let index = self.leaves.len();
         let name = &self.params.names[param];
-        let Some((_, stream)) = self.launch else {
+        let Some((hs, stream)) = self.launch else {
             return Err(err(
                 Kind::Type,
                 format!("tile_py.cutile: parameter {name:?}: a list of arrays needs a launch"),
             ));
         };
         let (arg, shown, layouts): (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyList>) =
-            call_module(py, "_list_arg", (obj, stream, index, name))?.extract()?;
+            call_module(py, "_list_arg", (obj, stream, index, name, hs.device))?.extract()?;
         self.words.push(tag::LIST);
         self.words.push(layouts.len() as u64);
         for l in layouts.iter() {

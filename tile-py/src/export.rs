@@ -24,11 +24,12 @@ type Layout = ((u8, u8, u16), (i32, i32), u64, Vec<i64>, Vec<i64>);
 /// max_version=(1, 3))`, with the same retries and the same refusal of a host producer), and
 /// `stream_value` is the `stream=` it was offered, which `tile_py.launch` on `stream` offers
 /// too; a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
-/// The descriptor is validated as a launch validates it. Nothing is consumed: the capsule
+/// The descriptor is validated as a launch validates it, its device included (device memory
+/// of the launch stream's device, pinned host or managed memory). Nothing is consumed: the capsule
 /// keeps its name, and dropping it unlaunched releases the export through its destructor.
 /// `index` names the argument in error messages. `device` is the launch stream's device
-/// ordinal, named in the refusal of a host producer; when it is `None` the stream is resolved
-/// (which loads the driver) to read it.
+/// ordinal, which the descriptor's device is checked against; when it is `None` the stream is
+/// resolved (which loads the driver) to read it.
 ///
 /// # Errors
 ///
@@ -42,15 +43,15 @@ pub(crate) fn _export<'py>(
     index: usize,
     device: Option<i32>,
 ) -> PyResult<(Bound<'py, PyAny>, Option<i64>, Layout)> {
+    let parsed = crate::stream_arg::StreamArg::parse(stream)?;
+    let dlpack_stream = parsed.spec.dlpack_value();
+    let device = match device {
+        Some(d) => d,
+        None => parsed.resolve(py)?.context().ordinal(),
+    };
     let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
         (obj.clone(), None)
     } else {
-        let stream = crate::stream_arg::StreamArg::parse(stream)?;
-        let dlpack_stream = stream.spec.dlpack_value();
-        let device = match device {
-            Some(d) => d,
-            None => stream.resolve(py)?.context().ordinal(),
-        };
         let hs = Handshake::new(dlpack_stream, true, device);
         let no_dlpack = || {
             arg_err(
@@ -73,22 +74,32 @@ pub(crate) fn _export<'py>(
         };
         (cap, Some(offer.0))
     };
-    let layout = describe(py, index, &cap)?;
+    let layout = describe(py, index, &cap, device)?;
     Ok((cap, offered, layout))
 }
 
-/// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it.
-fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<Layout> {
+/// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it; its
+/// device must be usable by a launch on device `ordinal` ([`tile_launch::check_device`]), as
+/// a launch's own check requires of every tensor: the layout's pointer may be launched where
+/// that check does not see it (staged in a list argument's descriptor buffer).
+fn describe(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+    ordinal: i32,
+) -> PyResult<Layout> {
     peek_capsule(py, index, cap, |view| {
         let (dtype, device) = (view.dtype(), view.device());
-        (
+        tile_launch::check_device(index, device, ordinal)?;
+        Ok((
             (dtype.code, dtype.bits, dtype.lanes),
             (device.device_type.0 as i32, device.device_id),
             view.data_ptr(),
             view.shape().to_vec(),
             view.strides().to_vec(),
-        )
-    })
+        ))
+    })?
+    .map_err(|e| launch_err(py, e, |_| None))
 }
 
 /// Runs `f` on the validated view of the tensor in the DLPack capsule `cap` (argument `index`

@@ -1134,3 +1134,41 @@ def test_int_scalars_convert_to_the_declared_type_as_tile_py_launch_converts_the
         assert seen[:3] == ["ok"] * 3, seen
         assert all(s.startswith("OverflowError: argument ") for s in seen[3:]), seen
     """)
+
+
+def test_list_elements_on_a_device_the_launch_cannot_use_are_refused(stub_driver, tmp_path):
+    """A list element's pointer is staged in a descriptor buffer, where the launch's own device
+    check never sees it: each element's device is checked as every tensor of a launch is (cuTile
+    refuses a list element that is not on a CUDA device too), before anything is compiled or
+    launched; the caller's capsules stay as they were, an export made for the call is released."""
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+
+        def stage(arg):
+            staged.append(arg.device)
+            return tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+
+        tc._stage = stage
+        out = Dev([64], ptr=BASE + 0x9000)
+        for device, where in [((1, 0), "cpu"), ((2, 1), "cuda:1"), ((10, 0), "device_type 10:0")]:
+            ok, c_ok = make_capsule(shape=(64,), data=BASE)
+            bad, c_bad = make_capsule(shape=(64,), data=BASE + 0x1000, device=device)
+            p = Producer(shape=(64,), data=BASE + 0x2000, device=device)
+            for items in ([ok, bad], [ok, p]):
+                try:
+                    tc.launch(1, (4,), klist, (items, out, 1, 2, 3, 4))
+                    raise AssertionError(f"launched an element on {where}")
+                except ValueError as e:
+                    assert str(e).startswith(f"argument 0: tensor is on {where}, but the "
+                                             "launch stream is on cuda:0"), e
+            assert [capsule_name(c) for c in (ok, bad)] == ["dltensor_versioned"] * 2
+            assert c_ok.calls == 0 and c_bad.calls == 0
+            assert len(p.calls) == 1 and p.deleted == 1  # the export made for the call, released
+        assert compiled == [] and staged == [] and tile_py.stats()["launches"] == 0
+        # Pinned host and managed memory are usable from every device, whatever their DLPack
+        # device id; the descriptors are staged on the launch's device.
+        pinned, _ = make_capsule(shape=(64,), data=BASE + 0x3000, device=(3, 0))
+        managed, _ = make_capsule(shape=(64,), data=BASE + 0x4000, device=(13, 5))
+        tc.launch(1, (4,), klist, ([pinned, managed], out, 1, 2, 3, 4))
+        assert len(compiled) == 1 and staged == [0]
+    """)
