@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyTuple};
 use smallvec::SmallVec;
 use tile_launch::{Arg, ArrayAssumptions, Dim3, LaunchConfig, Param};
 
@@ -649,15 +649,12 @@ impl<'py> Walk<'_, 'py> {
         self.words.push(tag::LIST);
         self.words.push(layouts.len() as u64);
         for l in layouts.iter() {
-            let (dtype, ptr, shape, strides): (Bound<'py, PyAny>, u64, Vec<i64>, Vec<i64>) =
-                l.extract()?;
-            let (code, bits, lanes) = match dtype.cast::<PyString>() {
-                Ok(s) => {
-                    let d = parse_typestr(index, s.to_str()?, "typestr")?;
-                    (d.code, d.bits, d.lanes)
-                }
-                Err(_) => dtype.extract()?,
-            };
+            let ((code, bits, lanes), ptr, shape, strides): (
+                (u8, u8, u16),
+                u64,
+                Vec<i64>,
+                Vec<i64>,
+            ) = l.extract()?;
             let layout = Layout {
                 code,
                 bits,

@@ -78,6 +78,46 @@ pub(crate) fn _export<'py>(
     Ok((cap, offered, layout))
 }
 
+/// The layout of the `__cuda_array_interface__` object `obj` (argument `index`) as a launch on
+/// device `ordinal` reads it, in [`_export`]'s form (`(dtype, device, data_ptr, shape,
+/// strides)`, strides in elements): the dict is parsed and validated as a launch parses it
+/// (version, typestr, mask, strides that are whole items, extents, data pointer), and the
+/// memory's device is checked against `ordinal` as [`_export`] checks a descriptor's. For a
+/// caller that launches the pointer where the launch's own checks do not see it (an element of
+/// a list argument, staged in a descriptor buffer). The object's `stream` entry is not read:
+/// nothing is ordered here. The descriptor made to read it is released before returning.
+///
+/// # Errors
+///
+/// As `tile_py.launch` raises for this argument's `__cuda_array_interface__` and device.
+#[pyfunction]
+#[pyo3(signature = (obj, index, ordinal))]
+pub(crate) fn _cai_layout(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    index: usize,
+    ordinal: i32,
+) -> PyResult<Layout> {
+    let hs = Handshake::new(crate::stream_arg::NO_SYNC, false, ordinal);
+    let t = crate::convert::from_cai(py, index, obj, &hs)?;
+    let layout = t
+        .view()
+        .map_err(|source| tile_launch::Error::Descriptor { index, source })
+        .and_then(|view| {
+            let (dtype, device) = (view.dtype(), view.device());
+            tile_launch::check_device(index, device, ordinal)?;
+            Ok((
+                (dtype.code, dtype.bits, dtype.lanes),
+                (device.device_type.0 as i32, device.device_id),
+                view.data_ptr(),
+                view.shape().to_vec(),
+                view.strides().to_vec(),
+            ))
+        });
+    t.release();
+    layout.map_err(|e| launch_err(py, e, |_| None))
+}
+
 /// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it; its
 /// device must be usable by a launch on device `ordinal` ([`tile_launch::check_device`]), as
 /// a launch's own check requires of every tensor: the layout's pointer may be launched where

@@ -1172,3 +1172,44 @@ def test_list_elements_on_a_device_the_launch_cannot_use_are_refused(stub_driver
         tc.launch(1, (4,), klist, ([pinned, managed], out, 1, 2, 3, 4))
         assert len(compiled) == 1 and staged == [0]
     """)
+
+
+def test_list_elements_given_by_cuda_array_interface_are_read_as_a_launch_reads_them(
+    stub_driver, tmp_path
+):
+    """A ``__cuda_array_interface__`` list element is parsed as a launch parses one, not by a
+    reading of its own: strides that are not whole items (which such a reading truncated, so
+    the kernel was handed other memory), masks and unknown versions are refused, before
+    anything is compiled, staged or launched."""
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+
+        def stage(arg):
+            staged.append(list(arg.words))
+            return tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+
+        tc._stage = stage
+        out = Dev([64], ptr=BASE + 0x9000)
+
+        def element(**over):
+            x = Dev([4, 4], ptr=BASE + 0x1000)
+            x.__cuda_array_interface__.update(over)
+            return x
+
+        for over, error in [
+            (dict(strides=(18, 4)), "__cuda_array_interface__: strides[0] = 18 bytes is not a "
+                                    "multiple of the item size 4"),
+            (dict(mask=element()), "__cuda_array_interface__: masked arrays are not supported"),
+            (dict(version=1), "__cuda_array_interface__: unsupported version 1 (2 or 3 expected)"),
+            (dict(shape=(4, True)), "__cuda_array_interface__: 'shape' holds a bool"),
+        ]:
+            try:
+                tc.launch(1, (4,), klist, ([Dev([4, 4]), element(**over)], out, 1, 2, 3, 4))
+                raise AssertionError(f"launched {over}")
+            except ValueError as e:
+                assert str(e).startswith("argument 0: " + error), e
+        assert compiled == [] and staged == [] and tile_py.stats()["launches"] == 0
+        # Well-formed elements: strides in bytes become strides in elements, none is compact.
+        tc.launch(1, (4,), klist, ([Dev([4, 4]), element(strides=(64, 4))], out, 1, 2, 3, 4))
+        assert staged == [[BASE, 4, 4, 4, 1, BASE + 0x1000, 4, 4, 16, 1]]
+    """)

@@ -395,11 +395,11 @@ def _list_arg(obj: List[Any], stream: Any, index: int, name: str, ordinal: int):
     """A list-of-arrays argument (leaf ``index`` of parameter ``name``) read for a launch on
     ``stream``, whose device ordinal is ``ordinal``: its ``_ListArg`` (staged on that device),
     its elements as cuTile is shown them, and per element ``(dtype, data_ptr, shape, strides)``
-    for the key (dtype ``(code, bits, lanes)`` of an export, or a ``__cuda_array_interface__``
-    typestr). Each element known only through DLPack is exported once (a capsule is read as it
-    is) and must be on a device the launch may use, as every tensor of a launch must
-    (``ValueError``: the staged words are pointers the launch's own checks never see); the
-    exports are kept for the launch."""
+    for the key (dtype ``(code, bits, lanes)``). Each element known only through DLPack is
+    exported once (a capsule is read as it is); a ``__cuda_array_interface__`` element is parsed
+    as a launch parses one. Each must be on a device the launch may use, as every tensor of a
+    launch must (``ValueError``: the staged words are pointers the launch's own checks never
+    see); the exports are kept for the launch."""
     if not obj:
         raise TypeError("Empty lists are not supported as kernel arguments")
     shown: List[Any] = []
@@ -425,22 +425,11 @@ def _list_arg(obj: List[Any], stream: Any, index: int, name: str, ordinal: int):
                     f"tile_py.cutile: element {j} of list parameter {name!r} is a "
                     "__cuda_array_interface__ object with a 'stream' to order after"
                 )
-            typestr = cai["typestr"]
-            item_size = int(typestr[2:])
-            shape = list(cai["shape"])
-            st = cai.get("strides")
-            if st is None:
-                strides, acc = [], 1
-                for n in reversed(shape):
-                    strides.append(acc)
-                    acc *= n
-                strides.reverse()
-            else:
-                strides = [s // item_size for s in st]
-            ptr = int(cai["data"][0])
+            # Parsed and checked as a launch reads a __cuda_array_interface__ argument.
+            dtype, _dev, ptr, shape, strides = _tile._cai_layout(item, index, ordinal)
             keep.append(item)
             shown.append(item)
-            layouts.append((typestr, ptr, shape, strides))
+            layouts.append((dtype, ptr, list(shape), list(strides)))
         words.append(layouts[-1][1])
         words.extend(layouts[-1][2])
         words.extend(layouts[-1][3])
