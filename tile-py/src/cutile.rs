@@ -786,7 +786,9 @@ fn cai_layout(
 fn constant_words(obj: &Bound<'_, PyAny>, out: &mut KeyBuf) -> PyResult<()> {
     if let Ok(b) = obj.cast_exact::<PyBool>() {
         out.extend([tag::CONST_BOOL, u64::from(b.is_true())]);
-    } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
+    } else if let Ok(f) = obj.cast::<PyFloat>() {
+        // A float subclass too (NumPy's float64): cuTile reads its value as a float, so
+        // `np.float64(-0.0)` is `-0.0`, never the `0.0` an equality-keyed entry would find.
         out.extend([tag::CONST_FLOAT, f.value().to_bits()]);
     } else if let Some(v) = obj
         .cast_exact::<PyInt>()

@@ -688,6 +688,13 @@ def test_float_constants_are_keyed_by_their_bits_as_cutile_tells_them_apart(stub
         launch = lambda c: (x, y, out, 1.0, 2, 3, 4, c)  # noqa: E731
         assert compiles(kconst, launch(0.0), launch(-0.0), launch(-0.0)) == 2
         assert compiles(kconst, launch(float("nan")), launch(float("nan"))) == 1
+        # A float subclass (NumPy's float64, what np.sqrt returns) is read by cuTile as the
+        # float of its value: keyed by its bits too, so np.float64(-0.0) is not the 0.0 kernel.
+        import numpy as np
+        assert compiles(kconst, launch(np.float64(1.0)), launch(np.float64(-1.0))) == 2
+        assert compiles(kconst, launch(np.float64(0.0)), launch(np.float64(-0.0))) == 0
+        assert compiles(kconst, launch(1.0), launch(-1.0), launch(np.float64(-1.0))) == 0
+        assert compiles(kconst, launch(np.float64("nan")), launch(np.float64("nan"))) == 0
         # Constants of other types key by equal value and type (an array by identity).
         assert compiles(kconst, launch("a"), launch("a"), launch("b")) == 2
         assert compiles(kconst, launch(x), launch(x)) == 1
