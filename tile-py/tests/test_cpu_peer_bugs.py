@@ -245,3 +245,50 @@ def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destruct
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# ---- row 34: a __cuda_array_interface__ whose 'stream' is 0 ------------------------------------
+# numba-cuda's DeviceNDArray gives ``'stream': int(self.stream)``, and ``int()`` of numba's
+# default stream (``cuda.default_stream()``, the null handle) is 0: an array made or bound on it
+# says ``'stream': 0``. The protocol's text disallows 0 as ambiguous, but numba's own consumer
+# (``external_stream(0)``) and CuPy's (``streamSynchronize(0)``) take it as the null stream, which
+# the driver reads as the legacy default stream; tile_py refused the array. It is now ordered
+# after the legacy default stream, as ``'stream': 1`` is (and as ``__cuda_stream__``'s
+# ``(0, 0)`` is taken).
+
+
+def test_row34_cai_stream_0_is_the_legacy_default_stream(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import ctypes, os, sys
+        sys.path.insert(0, %r)
+        import tile_py
+        from tile_py import In, Scalar
+        from cpu_checks import CAI
+        stub = ctypes.CDLL(os.environ["TILE_LIBCUDA"])
+        stub.stub_driver_calls.restype = ctypes.c_ulonglong
+        stub.stub_driver_calls.argtypes = [ctypes.c_char_p]
+        lib = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
+        k = lib.kernel("k", [In("float32")] + [Scalar("i64")] * 6)
+
+        def waits(stream, sync=True):
+            before = stub.stub_driver_calls(b"cuStreamWaitEvent")
+            x = CAI(data=(0x7F0000001000, False), stream=stream)
+            tile_py.launch(0x5000, 1, k, (x, 1, 2, 3, 4, 5, 6), block=1, sync=sync).wait()
+            return stub.stub_driver_calls(b"cuStreamWaitEvent") - before
+
+        # Ordered after the legacy default stream, as 1 is; nothing to order for None, and
+        # nothing with sync=False.
+        assert [waits(s) for s in (0, 1, None)] == [1, 1, 0]
+        assert waits(0, sync=False) == 0
+        assert tile_py.stats()["leaked"] == 0
+        print("ok")
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -272,9 +272,10 @@ pub(crate) fn from_cai(
                     format!("'stream' must be an int, got {}", show(&s))
                 }
             })?;
-            if n == 0 {
-                return Err(cai.bad("'stream' is 0, which the protocol disallows"));
-            }
+            // 0 is the null handle, which the driver reads as the legacy default stream: the
+            // protocol's text disallows it as ambiguous, but numba-cuda gives it for an array of
+            // its default stream (`int(cuda.default_stream())` is 0), and numba's and CuPy's
+            // consumers take it as that stream, as tile_py takes `__cuda_stream__`'s `(0, 0)`.
             if n < 0 {
                 return Err(cai.bad(format_args!("'stream' is {n}")));
             }
