@@ -292,3 +292,37 @@ def test_row34_cai_stream_0_is_the_legacy_default_stream(stub_driver):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# ---- row 35: a __cuda_array_interface__ of version 0 or 1 --------------------------------------
+# RMM's ``DeviceBuffer`` (``{"data": (ptr, False), "shape": (size,), "strides": (1,), "typestr":
+# "|u1", "version": 0}``) and cuDF's buffers (the same with ``"strides": None``) say version 0;
+# numba's consumer takes every version (checking ``mask`` from version 1 on) and CuPy's does not
+# look. tile_py refused anything but 2 and 3. Versions 0 and 1 are read as 2 is.
+
+
+class _Iface:
+    def __init__(self, **desc):
+        self.__cuda_array_interface__ = desc
+
+
+def test_row35_cai_of_version_0_or_1_is_read_as_version_2(counters):
+    from tile_py import Scalar
+
+    rmm_buffer = _Iface(data=(0x20000, False), shape=(64,), strides=(1,), typestr="|u1", version=0)
+    cudf_buffer = _Iface(data=(0x30000, False), shape=(64,), strides=None, typestr="|u1", version=0)
+    v1 = _Iface(data=(0x40000, False), shape=(16,), strides=None, typestr="<f4", version=1,
+                mask=None)
+    check([In("uint8"), Out("uint8"), In("float32"), Scalar("i64")],
+          (rmm_buffer, cudf_buffer, v1, 64))
+    assert counters["consumed"] == 3 and counters["released"] == 3
+    for desc, error in [
+        (dict(version=1, mask=object()), "masked arrays are not supported"),
+        (dict(version=4), "unsupported version 4 (0 to 3 expected)"),
+        (dict(version=-1), "unsupported version -1 (0 to 3 expected)"),
+    ]:
+        bad = _Iface(**{"data": (0x20000, False), "shape": (4,), "typestr": "<f4", **desc})
+        with pytest.raises(ValueError) as e:
+            check([In("float32")], (bad,))
+        assert str(e.value) == "argument 0: __cuda_array_interface__: " + error
+    assert counters["consumed"] == 3 and counters["released"] == 3

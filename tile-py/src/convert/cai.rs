@@ -193,13 +193,17 @@ pub(crate) fn from_cai(
         })?,
         index,
     };
+    // Versions 0 and 1 are read as 2 is (RMM's `DeviceBuffer` and cuDF's buffers say 0, and
+    // numba's and CuPy's consumers take every version up to 3): what 2 changed is that a
+    // zero-size array's pointer may be 0, which is read so for every version, and 3 added
+    // `stream`, read from version 3 on.
     let version = cai.required("version")?;
     let version = match version.extract::<i64>() {
-        Ok(v) if (2..=3).contains(&v) => v,
-        Ok(v) => return Err(cai.bad(format_args!("unsupported version {v} (2 or 3 expected)"))),
+        Ok(v) if (0..=3).contains(&v) => v,
+        Ok(v) => return Err(cai.bad(format_args!("unsupported version {v} (0 to 3 expected)"))),
         Err(e) => {
             let r = cai.bad(format_args!(
-                "unsupported version {} (2 or 3 expected)",
+                "unsupported version {} (0 to 3 expected)",
                 show(&version)
             ));
             r.set_cause(py, Some(e));
