@@ -326,3 +326,46 @@ def test_row35_cai_of_version_0_or_1_is_read_as_version_2(counters):
             check([In("float32")], (bad,))
         assert str(e.value) == "argument 0: __cuda_array_interface__: " + error
     assert counters["consumed"] == 3 and counters["released"] == 3
+
+
+# ---- row 36: a __cuda_array_interface__ whose 'data' is a sequence but not a tuple -------------
+# cuDF's spillable buffers give ``"data": DelayedPointerTuple(buffer)``, a
+# ``collections.abc.Sequence`` of two items that reads (and pins) the device pointer when item 0
+# is read; numba's and CuPy's consumers index ``desc["data"][0]`` and take it (PyTorch's does
+# not: cuDF says so). tile_py refused anything but a tuple.
+
+
+def test_row36_cai_data_given_as_a_sequence_of_two_items(counters):
+    import collections.abc
+
+    class DelayedPointerTuple(collections.abc.Sequence):
+        def __init__(self, ptr):
+            self.ptr, self.reads = ptr, 0
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            if i == 0:
+                self.reads += 1
+                return self.ptr
+            if i == 1:
+                return False
+            raise IndexError("tuple index out of range")
+
+    delayed = DelayedPointerTuple(0x20000)
+    for data in (delayed, [0x30000, False]):
+        check([Out("float32")], (_Iface(data=data, shape=(4,), typestr="<f4", version=3),))
+    assert delayed.reads == 1
+    assert counters["consumed"] == 2 and counters["released"] == 2
+    # A read-only pair is read-only whatever holds it; anything but two items is refused.
+    with pytest.raises(ValueError, match=r"^argument 0: tensor is read-only"):
+        check([Out("float32")], (_Iface(data=[0x20000, True], shape=(4,), typestr="<f4", version=3),))
+    for data in ([0x20000], [0x20000, False, 0], "ab", 0x20000):
+        with pytest.raises(ValueError) as e:
+            check([In("float32")], (_Iface(data=data, shape=(4,), typestr="<f4", version=3),))
+        assert str(e.value) == (
+            "argument 0: __cuda_array_interface__: 'data' must be a (pointer, read_only) pair"
+        ), data
+    # The read-only descriptor was made, refused and released; the malformed ones never made.
+    assert counters["consumed"] == counters["released"] == 3

@@ -221,6 +221,21 @@ pub(crate) fn from_cai(
     })?;
     let dtype = parse_typestr(index, &typestr, "__cuda_array_interface__ typestr")?;
     let data_obj = cai.required("data")?;
+    // Any sequence of two items, as numba's and CuPy's consumers index it: cuDF's spillable
+    // buffers give a `collections.abc.Sequence` that reads the pointer when indexed (and
+    // pins the buffer on the device), a list is no tuple either.
+    let data_obj = match data_obj.cast::<PyTuple>() {
+        Ok(_) => data_obj,
+        Err(_) => match data_obj.cast::<pyo3::types::PySequence>() {
+            Ok(seq)
+                if !data_obj.is_instance_of::<pyo3::types::PyString>()
+                    && seq.len().ok() == Some(2) =>
+            {
+                PyTuple::new(py, [seq.get_item(0)?, seq.get_item(1)?])?.into_any()
+            }
+            _ => data_obj,
+        },
+    };
     if let Ok(t) = data_obj.cast::<PyTuple>()
         && let Ok(first) = t.get_item(0)
     {
@@ -230,7 +245,7 @@ pub(crate) fn from_cai(
         if overflowed {
             format!("'data' pointer of {} is outside 0..2**64", show(&data_obj))
         } else {
-            "'data' must be a (pointer, read_only) tuple".into()
+            "'data' must be a (pointer, read_only) pair".into()
         }
     })?;
     if cai.optional("mask")?.is_some() {
