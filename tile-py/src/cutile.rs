@@ -648,13 +648,25 @@ impl<'py> Walk<'_, 'py> {
             call_module(py, "_list_arg", (obj, stream, index, name, hs.device))?.extract()?;
         self.words.push(tag::LIST);
         self.words.push(layouts.len() as u64);
-        for l in layouts.iter() {
+        for (j, l) in layouts.iter().enumerate() {
             let ((code, bits, lanes), ptr, shape, strides): (
                 (u8, u8, u16),
                 u64,
                 Vec<i64>,
                 Vec<i64>,
             ) = l.extract()?;
+            // cuTile compiles a list's elements, as every array, to have non-negative strides
+            // (its list constraint's `stride_lower_bound_incl` is 0 whatever the elements), and
+            // the staged words are no launch argument whose declared assumptions tile checks.
+            if let Some((d, s)) = strides.iter().enumerate().find(|(_, s)| **s < 0) {
+                let rule =
+                    format!("element {j} of the list: the stride {s} of dimension {d} is negative");
+                return Err(launch_err(
+                    py,
+                    tile_launch::Error::AssumptionBroken { index, rule },
+                    |_| None,
+                ));
+            }
             let layout = Layout {
                 code,
                 bits,

@@ -1220,3 +1220,32 @@ def test_list_elements_given_by_cuda_array_interface_are_read_as_a_launch_reads_
         tc.launch(1, (4,), klist, ([Dev([4, 4]), element(strides=(64, 4))], out, 1, 2, 3, 4))
         assert staged == [[BASE, 4, 4, 4, 1, BASE + 0x1000, 4, 4, 16, 1]]
     """)
+
+
+def test_a_list_element_with_a_negative_stride_is_refused(stub_driver, tmp_path):
+    """cuTile derives every list element constraint with ``stride_lower_bound_incl=(0, ...)``,
+    negative strides or not (its own launch compiles and runs such a list), and the staged words
+    are no argument whose declared assumptions tile checks: an element with a negative stride is
+    refused before anything is compiled, staged or launched, as an array argument is."""
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+        tc._stage = lambda arg: staged.append(1) or tc._Staged(
+            BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+        out = Dev([64], ptr=BASE + 0x9000)
+        p = Producer(shape=(64,), strides=(-1,), data=BASE + 0x3000 + 252)
+        for items in ([Dev([64], ptr=BASE), Dev([64], strides=[-2], ptr=BASE + 0x1000 + 504)],
+                      [Dev([64], ptr=BASE), p]):
+            try:
+                tc.launch(1, (4,), klist, (items, out, 1, 2, 3, 4))
+                raise AssertionError("launched a negative stride")
+            except ValueError as e:
+                j, s = (1, -2) if len(p.calls) == 0 else (1, -1)
+                assert str(e) == (f"argument 0: element {j} of the list: the stride {s} of "
+                                  "dimension 0 is negative, which the kernel was compiled to "
+                                  "assume"), e
+        assert len(p.calls) == 1 and p.deleted == 1  # the export made for the call, released
+        assert compiled == [] and staged == [] and tile_py.stats()["launches"] == 0
+        # Zero strides (a broadcast element) are not negative.
+        tc.launch(1, (4,), klist, ([Dev([64], strides=[0], ptr=BASE)], out, 1, 2, 3, 4))
+        assert len(compiled) == 1 and staged == [1]
+    """)

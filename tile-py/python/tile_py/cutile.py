@@ -39,7 +39,8 @@ declared from the signature's constraints:
   holds) and are not part of the overlap check (cuTile compiles them as possibly aliasing).
 
 Arrays with a negative stride are refused by the declared assumptions: cuTile compiles every
-array as having non-negative strides. cuTile also compiles every array as not overlapping any
+array as having non-negative strides (a list's elements too, which the key's walk refuses, as
+the staged words are no argument tile checks). cuTile also compiles every array as not overlapping any
 other argument; ``launch`` refuses arguments whose memory overlaps (``ValueError``), after
 cuTile's own refusal of the arguments where it has one.
 
