@@ -25,8 +25,9 @@ type Layout = ((u8, u8, u16), (i32, i32), u64, Vec<i64>, Vec<i64>);
 /// `stream_value` is the `stream=` it was offered, which `tile_py.launch` on `stream` offers
 /// too; a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
 /// The descriptor is validated as a launch validates it, its device included (device memory
-/// of the launch stream's device, pinned host or managed memory). Nothing is consumed: the capsule
-/// keeps its name, and dropping it unlaunched releases the export through its destructor.
+/// of the launch stream's device, pinned host or managed memory). Nothing is consumed: the
+/// capsule keeps its name, and dropping it unlaunched releases the export through its
+/// destructor.
 /// `index` names the argument in error messages. `device` is the launch stream's device
 /// ordinal, which the descriptor's device is checked against; when it is `None` the stream is
 /// resolved (which loads the driver) to read it.

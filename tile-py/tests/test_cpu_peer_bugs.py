@@ -360,7 +360,8 @@ def test_row36_cai_data_given_as_a_sequence_of_two_items(counters):
     assert counters["consumed"] == 2 and counters["released"] == 2
     # A read-only pair is read-only whatever holds it; anything but two items is refused.
     with pytest.raises(ValueError, match=r"^argument 0: tensor is read-only"):
-        check([Out("float32")], (_Iface(data=[0x20000, True], shape=(4,), typestr="<f4", version=3),))
+        ro = _Iface(data=[0x20000, True], shape=(4,), typestr="<f4", version=3)
+        check([Out("float32")], (ro,))
     for data in ([0x20000], [0x20000, False, 0], "ab", 0x20000):
         with pytest.raises(ValueError) as e:
             check([In("float32")], (_Iface(data=data, shape=(4,), typestr="<f4", version=3),))

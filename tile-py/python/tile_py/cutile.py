@@ -40,9 +40,9 @@ declared from the signature's constraints:
 
 Arrays with a negative stride are refused by the declared assumptions: cuTile compiles every
 array as having non-negative strides (a list's elements too, which the key's walk refuses, as
-the staged words are no argument tile checks). cuTile also compiles every array as not overlapping any
-other argument; ``launch`` refuses arguments whose memory overlaps (``ValueError``), after
-cuTile's own refusal of the arguments where it has one.
+the staged words are no argument tile checks). cuTile also compiles every array as not
+overlapping any other argument; ``launch`` refuses arguments whose memory overlaps
+(``ValueError``), after cuTile's own refusal of the arguments where it has one.
 
 What cuTile supports and this module does not (yet): tensor-map, pointer and dataclass
 parameters, and negative static extents or strides. Each raises ``NotImplementedError``
