@@ -10,9 +10,10 @@ use pyo3::sync::critical_section::with_critical_section;
 use pyo3::types::PyCapsule;
 
 use crate::convert::{
-    DlpackMethod, Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream,
+    ANY_INPUT, DlpackMethod, Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream,
 };
 use crate::exceptions::{Kind, arg_err, launch_err, show};
+use crate::producers::Screened;
 
 /// What `_export` returns besides the capsule: `((code, bits, lanes), (device_type,
 /// device_id), data_ptr, shape, strides)`, strides in elements (compact row-major when the
@@ -23,7 +24,8 @@ type Layout = ((u8, u8, u16), (i32, i32), u64, Vec<i64>, Vec<i64>);
 /// layout)`. A producer is called as a launch on `stream` calls it (`__dlpack__(stream=...,
 /// max_version=(1, 3))`, with the same retries and the same refusal of a host producer), and
 /// `stream_value` is the `stream=` it was offered, which `tile_py.launch` on `stream` offers
-/// too; a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
+/// too (a torch tensor is screened first as a launch's input is: a lazy view is refused, one
+/// that requires grad is exported through its `detach()`); a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
 /// The descriptor is validated as a launch validates it, its device included (device memory
 /// of the launch stream's device, pinned host or managed memory). Nothing is consumed: the
 /// capsule keeps its name, and dropping it unlaunched releases the export through its
@@ -53,6 +55,19 @@ pub(crate) fn _export<'py>(
     let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
         (obj.clone(), None)
     } else {
+        // Screened as a launch screens a producer it exports through `__dlpack__` (an input:
+        // tile cannot tell which arrays a cuTile kernel writes): a lazy torch view is refused,
+        // and a torch tensor that requires grad, whose `__dlpack__` refuses it, is exported
+        // through its `detach()`, as the launch's own export of it is.
+        let family = crate::producers::classify(&obj.get_type());
+        let detached;
+        let obj = match crate::producers::check(index, obj, family, &ANY_INPUT, true, None)? {
+            Screened::AsIs => obj,
+            Screened::Detached(d) => {
+                detached = d;
+                &detached
+            }
+        };
         let hs = Handshake::new(dlpack_stream, true, device);
         let no_dlpack = || {
             arg_err(

@@ -1249,3 +1249,52 @@ def test_a_list_element_with_a_negative_stride_is_refused(stub_driver, tmp_path)
         tc.launch(1, (4,), klist, ([Dev([64], strides=[0], ptr=BASE)], out, 1, 2, 3, 4))
         assert len(compiled) == 1 and staged == [1]
     """)
+
+
+def test_list_elements_are_screened_as_a_launch_screens_torch_tensors(stub_driver, tmp_path):
+    """A torch tensor that requires grad (a model's weights, listed for a grouped kernel) is
+    read as an input of a launch is: torch's ``__dlpack__`` refuses it ("Can't export tensors
+    that require gradient"), so its ``detach()`` is exported, as the launch's own export of such
+    a tensor is; a lazy view (the negative bit) is refused before anything is compiled."""
+    on_stub(stub_driver, tmp_path, """
+        TensorBase = type("TensorBase", (), {"__module__": "torch._C"})
+
+        class FakeTorch(TensorBase, Producer):
+            def __init__(self, requires_grad=False, neg=False, **kw):
+                Producer.__init__(self, **kw)
+                self.requires_grad, self.neg, self.detached = requires_grad, neg, None
+
+            def is_conj(self):
+                return False
+
+            def is_neg(self):
+                return self.neg
+
+            def detach(self):
+                self.detached = FakeTorch(neg=self.neg, **self.kwargs)
+                return self.detached
+
+            def __dlpack__(self, **kw):
+                if self.requires_grad:
+                    raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+                return super().__dlpack__(**kw)
+
+        staged = []
+        tc._stage = lambda arg: staged.append(list(arg.words)) or tc._Staged(
+            BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+        out = Dev([64], ptr=BASE + 0x9000)
+        w = FakeTorch(requires_grad=True, shape=(64,), data=BASE + 0x1000)
+        h = tc.launch(0x1234, (4,), klist, ([Dev([64], ptr=BASE), w], out, 1, 2, 3, 4))
+        assert w.calls == [] and w.detached.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
+        assert staged == [[BASE, 64, 1, BASE + 0x1000, 64, 1]]
+        h.wait()
+        tile_py.synchronize()
+        assert w.detached.deleted == 1
+        lazy = FakeTorch(neg=True, shape=(64,), data=BASE + 0x1000)
+        try:
+            tc.launch(0x1234, (4,), klist, ([Dev([64], ptr=BASE), lazy], out, 1, 2, 3, 4))
+            raise AssertionError("launched a lazy view")
+        except ValueError as e:
+            assert "has its negative bit set" in str(e), e
+        assert lazy.calls == [] and len(staged) == 1
+    """)
