@@ -295,6 +295,9 @@ pub(crate) fn from_cai(
             // protocol's text disallows it as ambiguous, but numba-cuda gives it for an array of
             // its default stream (`int(cuda.default_stream())` is 0), and numba's and CuPy's
             // consumers take it as that stream, as tile_py takes `__cuda_stream__`'s `(0, 0)`.
+            // A producer whose null handle meant its per-thread default stream (numba under
+            // NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM) is ordered too: that stream is a blocking
+            // stream, whose work the legacy default stream waits for before its event.
             if n < 0 {
                 return Err(cai.bad(format_args!("'stream' is {n}")));
             }
