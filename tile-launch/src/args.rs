@@ -469,6 +469,35 @@ pub fn check_args(
     pack_args(kernel_name, signature, args, device_ordinal).map(drop)
 }
 
+/// Checks that memory on DLPack device `device` (argument `index`) is usable by a launch on
+/// device `ordinal`, the rule every tensor argument of a launch is checked by: device memory
+/// (`kDLCUDA`) of that device, or pinned host (`kDLCUDAHost`) or managed (`kDLCUDAManaged`)
+/// memory, whatever their device id (DLPack sets it to 0 "for vanilla CPU memory, pinned
+/// memory, or managed memory", so it says nothing about the launch device). For a caller that
+/// places a tensor's pointer where the launch's own checks do not see it (a descriptor staged
+/// in device memory).
+///
+/// # Errors
+///
+/// [`Error::DeviceMismatch`] naming `index`, for any other device.
+pub fn check_device(index: usize, device: tile_dlpack::Device, ordinal: i32) -> Result<()> {
+    use tile_dlpack::ffi::DLDeviceType;
+    let ok = match device.device_type {
+        DLDeviceType::CUDAHOST | DLDeviceType::CUDAMANAGED => true,
+        DLDeviceType::CUDA => device.device_id == ordinal,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::DeviceMismatch {
+            index,
+            tensor: device,
+            stream_device: ordinal,
+        })
+    }
+}
+
 /// What [`check_all`] found: the parameter values, and what the launch's guards will hold.
 #[derive(Debug)]
 pub(crate) struct Found {
@@ -625,23 +654,7 @@ fn check_arg(
         });
     }
     let dev = view.device();
-    // Pinned host and managed memory are usable from every device, and DLPack sets their
-    // device id to 0 ("for vanilla CPU memory, pinned memory, or managed memory"), so that id
-    // says nothing about the launch device: only device memory must be the stream's.
-    let device_ok = match dev.device_type {
-        tile_dlpack::ffi::DLDeviceType::CUDAHOST | tile_dlpack::ffi::DLDeviceType::CUDAMANAGED => {
-            true
-        }
-        tile_dlpack::ffi::DLDeviceType::CUDA => dev.device_id == ordinal,
-        _ => false,
-    };
-    if !device_ok {
-        return Err(Error::DeviceMismatch {
-            index,
-            tensor: dev,
-            stream_device: ordinal,
-        });
-    }
+    check_device(index, dev, ordinal)?;
     // Trusted memory on the host or managed is never asked about; an empty tensor has no data.
     if (!t.memory_trusted || dev.device_type == tile_dlpack::ffi::DLDeviceType::CUDA)
         && view.nbytes_spanned() != 0

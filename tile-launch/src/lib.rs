@@ -93,7 +93,7 @@ mod timeline;
 #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 pub mod cudarc_interop;
 
-pub use args::{Arg, Args, INLINE_ARGS, IntoArgs, Scalar, TensorArg, TensorSource};
+pub use args::{Arg, Args, INLINE_ARGS, IntoArgs, Scalar, TensorArg, TensorSource, check_device};
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use args::{check_args, pack_args};

@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyTuple};
 use smallvec::SmallVec;
 use tile_launch::{Arg, ArrayAssumptions, Dim3, LaunchConfig, Param};
 
@@ -638,26 +638,35 @@ impl<'py> Walk<'_, 'py> {
         let py = self.py;
         let index = self.leaves.len();
         let name = &self.params.names[param];
-        let Some((_, stream)) = self.launch else {
+        let Some((hs, stream)) = self.launch else {
             return Err(err(
                 Kind::Type,
                 format!("tile_py.cutile: parameter {name:?}: a list of arrays needs a launch"),
             ));
         };
         let (arg, shown, layouts): (Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyList>) =
-            call_module(py, "_list_arg", (obj, stream, index, name))?.extract()?;
+            call_module(py, "_list_arg", (obj, stream, index, name, hs.device))?.extract()?;
         self.words.push(tag::LIST);
         self.words.push(layouts.len() as u64);
-        for l in layouts.iter() {
-            let (dtype, ptr, shape, strides): (Bound<'py, PyAny>, u64, Vec<i64>, Vec<i64>) =
-                l.extract()?;
-            let (code, bits, lanes) = match dtype.cast::<PyString>() {
-                Ok(s) => {
-                    let d = parse_typestr(index, s.to_str()?, "typestr")?;
-                    (d.code, d.bits, d.lanes)
-                }
-                Err(_) => dtype.extract()?,
-            };
+        for (j, l) in layouts.iter().enumerate() {
+            let ((code, bits, lanes), ptr, shape, strides): (
+                (u8, u8, u16),
+                u64,
+                Vec<i64>,
+                Vec<i64>,
+            ) = l.extract()?;
+            // cuTile compiles a list's elements, as every array, to have non-negative strides
+            // (its list constraint's `stride_lower_bound_incl` is 0 whatever the elements), and
+            // the staged words are no launch argument whose declared assumptions tile checks.
+            if let Some((d, s)) = strides.iter().enumerate().find(|(_, s)| **s < 0) {
+                let rule =
+                    format!("element {j} of the list: the stride {s} of dimension {d} is negative");
+                return Err(launch_err(
+                    py,
+                    tile_launch::Error::AssumptionBroken { index, rule },
+                    |_| None,
+                ));
+            }
             let layout = Layout {
                 code,
                 bits,
@@ -789,7 +798,9 @@ fn cai_layout(
 fn constant_words(obj: &Bound<'_, PyAny>, out: &mut KeyBuf) -> PyResult<()> {
     if let Ok(b) = obj.cast_exact::<PyBool>() {
         out.extend([tag::CONST_BOOL, u64::from(b.is_true())]);
-    } else if let Ok(f) = obj.cast_exact::<PyFloat>() {
+    } else if let Ok(f) = obj.cast::<PyFloat>() {
+        // A float subclass too (NumPy's float64): cuTile reads its value as a float, so
+        // `np.float64(-0.0)` is `-0.0`, never the `0.0` an equality-keyed entry would find.
         out.extend([tag::CONST_FLOAT, f.value().to_bits()]);
     } else if let Some(v) = obj
         .cast_exact::<PyInt>()

@@ -10,9 +10,10 @@ use pyo3::sync::critical_section::with_critical_section;
 use pyo3::types::PyCapsule;
 
 use crate::convert::{
-    DlpackMethod, Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream,
+    ANY_INPUT, DlpackMethod, Handshake, call_dlpack, capsule_tensor, capsule_unused, offered_stream,
 };
 use crate::exceptions::{Kind, arg_err, launch_err, show};
+use crate::producers::Screened;
 
 /// What `_export` returns besides the capsule: `((code, bits, lanes), (device_type,
 /// device_id), data_ptr, shape, strides)`, strides in elements (compact row-major when the
@@ -23,12 +24,15 @@ type Layout = ((u8, u8, u16), (i32, i32), u64, Vec<i64>, Vec<i64>);
 /// layout)`. A producer is called as a launch on `stream` calls it (`__dlpack__(stream=...,
 /// max_version=(1, 3))`, with the same retries and the same refusal of a host producer), and
 /// `stream_value` is the `stream=` it was offered, which `tile_py.launch` on `stream` offers
-/// too; a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
-/// The descriptor is validated as a launch validates it. Nothing is consumed: the capsule
-/// keeps its name, and dropping it unlaunched releases the export through its destructor.
+/// too (a torch tensor is screened first as a launch's input is: a lazy view is refused, one
+/// that requires grad is exported through its `detach()`); a DLPack capsule (`obj` itself) is read as it is, and `stream_value` is then `None`.
+/// The descriptor is validated as a launch validates it, its device included (device memory
+/// of the launch stream's device, pinned host or managed memory). Nothing is consumed: the
+/// capsule keeps its name, and dropping it unlaunched releases the export through its
+/// destructor.
 /// `index` names the argument in error messages. `device` is the launch stream's device
-/// ordinal, named in the refusal of a host producer; when it is `None` the stream is resolved
-/// (which loads the driver) to read it.
+/// ordinal, which the descriptor's device is checked against; when it is `None` the stream is
+/// resolved (which loads the driver) to read it.
 ///
 /// # Errors
 ///
@@ -42,14 +46,27 @@ pub(crate) fn _export<'py>(
     index: usize,
     device: Option<i32>,
 ) -> PyResult<(Bound<'py, PyAny>, Option<i64>, Layout)> {
+    let parsed = crate::stream_arg::StreamArg::parse(stream)?;
+    let dlpack_stream = parsed.spec.dlpack_value();
+    let device = match device {
+        Some(d) => d,
+        None => parsed.resolve(py)?.context().ordinal(),
+    };
     let (cap, offered) = if obj.cast::<PyCapsule>().is_ok() {
         (obj.clone(), None)
     } else {
-        let stream = crate::stream_arg::StreamArg::parse(stream)?;
-        let dlpack_stream = stream.spec.dlpack_value();
-        let device = match device {
-            Some(d) => d,
-            None => stream.resolve(py)?.context().ordinal(),
+        // Screened as a launch screens a producer it exports through `__dlpack__` (an input:
+        // tile cannot tell which arrays a cuTile kernel writes): a lazy torch view is refused,
+        // and a torch tensor that requires grad, whose `__dlpack__` refuses it, is exported
+        // through its `detach()`, as the launch's own export of it is.
+        let family = crate::producers::classify(&obj.get_type());
+        let detached;
+        let obj = match crate::producers::check(index, obj, family, &ANY_INPUT, true, None)? {
+            Screened::AsIs => obj,
+            Screened::Detached(d) => {
+                detached = d;
+                &detached
+            }
         };
         let hs = Handshake::new(dlpack_stream, true, device);
         let no_dlpack = || {
@@ -73,22 +90,72 @@ pub(crate) fn _export<'py>(
         };
         (cap, Some(offer.0))
     };
-    let layout = describe(py, index, &cap)?;
+    let layout = describe(py, index, &cap, device)?;
     Ok((cap, offered, layout))
 }
 
-/// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it.
-fn describe(py: Python<'_>, index: usize, cap: &Bound<'_, PyAny>) -> PyResult<Layout> {
+/// The layout of the `__cuda_array_interface__` object `obj` (argument `index`) as a launch on
+/// device `ordinal` reads it, in [`_export`]'s form (`(dtype, device, data_ptr, shape,
+/// strides)`, strides in elements): the dict is parsed and validated as a launch parses it
+/// (version, typestr, mask, strides that are whole items, extents, data pointer), and the
+/// memory's device is checked against `ordinal` as [`_export`] checks a descriptor's. For a
+/// caller that launches the pointer where the launch's own checks do not see it (an element of
+/// a list argument, staged in a descriptor buffer). The object's `stream` entry is not read:
+/// nothing is ordered here. The descriptor made to read it is released before returning.
+///
+/// # Errors
+///
+/// As `tile_py.launch` raises for this argument's `__cuda_array_interface__` and device.
+#[pyfunction]
+#[pyo3(signature = (obj, index, ordinal))]
+pub(crate) fn _cai_layout(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    index: usize,
+    ordinal: i32,
+) -> PyResult<Layout> {
+    let hs = Handshake::new(crate::stream_arg::NO_SYNC, false, ordinal);
+    let t = crate::convert::from_cai(py, index, obj, &hs)?;
+    let layout = t
+        .view()
+        .map_err(|source| tile_launch::Error::Descriptor { index, source })
+        .and_then(|view| {
+            let (dtype, device) = (view.dtype(), view.device());
+            tile_launch::check_device(index, device, ordinal)?;
+            Ok((
+                (dtype.code, dtype.bits, dtype.lanes),
+                (device.device_type.0 as i32, device.device_id),
+                view.data_ptr(),
+                view.shape().to_vec(),
+                view.strides().to_vec(),
+            ))
+        });
+    t.release();
+    layout.map_err(|e| launch_err(py, e, |_| None))
+}
+
+/// The layout of the tensor in the DLPack capsule `cap`, validated, without claiming it; its
+/// device must be usable by a launch on device `ordinal` ([`tile_launch::check_device`]), as
+/// a launch's own check requires of every tensor: the layout's pointer may be launched where
+/// that check does not see it (staged in a list argument's descriptor buffer).
+fn describe(
+    py: Python<'_>,
+    index: usize,
+    cap: &Bound<'_, PyAny>,
+    ordinal: i32,
+) -> PyResult<Layout> {
     peek_capsule(py, index, cap, |view| {
         let (dtype, device) = (view.dtype(), view.device());
-        (
+        tile_launch::check_device(index, device, ordinal)?;
+        Ok((
             (dtype.code, dtype.bits, dtype.lanes),
             (device.device_type.0 as i32, device.device_id),
             view.data_ptr(),
             view.shape().to_vec(),
             view.strides().to_vec(),
-        )
-    })
+        ))
+    })?
+    .map_err(|e| launch_err(py, e, |_| None))
 }
 
 /// Runs `f` on the validated view of the tensor in the DLPack capsule `cap` (argument `index`

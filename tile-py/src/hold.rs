@@ -22,7 +22,7 @@ use tile_launch::{Guard, HandOff};
 
 use crate::convert::{
     ANY_INPUT, Converted, Handshake, HeldCapsule, INLINE, TakenCapsule, converting,
-    export_producer, hold_capsule, same_capsule_as,
+    export_producer, hold_capsule, same_capsule_as, says_host,
 };
 use crate::exceptions::{Kind, arg_err, launch_err};
 use crate::launch::ArgList;
@@ -52,7 +52,9 @@ use crate::stream_arg::StreamArg;
 ///     as `launch` exports an argument for `stream` (`__dlpack__(stream=...)`, so the producer
 ///     orders its pending work before later work on `stream`), and that export is held: its
 ///     deleter runs once the work is done, and it keeps the producer's memory alive until
-///     then, even if the producer object is deleted. No stream wait is inserted.
+///     then, even if the producer object is deleted. No stream wait is inserted. A host producer
+///     whose `__dlpack__` refuses the stream, as DLPack asks of host memory (a NumPy array, a CPU
+///     tensor: a host staging buffer of an async copy), is held as any other object is.
 ///   - a DLPack capsule named `dltensor` or `dltensor_versioned`: consumed (renamed
 ///     `used_dltensor[_versioned]`) and held; its deleter runs once the work is done.
 ///   - a DLPack capsule named `used_dltensor` or `used_dltensor_versioned`, which a launcher
@@ -81,8 +83,8 @@ use crate::stream_arg::StreamArg;
 /// Raises `TypeError` (a stream of an unsupported type; a capsule with another name or none, a
 /// `__dlpack__` that returns something else than a capsule or takes no stream), `ValueError`
 /// (stream 0 or another bad stream value; the same capsule twice; a DLPack capsule of a null
-/// pointer; an export or unconsumed capsule whose descriptor does not validate; host memory whose
-/// producer refuses the stream; a lazy conjugate / negative torch view; a call in a child made by
+/// pointer; an export or unconsumed capsule whose descriptor does not validate; a lazy
+/// conjugate / negative torch view; a call in a child made by
 /// `os.fork()` or during interpreter exit), `BufferError` (DLPack version), `OverflowError`
 /// (descriptor sizes), `tile_py.CudaError` (a failed driver call: resolving the stream; reading its
 /// capture state, when what was read is leaked rather than released early; attaching it to the
@@ -194,7 +196,17 @@ fn read_each(
                     continue;
                 }
             }
-        } else if let Some(t) = export_producer(py, index, obj, &ANY_INPUT, hs)? {
+        } else if let Some(t) = match export_producer(py, index, obj, &ANY_INPUT, hs) {
+            Ok(t) => t,
+            // A host producer (NumPy, a CPU tensor) refuses a CUDA stream, as DLPack asks of
+            // host memory: there is no GPU work of its to order. Its memory is kept alive as
+            // any other object's is, by a reference (a host staging buffer of an async copy).
+            Err(e) if !crate::exceptions::raised_as_is(py, &e) && says_host(py, obj)? => {
+                conv.owners.push(obj.clone().unbind());
+                continue;
+            }
+            Err(e) => return Err(e),
+        } {
             conv.push_held(t)
         } else {
             conv.owners.push(obj.clone().unbind());

@@ -59,7 +59,7 @@ mod _tile_py {
     #[pymodule_export]
     use crate::exceptions::{CudaError, DriverNotFoundError};
     #[pymodule_export]
-    use crate::export::_export;
+    use crate::export::{_cai_layout, _export};
     #[pymodule_export]
     use crate::hold::hold;
     #[pymodule_export]

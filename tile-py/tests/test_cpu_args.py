@@ -782,7 +782,7 @@ def test_cai_strided(counters):
     "over, exc, pattern",
     [
         (dict(data=(0x20000, True)), ValueError, r"argument 0: tensor is read-only"),
-        (dict(stream=0), ValueError, r"argument 0: __cuda_array_interface__: 'stream' is 0"),
+        (dict(stream=-1), ValueError, r"argument 0: __cuda_array_interface__: 'stream' is -1"),
         (dict(mask=object()), ValueError, r"argument 0: __cuda_array_interface__: masked arrays"),
         (dict(typestr=">f4"), TypeError, r"argument 0: unsupported __cuda_array_interface__ typestr \">f4\""),
         (dict(strides=(3, 4)), ValueError, r"strides\[0\] = 3 bytes is not a multiple of the item size 4"),

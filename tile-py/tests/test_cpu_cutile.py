@@ -688,6 +688,13 @@ def test_float_constants_are_keyed_by_their_bits_as_cutile_tells_them_apart(stub
         launch = lambda c: (x, y, out, 1.0, 2, 3, 4, c)  # noqa: E731
         assert compiles(kconst, launch(0.0), launch(-0.0), launch(-0.0)) == 2
         assert compiles(kconst, launch(float("nan")), launch(float("nan"))) == 1
+        # A float subclass (NumPy's float64, what np.sqrt returns) is read by cuTile as the
+        # float of its value: keyed by its bits too, so np.float64(-0.0) is not the 0.0 kernel.
+        import numpy as np
+        assert compiles(kconst, launch(np.float64(1.0)), launch(np.float64(-1.0))) == 2
+        assert compiles(kconst, launch(np.float64(0.0)), launch(np.float64(-0.0))) == 0
+        assert compiles(kconst, launch(1.0), launch(-1.0), launch(np.float64(-1.0))) == 0
+        assert compiles(kconst, launch(np.float64("nan")), launch(np.float64("nan"))) == 0
         # Constants of other types key by equal value and type (an array by identity).
         assert compiles(kconst, launch("a"), launch("a"), launch("b")) == 2
         assert compiles(kconst, launch(x), launch(x)) == 1
@@ -1133,4 +1140,161 @@ def test_int_scalars_convert_to_the_declared_type_as_tile_py_launch_converts_the
             seen.append(mine)
         assert seen[:3] == ["ok"] * 3, seen
         assert all(s.startswith("OverflowError: argument ") for s in seen[3:]), seen
+    """)
+
+
+def test_list_elements_on_a_device_the_launch_cannot_use_are_refused(stub_driver, tmp_path):
+    """A list element's pointer is staged in a descriptor buffer, where the launch's own device
+    check never sees it: each element's device is checked as every tensor of a launch is (cuTile
+    refuses a list element that is not on a CUDA device too), before anything is compiled or
+    launched; the caller's capsules stay as they were, an export made for the call is released."""
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+
+        def stage(arg):
+            staged.append(arg.device)
+            return tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+
+        tc._stage = stage
+        out = Dev([64], ptr=BASE + 0x9000)
+        for device, where in [((1, 0), "cpu"), ((2, 1), "cuda:1"), ((10, 0), "device_type 10:0")]:
+            ok, c_ok = make_capsule(shape=(64,), data=BASE)
+            bad, c_bad = make_capsule(shape=(64,), data=BASE + 0x1000, device=device)
+            p = Producer(shape=(64,), data=BASE + 0x2000, device=device)
+            for items in ([ok, bad], [ok, p]):
+                try:
+                    tc.launch(1, (4,), klist, (items, out, 1, 2, 3, 4))
+                    raise AssertionError(f"launched an element on {where}")
+                except ValueError as e:
+                    assert str(e).startswith(f"argument 0: tensor is on {where}, but the "
+                                             "launch stream is on cuda:0"), e
+            assert [capsule_name(c) for c in (ok, bad)] == ["dltensor_versioned"] * 2
+            assert c_ok.calls == 0 and c_bad.calls == 0
+            assert len(p.calls) == 1 and p.deleted == 1  # the export made for the call, released
+        assert compiled == [] and staged == [] and tile_py.stats()["launches"] == 0
+        # Pinned host and managed memory are usable from every device, whatever their DLPack
+        # device id; the descriptors are staged on the launch's device.
+        pinned, _ = make_capsule(shape=(64,), data=BASE + 0x3000, device=(3, 0))
+        managed, _ = make_capsule(shape=(64,), data=BASE + 0x4000, device=(13, 5))
+        tc.launch(1, (4,), klist, ([pinned, managed], out, 1, 2, 3, 4))
+        assert len(compiled) == 1 and staged == [0]
+    """)
+
+
+def test_list_elements_given_by_cuda_array_interface_are_read_as_a_launch_reads_them(
+    stub_driver, tmp_path
+):
+    """A ``__cuda_array_interface__`` list element is parsed as a launch parses one, not by a
+    reading of its own: strides that are not whole items (which such a reading truncated, so
+    the kernel was handed other memory), masks and unknown versions are refused, before
+    anything is compiled, staged or launched."""
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+
+        def stage(arg):
+            staged.append(list(arg.words))
+            return tc._Staged(BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+
+        tc._stage = stage
+        out = Dev([64], ptr=BASE + 0x9000)
+
+        def element(**over):
+            x = Dev([4, 4], ptr=BASE + 0x1000)
+            x.__cuda_array_interface__.update(over)
+            return x
+
+        for over, error in [
+            (dict(strides=(18, 4)), "__cuda_array_interface__: strides[0] = 18 bytes is not a "
+                                    "multiple of the item size 4"),
+            (dict(mask=element()), "__cuda_array_interface__: masked arrays are not supported"),
+            (dict(version=4), "__cuda_array_interface__: unsupported version 4 (0 to 3 expected)"),
+            (dict(shape=(4, True)), "__cuda_array_interface__: 'shape' holds a bool"),
+        ]:
+            try:
+                tc.launch(1, (4,), klist, ([Dev([4, 4]), element(**over)], out, 1, 2, 3, 4))
+                raise AssertionError(f"launched {over}")
+            except ValueError as e:
+                assert str(e).startswith("argument 0: " + error), e
+        assert compiled == [] and staged == [] and tile_py.stats()["launches"] == 0
+        # Well-formed elements: strides in bytes become strides in elements, none is compact.
+        tc.launch(1, (4,), klist, ([Dev([4, 4]), element(strides=(64, 4))], out, 1, 2, 3, 4))
+        assert staged == [[BASE, 4, 4, 4, 1, BASE + 0x1000, 4, 4, 16, 1]]
+    """)
+
+
+def test_a_list_element_with_a_negative_stride_is_refused(stub_driver, tmp_path):
+    """cuTile derives every list element constraint with ``stride_lower_bound_incl=(0, ...)``,
+    negative strides or not (its own launch compiles and runs such a list), and the staged words
+    are no argument whose declared assumptions tile checks: an element with a negative stride is
+    refused before anything is compiled, staged or launched, as an array argument is."""
+    on_stub(stub_driver, tmp_path, """
+        staged = []
+        tc._stage = lambda arg: staged.append(1) or tc._Staged(
+            BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+        out = Dev([64], ptr=BASE + 0x9000)
+        p = Producer(shape=(64,), strides=(-1,), data=BASE + 0x3000 + 252)
+        for items in ([Dev([64], ptr=BASE), Dev([64], strides=[-2], ptr=BASE + 0x1000 + 504)],
+                      [Dev([64], ptr=BASE), p]):
+            try:
+                tc.launch(1, (4,), klist, (items, out, 1, 2, 3, 4))
+                raise AssertionError("launched a negative stride")
+            except ValueError as e:
+                j, s = (1, -2) if len(p.calls) == 0 else (1, -1)
+                assert str(e) == (f"argument 0: element {j} of the list: the stride {s} of "
+                                  "dimension 0 is negative, which the kernel was compiled to "
+                                  "assume"), e
+        assert len(p.calls) == 1 and p.deleted == 1  # the export made for the call, released
+        assert compiled == [] and staged == [] and tile_py.stats()["launches"] == 0
+        # Zero strides (a broadcast element) are not negative.
+        tc.launch(1, (4,), klist, ([Dev([64], strides=[0], ptr=BASE)], out, 1, 2, 3, 4))
+        assert len(compiled) == 1 and staged == [1]
+    """)
+
+
+def test_list_elements_are_screened_as_a_launch_screens_torch_tensors(stub_driver, tmp_path):
+    """A torch tensor that requires grad (a model's weights, listed for a grouped kernel) is
+    read as an input of a launch is: torch's ``__dlpack__`` refuses it ("Can't export tensors
+    that require gradient"), so its ``detach()`` is exported, as the launch's own export of such
+    a tensor is; a lazy view (the negative bit) is refused before anything is compiled."""
+    on_stub(stub_driver, tmp_path, """
+        TensorBase = type("TensorBase", (), {"__module__": "torch._C"})
+
+        class FakeTorch(TensorBase, Producer):
+            def __init__(self, requires_grad=False, neg=False, **kw):
+                Producer.__init__(self, **kw)
+                self.requires_grad, self.neg, self.detached = requires_grad, neg, None
+
+            def is_conj(self):
+                return False
+
+            def is_neg(self):
+                return self.neg
+
+            def detach(self):
+                self.detached = FakeTorch(neg=self.neg, **self.kwargs)
+                return self.detached
+
+            def __dlpack__(self, **kw):
+                if self.requires_grad:
+                    raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+                return super().__dlpack__(**kw)
+
+        staged = []
+        tc._stage = lambda arg: staged.append(list(arg.words)) or tc._Staged(
+            BASE + 0xD0000, len(arg.words), 1, arg.keep, arg.length)
+        out = Dev([64], ptr=BASE + 0x9000)
+        w = FakeTorch(requires_grad=True, shape=(64,), data=BASE + 0x1000)
+        h = tc.launch(0x1234, (4,), klist, ([Dev([64], ptr=BASE), w], out, 1, 2, 3, 4))
+        assert w.calls == [] and w.detached.calls == [{"stream": 0x1234, "max_version": (1, 3)}]
+        assert staged == [[BASE, 64, 1, BASE + 0x1000, 64, 1]]
+        h.wait()
+        tile_py.synchronize()
+        assert w.detached.deleted == 1
+        lazy = FakeTorch(neg=True, shape=(64,), data=BASE + 0x1000)
+        try:
+            tc.launch(0x1234, (4,), klist, ([Dev([64], ptr=BASE), lazy], out, 1, 2, 3, 4))
+            raise AssertionError("launched a lazy view")
+        except ValueError as e:
+            assert "has its negative bit set" in str(e), e
+        assert lazy.calls == [] and len(staged) == 1
     """)

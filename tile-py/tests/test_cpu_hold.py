@@ -162,6 +162,59 @@ def test_a_plain_object_is_referenced_until_the_work_completes(stub_driver):
     """)
 
 
+def test_a_host_producer_refusing_the_stream_is_referenced_until_the_work_completes(stub_driver):
+    # A host staging buffer of an async copy (a NumPy array, a CPU tensor): its __dlpack__
+    # refuses a CUDA stream, as DLPack asks of host memory ("stream should be None on cpu"). It
+    # has no GPU work to order, so it is kept alive as any other object is; a launch refuses it.
+    run_with_stub(stub_driver, """
+    class HostArray(Producer):
+        def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+            self.calls.append({"stream": stream, "max_version": max_version})
+            if stream is not None:
+                raise BufferError("stream should be None on cpu")
+            return self._export()
+
+    host = HostArray(device=(1, 0))
+    base = sys.getrefcount(host)
+    stub.stub_set_busy(1)
+    tile_py.hold(STREAM, host)
+    assert host.calls == [{"stream": STREAM, "max_version": (1, 3)}] and host.deleted == 0
+    assert sys.getrefcount(host) == base + 1, (sys.getrefcount(host), base)
+    assert tile_py.stats()["pending_guards"] == 1
+    stub.stub_set_busy(0)
+    tile_py.stats()
+    assert sys.getrefcount(host) == base and host.deleted == 0
+    # A device producer's refusal is still an error, with nothing held.
+    class Failing(Producer):
+        def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+            raise BufferError("cannot export")
+
+    device = Failing()
+    base = sys.getrefcount(device)
+    try:
+        tile_py.hold(STREAM, device)
+    except BufferError as e:
+        assert str(e) == "cannot export", e
+    else:
+        raise AssertionError("a failed device export was held")
+    assert sys.getrefcount(device) == base
+    # NumPy itself, when installed: held, not refused.
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        a = np.zeros(16, dtype=np.float32)
+        base = sys.getrefcount(a)
+        stub.stub_set_busy(1)
+        tile_py.hold(STREAM, a)
+        assert sys.getrefcount(a) == base + 1
+        stub.stub_set_busy(0)
+        tile_py.synchronize()
+        assert sys.getrefcount(a) == base
+    """)
+
+
 def test_a_consumed_capsule_is_taken_over_and_its_deleter_runs_once(stub_driver):
     run_with_stub(stub_driver, """
     for versioned in (True, False):

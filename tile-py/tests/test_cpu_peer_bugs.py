@@ -245,3 +245,128 @@ def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destruct
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# ---- row 34: a __cuda_array_interface__ whose 'stream' is 0 ------------------------------------
+# numba-cuda's DeviceNDArray gives ``'stream': int(self.stream)``, and ``int()`` of numba's
+# default stream (``cuda.default_stream()``, the null handle) is 0: an array made or bound on it
+# says ``'stream': 0``. The protocol's text disallows 0 as ambiguous, but numba's own consumer
+# (``external_stream(0)``) and CuPy's (``streamSynchronize(0)``) take it as the null stream, which
+# the driver reads as the legacy default stream; tile_py refused the array. It is now ordered
+# after the legacy default stream, as ``'stream': 1`` is (and as ``__cuda_stream__``'s
+# ``(0, 0)`` is taken).
+
+
+def test_row34_cai_stream_0_is_the_legacy_default_stream(stub_driver):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import ctypes, os, sys
+        sys.path.insert(0, %r)
+        import tile_py
+        from tile_py import In, Scalar
+        from cpu_checks import CAI
+        stub = ctypes.CDLL(os.environ["TILE_LIBCUDA"])
+        stub.stub_driver_calls.restype = ctypes.c_ulonglong
+        stub.stub_driver_calls.argtypes = [ctypes.c_char_p]
+        lib = tile_py.Library.from_bytes(b"\\x7fELF stub image\\0")
+        k = lib.kernel("k", [In("float32")] + [Scalar("i64")] * 6)
+
+        def waits(stream, sync=True):
+            before = stub.stub_driver_calls(b"cuStreamWaitEvent")
+            x = CAI(data=(0x7F0000001000, False), stream=stream)
+            tile_py.launch(0x5000, 1, k, (x, 1, 2, 3, 4, 5, 6), block=1, sync=sync).wait()
+            return stub.stub_driver_calls(b"cuStreamWaitEvent") - before
+
+        # Ordered after the legacy default stream, as 1 is; nothing to order for None, and
+        # nothing with sync=False.
+        assert [waits(s) for s in (0, 1, None)] == [1, 1, 0]
+        assert waits(0, sync=False) == 0
+        assert tile_py.stats()["leaked"] == 0
+        print("ok")
+    """ % os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+# ---- row 35: a __cuda_array_interface__ of version 0 or 1 --------------------------------------
+# RMM's ``DeviceBuffer`` (``{"data": (ptr, False), "shape": (size,), "strides": (1,), "typestr":
+# "|u1", "version": 0}``) and cuDF's buffers (the same with ``"strides": None``) say version 0;
+# numba's consumer takes every version (checking ``mask`` from version 1 on) and CuPy's does not
+# look. tile_py refused anything but 2 and 3. Versions 0 and 1 are read as 2 is.
+
+
+class _Iface:
+    def __init__(self, **desc):
+        self.__cuda_array_interface__ = desc
+
+
+def test_row35_cai_of_version_0_or_1_is_read_as_version_2(counters):
+    from tile_py import Scalar
+
+    rmm_buffer = _Iface(data=(0x20000, False), shape=(64,), strides=(1,), typestr="|u1", version=0)
+    cudf_buffer = _Iface(data=(0x30000, False), shape=(64,), strides=None, typestr="|u1", version=0)
+    v1 = _Iface(data=(0x40000, False), shape=(16,), strides=None, typestr="<f4", version=1,
+                mask=None)
+    check([In("uint8"), Out("uint8"), In("float32"), Scalar("i64")],
+          (rmm_buffer, cudf_buffer, v1, 64))
+    assert counters["consumed"] == 3 and counters["released"] == 3
+    for desc, error in [
+        (dict(version=1, mask=object()), "masked arrays are not supported"),
+        (dict(version=4), "unsupported version 4 (0 to 3 expected)"),
+        (dict(version=-1), "unsupported version -1 (0 to 3 expected)"),
+    ]:
+        bad = _Iface(**{"data": (0x20000, False), "shape": (4,), "typestr": "<f4", **desc})
+        with pytest.raises(ValueError) as e:
+            check([In("float32")], (bad,))
+        assert str(e.value) == "argument 0: __cuda_array_interface__: " + error
+    assert counters["consumed"] == 3 and counters["released"] == 3
+
+
+# ---- row 36: a __cuda_array_interface__ whose 'data' is a sequence but not a tuple -------------
+# cuDF's spillable buffers give ``"data": DelayedPointerTuple(buffer)``, a
+# ``collections.abc.Sequence`` of two items that reads (and pins) the device pointer when item 0
+# is read; numba's and CuPy's consumers index ``desc["data"][0]`` and take it (PyTorch's does
+# not: cuDF says so). tile_py refused anything but a tuple.
+
+
+def test_row36_cai_data_given_as_a_sequence_of_two_items(counters):
+    import collections.abc
+
+    class DelayedPointerTuple(collections.abc.Sequence):
+        def __init__(self, ptr):
+            self.ptr, self.reads = ptr, 0
+
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            if i == 0:
+                self.reads += 1
+                return self.ptr
+            if i == 1:
+                return False
+            raise IndexError("tuple index out of range")
+
+    delayed = DelayedPointerTuple(0x20000)
+    for data in (delayed, [0x30000, False]):
+        check([Out("float32")], (_Iface(data=data, shape=(4,), typestr="<f4", version=3),))
+    assert delayed.reads == 1
+    assert counters["consumed"] == 2 and counters["released"] == 2
+    # A read-only pair is read-only whatever holds it; anything but two items is refused.
+    with pytest.raises(ValueError, match=r"^argument 0: tensor is read-only"):
+        ro = _Iface(data=[0x20000, True], shape=(4,), typestr="<f4", version=3)
+        check([Out("float32")], (ro,))
+    for data in ([0x20000], [0x20000, False, 0], "ab", 0x20000):
+        with pytest.raises(ValueError) as e:
+            check([In("float32")], (_Iface(data=data, shape=(4,), typestr="<f4", version=3),))
+        assert str(e.value) == (
+            "argument 0: __cuda_array_interface__: 'data' must be a (pointer, read_only) pair"
+        ), data
+    # The read-only descriptor was made, refused and released; the malformed ones never made.
+    assert counters["consumed"] == counters["released"] == 3

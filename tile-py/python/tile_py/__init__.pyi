@@ -314,7 +314,9 @@ def hold(stream: _StreamLike, *objects: Any) -> None:
         as `launch` exports an argument for `stream` (`__dlpack__(stream=...)`, so the producer
         orders its pending work before later work on `stream`), and that export is held: its
         deleter runs once the work is done, and it keeps the producer's memory alive until
-        then, even if the producer object is deleted. No stream wait is inserted.
+        then, even if the producer object is deleted. No stream wait is inserted. A host producer
+        whose `__dlpack__` refuses the stream, as DLPack asks of host memory (a NumPy array, a CPU
+        tensor: a host staging buffer of an async copy), is held as any other object is.
       - a DLPack capsule named `dltensor` or `dltensor_versioned`: consumed (renamed
         `used_dltensor[_versioned]`) and held; its deleter runs once the work is done.
       - a DLPack capsule named `used_dltensor` or `used_dltensor_versioned`, which a launcher
@@ -343,8 +345,8 @@ def hold(stream: _StreamLike, *objects: Any) -> None:
     Raises `TypeError` (a stream of an unsupported type; a capsule with another name or none, a
     `__dlpack__` that returns something else than a capsule or takes no stream), `ValueError`
     (stream 0 or another bad stream value; the same capsule twice; a DLPack capsule of a null
-    pointer; an export or unconsumed capsule whose descriptor does not validate; host memory whose
-    producer refuses the stream; a lazy conjugate / negative torch view; a call in a child made by
+    pointer; an export or unconsumed capsule whose descriptor does not validate; a lazy
+    conjugate / negative torch view; a call in a child made by
     `os.fork()` or during interpreter exit), `BufferError` (DLPack version), `OverflowError`
     (descriptor sizes), `tile_py.CudaError` (a failed driver call: resolving the stream; reading its
     capture state, when what was read is leaked rather than released early; attaching it to the

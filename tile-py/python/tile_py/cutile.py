@@ -39,9 +39,10 @@ declared from the signature's constraints:
   holds) and are not part of the overlap check (cuTile compiles them as possibly aliasing).
 
 Arrays with a negative stride are refused by the declared assumptions: cuTile compiles every
-array as having non-negative strides. cuTile also compiles every array as not overlapping any
-other argument; ``launch`` refuses arguments whose memory overlaps (``ValueError``), after
-cuTile's own refusal of the arguments where it has one.
+array as having non-negative strides (a list's elements too, which the key's walk refuses, as
+the staged words are no argument tile checks). cuTile also compiles every array as not
+overlapping any other argument; ``launch`` refuses arguments whose memory overlaps
+(``ValueError``), after cuTile's own refusal of the arguments where it has one.
 
 What cuTile supports and this module does not (yet): tensor-map, pointer and dataclass
 parameters, and negative static extents or strides. Each raises ``NotImplementedError``
@@ -391,27 +392,29 @@ def _plan_of(kernel: Any) -> Tuple[List[Tuple[Any, ...]], List[str]]:
     return [_node(a) for a in anns], list(names)
 
 
-def _list_arg(obj: List[Any], stream: Any, index: int, name: str):
+def _list_arg(obj: List[Any], stream: Any, index: int, name: str, ordinal: int):
     """A list-of-arrays argument (leaf ``index`` of parameter ``name``) read for a launch on
-    ``stream``: its ``_ListArg``, its elements as cuTile is shown them, and per element
-    ``(dtype, data_ptr, shape, strides)`` for the key (dtype ``(code, bits, lanes)`` of an
-    export, or a ``__cuda_array_interface__`` typestr). Each element known only through DLPack
-    is exported once (a capsule is read as it is); the exports are kept for the launch."""
+    ``stream``, whose device ordinal is ``ordinal``: its ``_ListArg`` (staged on that device),
+    its elements as cuTile is shown them, and per element ``(dtype, data_ptr, shape, strides)``
+    for the key (dtype ``(code, bits, lanes)``). Each element known only through DLPack is
+    exported once (a capsule is read as it is); a ``__cuda_array_interface__`` element is parsed
+    as a launch parses one. Each must be on a device the launch may use, as every tensor of a
+    launch must (``ValueError``: the staged words are pointers the launch's own checks never
+    see); the exports are kept for the launch."""
     if not obj:
         raise TypeError("Empty lists are not supported as kernel arguments")
     shown: List[Any] = []
     layouts: List[Tuple[Any, int, List[int], List[int]]] = []
     words: List[int] = []
     keep: List[Any] = []
-    device = None
     for j, item in enumerate(obj):
         if hasattr(item, "__dlpack__") or type(item).__name__ == "PyCapsule":
-            cap, _offered, (dtype, dev, ptr, shape, strides) = _tile._export(item, stream, index)
+            cap, _offered, (dtype, _dev, ptr, shape, strides) = _tile._export(
+                item, stream, index, ordinal
+            )
             keep.append(cap)
             shown.append(_Described(index, dtype, ptr, shape, strides))
             layouts.append((dtype, ptr, list(shape), list(strides)))
-            if device is None and dev[0] in (2, 13):  # kDLCUDA, kDLCUDAManaged
-                device = dev[1]
         else:
             cai = getattr(item, "__cuda_array_interface__", None)
             if not isinstance(cai, dict):
@@ -423,26 +426,15 @@ def _list_arg(obj: List[Any], stream: Any, index: int, name: str):
                     f"tile_py.cutile: element {j} of list parameter {name!r} is a "
                     "__cuda_array_interface__ object with a 'stream' to order after"
                 )
-            typestr = cai["typestr"]
-            item_size = int(typestr[2:])
-            shape = list(cai["shape"])
-            st = cai.get("strides")
-            if st is None:
-                strides, acc = [], 1
-                for n in reversed(shape):
-                    strides.append(acc)
-                    acc *= n
-                strides.reverse()
-            else:
-                strides = [s // item_size for s in st]
-            ptr = int(cai["data"][0])
+            # Parsed and checked as a launch reads a __cuda_array_interface__ argument.
+            dtype, _dev, ptr, shape, strides = _tile._cai_layout(item, index, ordinal)
             keep.append(item)
             shown.append(item)
-            layouts.append((typestr, ptr, shape, strides))
+            layouts.append((dtype, ptr, list(shape), list(strides)))
         words.append(layouts[-1][1])
         words.extend(layouts[-1][2])
         words.extend(layouts[-1][3])
-    return _ListArg(words, keep, device, len(obj)), shown, layouts
+    return _ListArg(words, keep, ordinal, len(obj)), shown, layouts
 
 
 def _compile_miss(kernel: Any, args: Tuple[Any, ...], described: Dict[int, Any],

@@ -193,13 +193,17 @@ pub(crate) fn from_cai(
         })?,
         index,
     };
+    // Versions 0 and 1 are read as 2 is (RMM's `DeviceBuffer` and cuDF's buffers say 0, and
+    // numba's and CuPy's consumers take every version up to 3): what 2 changed is that a
+    // zero-size array's pointer may be 0, which is read so for every version, and 3 added
+    // `stream`, read from version 3 on.
     let version = cai.required("version")?;
     let version = match version.extract::<i64>() {
-        Ok(v) if (2..=3).contains(&v) => v,
-        Ok(v) => return Err(cai.bad(format_args!("unsupported version {v} (2 or 3 expected)"))),
+        Ok(v) if (0..=3).contains(&v) => v,
+        Ok(v) => return Err(cai.bad(format_args!("unsupported version {v} (0 to 3 expected)"))),
         Err(e) => {
             let r = cai.bad(format_args!(
-                "unsupported version {} (2 or 3 expected)",
+                "unsupported version {} (0 to 3 expected)",
                 show(&version)
             ));
             r.set_cause(py, Some(e));
@@ -217,6 +221,21 @@ pub(crate) fn from_cai(
     })?;
     let dtype = parse_typestr(index, &typestr, "__cuda_array_interface__ typestr")?;
     let data_obj = cai.required("data")?;
+    // Any sequence of two items, as numba's and CuPy's consumers index it: cuDF's spillable
+    // buffers give a `collections.abc.Sequence` that reads the pointer when indexed (and
+    // pins the buffer on the device), a list is no tuple either.
+    let data_obj = match data_obj.cast::<PyTuple>() {
+        Ok(_) => data_obj,
+        Err(_) => match data_obj.cast::<pyo3::types::PySequence>() {
+            Ok(seq)
+                if !data_obj.is_instance_of::<pyo3::types::PyString>()
+                    && seq.len().ok() == Some(2) =>
+            {
+                PyTuple::new(py, [seq.get_item(0)?, seq.get_item(1)?])?.into_any()
+            }
+            _ => data_obj,
+        },
+    };
     if let Ok(t) = data_obj.cast::<PyTuple>()
         && let Ok(first) = t.get_item(0)
     {
@@ -226,7 +245,7 @@ pub(crate) fn from_cai(
         if overflowed {
             format!("'data' pointer of {} is outside 0..2**64", show(&data_obj))
         } else {
-            "'data' must be a (pointer, read_only) tuple".into()
+            "'data' must be a (pointer, read_only) pair".into()
         }
     })?;
     if cai.optional("mask")?.is_some() {
@@ -272,9 +291,13 @@ pub(crate) fn from_cai(
                     format!("'stream' must be an int, got {}", show(&s))
                 }
             })?;
-            if n == 0 {
-                return Err(cai.bad("'stream' is 0, which the protocol disallows"));
-            }
+            // 0 is the null handle, which the driver reads as the legacy default stream: the
+            // protocol's text disallows it as ambiguous, but numba-cuda gives it for an array of
+            // its default stream (`int(cuda.default_stream())` is 0), and numba's and CuPy's
+            // consumers take it as that stream, as tile_py takes `__cuda_stream__`'s `(0, 0)`.
+            // A producer whose null handle meant its per-thread default stream (numba under
+            // NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM) is ordered too: that stream is a blocking
+            // stream, whose work the legacy default stream waits for before its event.
             if n < 0 {
                 return Err(cai.bad(format_args!("'stream' is {n}")));
             }

@@ -382,6 +382,20 @@ fn keyword_call<'py>(
     })
 }
 
+/// Whether the producer `obj` says its memory is host memory: its `__dlpack_device__()` is
+/// `kDLCPU`. A `__dlpack_device__` that is missing, raises an ordinary exception or returns
+/// something else says no; an interrupt, an exit or a memory error it raises is returned.
+pub(crate) fn says_host(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let device = match obj.call_method0(intern!(py, "__dlpack_device__")) {
+        Ok(d) => d,
+        Err(d) if !d.is_instance_of::<pyo3::exceptions::PyException>(py) => return Err(d),
+        Err(_) => return Ok(false),
+    };
+    Ok(device
+        .extract::<(i64, i64)>()
+        .is_ok_and(|(t, _)| t == i64::from(DLDeviceType::CPU.0)))
+}
+
 /// The error for a `__dlpack__` call that raised `e`: when the producer's `__dlpack_device__()`
 /// says host memory (`kDLCPU`), the host-memory refusal (the same `ValueError` as for a CPU
 /// tensor that was exported), with `e` as its cause; otherwise `e` itself, with a note naming
@@ -398,16 +412,10 @@ pub(crate) fn host_or(
     if crate::exceptions::raised_as_is(py, &e) {
         return e;
     }
-    let device = match obj.call_method0(intern!(py, "__dlpack_device__")) {
-        Ok(d) => Some(d),
-        Err(d) if !d.is_instance_of::<pyo3::exceptions::PyException>(py) => return d,
-        Err(_) => None,
-    };
-    let cpu = device
-        .and_then(|d| d.extract::<(i64, i64)>().ok())
-        .is_some_and(|(t, _)| t == i64::from(DLDeviceType::CPU.0));
-    if !cpu {
-        return with_note(py, e, argument_note(index));
+    match says_host(py, obj) {
+        Err(d) => return d,
+        Ok(false) => return with_note(py, e, argument_note(index)),
+        Ok(true) => {}
     }
     let mismatch = tile_launch::Error::DeviceMismatch {
         index,

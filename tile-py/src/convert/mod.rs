@@ -435,7 +435,7 @@ impl Tensor {
 
     /// Releases an owned export that will not be launched (a capsule is given back by the
     /// caller's rollback instead).
-    fn release(self) {
+    pub(crate) fn release(self) {
         let Tensor { unused, claim, .. } = self;
         drop(unused);
         if let Claim::Owned(ptr) = claim {
