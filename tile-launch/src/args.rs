@@ -318,7 +318,8 @@ impl<'a> Args<'a> {
         Args { list: spare_args() }
     }
 
-    /// Appends an argument (a [`TensorArg`], a [`Scalar`], or an [`Arg`]).
+    /// Appends an argument: anything that converts into an [`Arg`] (a [`TensorArg`], an
+    /// `Unused` or `Used` tensor, a [`Scalar`], a Rust integer or float).
     #[inline]
     pub fn push(&mut self, arg: impl Into<Arg<'a>>) {
         self.list.push(arg.into());
@@ -400,7 +401,7 @@ impl<'a, A: Into<Arg<'a>>> FromIterator<A> for Args<'a> {
 }
 
 /// What a launch entry point takes as its arguments: an [`Args`] (taken as it is), or any
-/// collection of [`Arg`]s (`[Arg; N]`, `Vec<Arg>`, an iterator), moved into one. Sealed: not
+/// collection of [`Arg`] values (`[Arg; N]`, `Vec<Arg>`, an iterator), moved into one. Sealed: not
 /// for other types.
 pub trait IntoArgs<'a>: sealed::Sealed {
     #[doc(hidden)]
