@@ -2392,3 +2392,69 @@ fn a_marker_being_waited_on_is_not_recorded_again_until_the_waiter_lets_go() {
     let calls = fake.calls();
     assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
 }
+
+/// A [`FakeTimeline`] that keeps [`Timeline::rerecord`](tile_launch::release::Timeline)'s
+/// default: a fresh marker, the old one recycled.
+struct Plain(FakeTimeline);
+
+impl tile_launch::release::Timeline for Plain {
+    type Marker = tile_launch::release::fake::FakeMarker;
+    type Error = FakeError;
+
+    fn record(&self) -> Result<Self::Marker, FakeError> {
+        self.0.record()
+    }
+
+    fn query(&self, marker: &Self::Marker) -> Result<bool, FakeError> {
+        self.0.query(marker)
+    }
+
+    fn wait(&self, marker: &Self::Marker) -> Result<(), FakeError> {
+        self.0.wait(marker)
+    }
+
+    fn synchronize(&self) -> Result<(), FakeError> {
+        self.0.synchronize()
+    }
+
+    fn recycle(&self, marker: Self::Marker) {
+        self.0.recycle(marker);
+    }
+}
+
+/// A timeline that does not record a marker again itself gets the default: the tracker's spare
+/// is replaced by a fresh marker and the old one recycled at once (a failed record recycles
+/// nothing and keeps the spare), so every marker still goes back to the timeline once.
+#[test]
+fn the_default_rerecord_records_afresh_and_recycles_the_spare() {
+    let fake = FakeTimeline::new();
+    let tracker: Arc<Tracker<Plain, u32>> = Tracker::new(Plain(fake.clone()), config(1));
+    let launch = || {
+        let f = fake.clone();
+        tracker
+            .launch_deferred(vec![0], 100, move || {
+                f.enqueue();
+                Ok::<(), Infallible>(())
+            })
+            .unwrap();
+    };
+    launch();
+    fake.complete_all();
+    assert_eq!(tracker.poll(), 1);
+    assert_eq!(fake.calls().recycle, 0, "kept as a spare");
+    fake.fail_next(FakeOp::Record, 1);
+    launch();
+    assert_eq!((fake.calls().record, fake.calls().recycle), (2, 0));
+    launch();
+    let calls = fake.calls();
+    assert_eq!(
+        (calls.record, calls.rerecord, calls.recycle),
+        (3, 0, 1),
+        "a fresh marker, the spare recycled"
+    );
+    assert_eq!(fake.markers_recorded(), 2);
+    fake.complete_all();
+    assert_eq!(tracker.poll(), 2);
+    drop(tracker);
+    assert_eq!(fake.calls().recycle, fake.markers_recorded());
+}
