@@ -485,3 +485,56 @@ fn newest_first_polls_race_in_order_completion() {
         );
     });
 }
+
+/// A handle's retire waits on the marker covering its launch while another thread's poll
+/// retires that marker and its later launches take completed markers to record again, and the
+/// "GPU" completes the work at any point: a marker is recorded again only once nothing refers to
+/// it (a shared one would make the re-record panic), every guard is released once, after
+/// completion, and every marker goes back to the timeline once when the tracker is dropped.
+#[test]
+fn a_waited_marker_races_its_retirement_and_reuse() {
+    /// Interleavings in which a marker was recorded again.
+    static REUSED: StdAtomicUsize = StdAtomicUsize::new(0);
+    explore("a_waited_marker_races_its_retirement_and_reuse", || {
+        let fake = FakeTimeline::new();
+        fake.set_blocking(true);
+        let (tracker, log) = new_tracker(&fake, 1);
+        let handle = launch(&tracker, &fake, &log, 0);
+        launch_deferred(&tracker, &fake, &log, 1);
+        assert_eq!(fake.markers_recorded(), 1);
+        let waiter = loom::thread::spawn(move || handle.retire().unwrap().released);
+        let poller = {
+            let (tracker, fake, log) = (Arc::clone(&tracker), fake.clone(), Arc::clone(&log));
+            loom::thread::spawn(move || {
+                launch_deferred(&tracker, &fake, &log, 2);
+                tracker.poll();
+                launch_deferred(&tracker, &fake, &log, 3);
+                tracker.poll();
+                launch_deferred(&tracker, &fake, &log, 4);
+            })
+        };
+        // The first three launches complete while the waiter may still be waiting.
+        complete_after(&fake, 3);
+        assert_eq!(waiter.join().unwrap(), 1);
+        poller.join().unwrap();
+        fake.complete_all();
+        tracker.synchronize().unwrap();
+        assert_dropped(&log, &[0, 1, 2, 3, 4]);
+        let stats = tracker.stats();
+        assert_eq!(
+            (
+                stats.guards_released,
+                stats.guards_leaked,
+                stats.pending_guards
+            ),
+            (5, 0, 0)
+        );
+        drop(tracker);
+        let calls = fake.calls();
+        assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
+        if calls.rerecord > 0 {
+            REUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(REUSED.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}

@@ -2136,3 +2136,325 @@ fn a_poll_asks_the_newest_marker_first_and_the_oldest_only_when_it_is_not_comple
     assert_eq!(h.dropped(), 24);
     h.assert_sound();
 }
+
+/// The tracker keeps at most 256 retired markers to record again; the rest go back to the
+/// timeline at once, and the spares go back when the tracker is dropped.
+#[test]
+fn at_most_256_completed_markers_are_kept_as_spares() {
+    let fake = FakeTimeline::new();
+    fake.set_launch_only(true);
+    let h = Harness::with_fake(fake, config(64));
+    for _ in 0..300 {
+        h.launch_deferred(1);
+    }
+    h.fake.complete_through(300);
+    h.tracker.synchronize().unwrap();
+    assert_eq!(h.dropped(), 300);
+    assert_eq!(h.fake.calls().recycle, 300 - 256, "all but 256 go back");
+    for _ in 0..300 {
+        h.launch_deferred(1);
+    }
+    let calls = h.fake.calls();
+    assert_eq!(
+        (calls.record, calls.rerecord),
+        (600, 256),
+        "the 256 spares, then 44 new markers"
+    );
+    h.fake.complete_through(600);
+    h.tracker.synchronize().unwrap();
+    h.assert_sound();
+    let Harness { fake, tracker, .. } = h;
+    drop(tracker);
+    let calls = fake.calls();
+    assert_eq!(
+        calls.recycle, 344,
+        "each of the 344 markers made, back once"
+    );
+    assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
+}
+
+/// A spare whose re-record fails (here an injected failure) stays a spare: the next marker
+/// records it again, no marker is made or given back for the failure, and the error is counted.
+#[test]
+fn a_failed_rerecord_keeps_the_spare() {
+    let h = Harness::new(config(1));
+    h.launch_deferred(1);
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 1);
+    assert_eq!(h.fake.markers_recorded(), 1);
+    h.fake.fail_next(FakeOp::Record, 1);
+    h.launch_deferred(1);
+    let calls = h.fake.calls();
+    assert_eq!(
+        (calls.record, calls.rerecord, calls.recycle),
+        (2, 0, 0),
+        "one failed attempt on the spare"
+    );
+    assert_eq!(h.stats().errors, 1);
+    assert_eq!(h.fake.markers_recorded(), 1);
+    h.launch_deferred(1);
+    let calls = h.fake.calls();
+    assert_eq!((calls.record, calls.rerecord, calls.recycle), (3, 1, 0));
+    assert_eq!(h.fake.markers_recorded(), 2);
+    // The re-recorded marker covers both queued launches: the second's work alone does not
+    // complete it.
+    h.fake.complete_work(2);
+    assert_eq!(
+        h.tracker.poll(),
+        0,
+        "the marker covers the third launch's work"
+    );
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 2);
+    h.assert_sound();
+    let Harness { fake, tracker, .. } = h;
+    drop(tracker);
+    let calls = fake.calls();
+    assert_eq!(calls.recycle, 1, "one marker made, back once");
+    assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
+}
+
+/// A lost stream gives its spares back with its outstanding markers, at once (not only when the
+/// tracker is dropped), and none is given back twice.
+#[test]
+fn a_lost_stream_gives_its_spares_back_at_once() {
+    let h = Harness::new(config(1));
+    for _ in 0..3 {
+        h.launch_deferred(1);
+    }
+    h.fake.complete_all();
+    assert_eq!(h.tracker.poll(), 3);
+    assert_eq!(h.fake.markers_recorded(), 3);
+    assert_eq!(h.fake.calls().recycle, 0, "three spares");
+    h.launch_deferred(1);
+    assert_eq!(
+        h.fake.calls().rerecord,
+        1,
+        "one spare recorded again, two left"
+    );
+    h.fake.lose();
+    assert_eq!(h.tracker.poll(), 0);
+    assert_eq!(h.stats().guards_leaked, 1);
+    let calls = h.fake.calls();
+    assert_eq!(
+        calls.recycle, 3,
+        "the outstanding marker and the two spares"
+    );
+    assert_eq!(calls.recycle + calls.rerecord, h.fake.markers_recorded());
+    let Harness { fake, tracker, .. } = h;
+    drop(tracker);
+    assert_eq!(fake.calls().recycle, 3, "nothing given back twice");
+}
+
+/// A [`FakeTimeline`] that sees which markers are being waited for, can hold a wait until the
+/// test lets it go, and notes every marker recorded again that was waited on or not complete.
+#[derive(Clone)]
+struct Watched {
+    fake: FakeTimeline,
+    watch: Arc<Watch>,
+}
+
+#[derive(Default)]
+struct Watch {
+    /// Ids of the markers inside `wait` now.
+    waiting: Mutex<Vec<u64>>,
+    /// When set, `wait` says so on the first sender and blocks on the receiver.
+    gate: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+    /// Ids of the markers recorded again, in order (before they were).
+    rerecorded: Mutex<Vec<u64>>,
+    /// Markers recorded again while waited on, or before they completed.
+    misused: AtomicU64,
+}
+
+impl Watched {
+    fn check(&self, marker: &tile_launch::release::fake::FakeMarker) {
+        let id = marker.id();
+        if self.watch.waiting.lock().unwrap().contains(&id) || !self.fake.is_marker_complete(id) {
+            self.watch.misused.fetch_add(1, Ordering::SeqCst);
+        }
+        self.watch.rerecorded.lock().unwrap().push(id);
+    }
+}
+
+impl tile_launch::release::Timeline for Watched {
+    type Marker = tile_launch::release::fake::FakeMarker;
+    type Error = FakeError;
+
+    fn record(&self) -> Result<Self::Marker, FakeError> {
+        self.fake.record()
+    }
+
+    fn record_at_launch(&self) -> Result<Self::Marker, FakeError> {
+        self.fake.record_at_launch()
+    }
+
+    fn rerecord(&self, marker: &mut Self::Marker) -> Result<(), FakeError> {
+        self.check(marker);
+        self.fake.rerecord(marker)
+    }
+
+    fn rerecord_at_launch(&self, marker: &mut Self::Marker) -> Result<(), FakeError> {
+        self.check(marker);
+        self.fake.rerecord_at_launch(marker)
+    }
+
+    fn query(&self, marker: &Self::Marker) -> Result<bool, FakeError> {
+        self.fake.query(marker)
+    }
+
+    fn wait(&self, marker: &Self::Marker) -> Result<(), FakeError> {
+        self.watch.waiting.lock().unwrap().push(marker.id());
+        if let Some((entered, gate)) = self.watch.gate.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            gate.recv().unwrap();
+        }
+        let r = self.fake.wait(marker);
+        let mut waiting = self.watch.waiting.lock().unwrap();
+        let i = waiting.iter().position(|&id| id == marker.id()).unwrap();
+        waiting.swap_remove(i);
+        r
+    }
+
+    fn synchronize(&self) -> Result<(), FakeError> {
+        self.fake.synchronize()
+    }
+
+    fn recycle(&self, marker: Self::Marker) {
+        self.fake.recycle(marker);
+    }
+
+    fn is_lost(&self, error: &FakeError) -> bool {
+        self.fake.is_lost(error)
+    }
+}
+
+/// A marker that a waiter (a handle's retire on another thread) refers to is retired by another
+/// thread's poll: it is not recorded again while the waiter waits on it, only once the waiter
+/// has let go of it; every marker recorded again had completed.
+#[test]
+fn a_marker_being_waited_on_is_not_recorded_again_until_the_waiter_lets_go() {
+    let fake = FakeTimeline::new();
+    let watched = Watched {
+        fake: fake.clone(),
+        watch: Arc::default(),
+    };
+    let tracker: Arc<Tracker<Watched, u32>> = Tracker::new(watched.clone(), config(1));
+    let launch = |defer: bool| {
+        let f = fake.clone();
+        let enqueue = move || {
+            f.enqueue();
+            Ok::<(), Infallible>(())
+        };
+        if defer {
+            tracker.launch_deferred(vec![1], 100, enqueue).unwrap();
+            None
+        } else {
+            Some(tracker.launch(vec![0], 100, enqueue).unwrap())
+        }
+    };
+    let handle = launch(false).unwrap();
+    launch(true);
+    launch(true);
+    assert_eq!(
+        fake.markers_recorded(),
+        2,
+        "marker 1 covers the handle's launch"
+    );
+    let (entered_tx, entered) = mpsc::channel();
+    let (open, gate) = mpsc::channel();
+    *watched.watch.gate.lock().unwrap() = Some((entered_tx, gate));
+    let waiter = thread::spawn(move || handle.retire().map(|r| r.released));
+    entered.recv().unwrap();
+    assert_eq!(*watched.watch.waiting.lock().unwrap(), vec![1]);
+    // Another thread's poll finds everything complete and retires both markers.
+    fake.complete_all();
+    assert_eq!(tracker.poll(), 2);
+    // Later launches take the free spare (marker 2), then make new ones: never marker 1.
+    for _ in 0..4 {
+        launch(true);
+        fake.complete_all();
+        assert_eq!(tracker.poll(), 1);
+    }
+    assert!(!watched.watch.rerecorded.lock().unwrap().contains(&1));
+    assert!(fake.calls().rerecord >= 1);
+    open.send(()).unwrap();
+    assert_eq!(waiter.join().unwrap().unwrap(), 1);
+    // Let go of, marker 1 is a spare now, and recorded again by a later launch.
+    for _ in 0..4 {
+        launch(true);
+        fake.complete_all();
+        assert_eq!(tracker.poll(), 1);
+    }
+    assert!(watched.watch.rerecorded.lock().unwrap().contains(&1));
+    assert_eq!(watched.watch.misused.load(Ordering::SeqCst), 0);
+    assert_eq!(tracker.last_error(), None);
+    drop(tracker);
+    let calls = fake.calls();
+    assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
+}
+
+/// A [`FakeTimeline`] that keeps [`Timeline::rerecord`](tile_launch::release::Timeline)'s
+/// default: a fresh marker, the old one recycled.
+struct Plain(FakeTimeline);
+
+impl tile_launch::release::Timeline for Plain {
+    type Marker = tile_launch::release::fake::FakeMarker;
+    type Error = FakeError;
+
+    fn record(&self) -> Result<Self::Marker, FakeError> {
+        self.0.record()
+    }
+
+    fn query(&self, marker: &Self::Marker) -> Result<bool, FakeError> {
+        self.0.query(marker)
+    }
+
+    fn wait(&self, marker: &Self::Marker) -> Result<(), FakeError> {
+        self.0.wait(marker)
+    }
+
+    fn synchronize(&self) -> Result<(), FakeError> {
+        self.0.synchronize()
+    }
+
+    fn recycle(&self, marker: Self::Marker) {
+        self.0.recycle(marker);
+    }
+}
+
+/// A timeline that does not record a marker again itself gets the default: the tracker's spare
+/// is replaced by a fresh marker and the old one recycled at once (a failed record recycles
+/// nothing and keeps the spare), so every marker still goes back to the timeline once.
+#[test]
+fn the_default_rerecord_records_afresh_and_recycles_the_spare() {
+    let fake = FakeTimeline::new();
+    let tracker: Arc<Tracker<Plain, u32>> = Tracker::new(Plain(fake.clone()), config(1));
+    let launch = || {
+        let f = fake.clone();
+        tracker
+            .launch_deferred(vec![0], 100, move || {
+                f.enqueue();
+                Ok::<(), Infallible>(())
+            })
+            .unwrap();
+    };
+    launch();
+    fake.complete_all();
+    assert_eq!(tracker.poll(), 1);
+    assert_eq!(fake.calls().recycle, 0, "kept as a spare");
+    fake.fail_next(FakeOp::Record, 1);
+    launch();
+    assert_eq!((fake.calls().record, fake.calls().recycle), (2, 0));
+    launch();
+    let calls = fake.calls();
+    assert_eq!(
+        (calls.record, calls.rerecord, calls.recycle),
+        (3, 0, 1),
+        "a fresh marker, the spare recycled"
+    );
+    assert_eq!(fake.markers_recorded(), 2);
+    fake.complete_all();
+    assert_eq!(tracker.poll(), 2);
+    drop(tracker);
+    assert_eq!(fake.calls().recycle, fake.markers_recorded());
+}
