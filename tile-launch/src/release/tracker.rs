@@ -729,7 +729,9 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
         let markers = mem::take(&mut st.markers);
         st.orphans
             .extend(markers.into_iter().map(|slot| slot.marker));
-        // No event is kept for a lost stream, spares neither.
+        // The spares go back too. (A marker a waiter still holds stays an orphan until let go;
+        // should the tracker record again, a later sweep may keep it as a spare, and recording
+        // it again replaces its old record, as taking it from the pool would.)
         let spares = mem::take(&mut st.spare_markers);
         st.orphans.extend(spares);
         // Launches so far are settled (leaked or held): none is waited for again, and a later
