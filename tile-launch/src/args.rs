@@ -481,6 +481,7 @@ pub fn check_args(
 /// # Errors
 ///
 /// [`Error::DeviceMismatch`] naming `index`, for any other device.
+#[inline]
 pub fn check_device(index: usize, device: tile_dlpack::Device, ordinal: i32) -> Result<()> {
     use tile_dlpack::ffi::DLDeviceType;
     let ok = match device.device_type {

@@ -108,10 +108,22 @@ fn args(trusted: bool) -> (Vec<Arg<'static>>, Vec<DeleterCount>) {
 
 /// `launches` launches (`launch_queued`) after 256 warm-up ones, each one's driver calls.
 fn each_launch(stream: &Stream, kernel: &Kernel, trusted: bool, launches: usize) -> Vec<Calls> {
+    each_launch_after(stream, kernel, trusted, 256, launches)
+}
+
+/// `launches` launches (`launch_queued`) after `warm_up` ones, each one's driver calls; then a
+/// synchronize, after which every tensor has been released once.
+fn each_launch_after(
+    stream: &Stream,
+    kernel: &Kernel,
+    trusted: bool,
+    warm_up: usize,
+    launches: usize,
+) -> Vec<Calls> {
     let counter = Counter::open();
     let config = LaunchConfig::for_elements(4096, 256);
     let mut deleters = Vec::new();
-    for _ in 0..256 {
+    for _ in 0..warm_up {
         let (a, d) = args(trusted);
         stream.launch_queued(kernel, &config, a).unwrap();
         deleters.extend(d);
@@ -445,29 +457,19 @@ fn a_stream_with_a_marker_per_launch_reuses_its_events_and_destroys_each_once() 
     let (ctx, lib) = child_setup();
     let k = kernel(&lib);
     let _current = ctx.bind().unwrap();
-    let counter = Counter::open();
-    counter.take();
     // SAFETY: the stub answers any handle as a live stream of its one context.
     let stream =
         unsafe { Stream::from_raw_launch_only(&ctx, 0x5000 as tile_launch::cuda_sys::CUstream) }
             .unwrap();
-    let config = LaunchConfig::for_elements(4096, 256);
-    let mut deleters = Vec::new();
-    let mut per_launch = Vec::new();
-    for _ in 0..256 {
-        let (a, d) = args(true);
-        stream.launch_queued(&k, &config, a).unwrap();
-        per_launch.push(counter.take());
-        deleters.extend(d);
-    }
-    stream.synchronize().unwrap();
-    assert!(deleters.iter().all(|d| d.get() == 1));
+    let per_launch = each_launch_after(&stream, &k, true, 0, 256);
     let made = total(&per_launch);
     // A marker at every launch; the poll every 64 launches retires the 64 since the last, and
     // the next 64 launches record those events again: only the first period creates any.
     assert_eq!(made["cuEventRecord"], 256);
     assert_eq!(made["cuEventCreate"], 64);
     assert_eq!(made.get("cuEventDestroy"), None);
+    let counter = Counter::open();
+    counter.take();
     drop(stream);
     // The stream's end destroys every event it created, the kept ones included, once.
     assert_eq!(counter.take().get("cuEventDestroy"), Some(&64));

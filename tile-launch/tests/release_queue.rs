@@ -1785,37 +1785,55 @@ fn a_launch_only_timeline_is_never_named_after_the_launch() {
 /// marker goes back to the timeline once, when the tracker is dropped.
 #[test]
 fn completed_markers_are_recorded_again_by_later_launches() {
+    markers_kept_then_recorded_again(10, 15, 10);
+}
+
+/// `first` launches with a marker each (a launch-only timeline), all completed; then `second`
+/// more. The tracker keeps `kept` of the first markers (the rest go back at once) and records
+/// them again for the second launches; each marker made goes back once, when the tracker is
+/// dropped.
+fn markers_kept_then_recorded_again(first: u64, second: u64, kept: u64) {
     let fake = FakeTimeline::new();
     fake.set_launch_only(true);
     let h = Harness::with_fake(fake, config(64));
-    for _ in 0..10 {
+    for _ in 0..first {
         h.launch_deferred(1);
     }
     let calls = h.fake.calls();
     assert_eq!(
         (calls.record, calls.rerecord),
-        (10, 0),
-        "ten markers, none to reuse"
+        (first, 0),
+        "nothing to reuse yet"
     );
-    h.fake.complete_through(10);
+    h.fake.complete_through(first);
     h.tracker.synchronize().unwrap();
-    assert_eq!(h.fake.calls().recycle, 0, "the ten are kept as spares");
-    for _ in 0..15 {
+    assert_eq!(h.dropped() as u64, first);
+    assert_eq!(
+        h.fake.calls().recycle,
+        first - kept,
+        "all but the spares go back"
+    );
+    for _ in 0..second {
         h.launch_deferred(1);
     }
+    let reused = kept.min(second);
     let calls = h.fake.calls();
     assert_eq!(
         (calls.record, calls.rerecord),
-        (25, 10),
-        "the ten spares, then five new markers"
+        (first + second, reused),
+        "the spares first, then new markers"
     );
-    h.fake.complete_through(25);
+    h.fake.complete_through(first + second);
     h.tracker.synchronize().unwrap();
     h.assert_sound();
     let Harness { fake, tracker, .. } = h;
     drop(tracker);
     let calls = fake.calls();
-    assert_eq!(calls.recycle, 15, "each of the 15 markers made, back once");
+    assert_eq!(
+        calls.recycle,
+        first + second - reused,
+        "each marker made, back once"
+    );
     assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
 }
 
@@ -2141,36 +2159,7 @@ fn a_poll_asks_the_newest_marker_first_and_the_oldest_only_when_it_is_not_comple
 /// timeline at once, and the spares go back when the tracker is dropped.
 #[test]
 fn at_most_256_completed_markers_are_kept_as_spares() {
-    let fake = FakeTimeline::new();
-    fake.set_launch_only(true);
-    let h = Harness::with_fake(fake, config(64));
-    for _ in 0..300 {
-        h.launch_deferred(1);
-    }
-    h.fake.complete_through(300);
-    h.tracker.synchronize().unwrap();
-    assert_eq!(h.dropped(), 300);
-    assert_eq!(h.fake.calls().recycle, 300 - 256, "all but 256 go back");
-    for _ in 0..300 {
-        h.launch_deferred(1);
-    }
-    let calls = h.fake.calls();
-    assert_eq!(
-        (calls.record, calls.rerecord),
-        (600, 256),
-        "the 256 spares, then 44 new markers"
-    );
-    h.fake.complete_through(600);
-    h.tracker.synchronize().unwrap();
-    h.assert_sound();
-    let Harness { fake, tracker, .. } = h;
-    drop(tracker);
-    let calls = fake.calls();
-    assert_eq!(
-        calls.recycle, 344,
-        "each of the 344 markers made, back once"
-    );
-    assert_eq!(calls.recycle + calls.rerecord, fake.markers_recorded());
+    markers_kept_then_recorded_again(300, 300, 256);
 }
 
 /// A spare whose re-record fails (here an injected failure) stays a spare: the next marker

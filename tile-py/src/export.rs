@@ -119,17 +119,7 @@ pub(crate) fn _cai_layout(
     let layout = t
         .view()
         .map_err(|source| tile_launch::Error::Descriptor { index, source })
-        .and_then(|view| {
-            let (dtype, device) = (view.dtype(), view.device());
-            tile_launch::check_device(index, device, ordinal)?;
-            Ok((
-                (dtype.code, dtype.bits, dtype.lanes),
-                (device.device_type.0 as i32, device.device_id),
-                view.data_ptr(),
-                view.shape().to_vec(),
-                view.strides().to_vec(),
-            ))
-        });
+        .and_then(|view| layout_on(index, &view, ordinal));
     t.release();
     layout.map_err(|e| launch_err(py, e, |_| None))
 }
@@ -144,18 +134,26 @@ fn describe(
     cap: &Bound<'_, PyAny>,
     ordinal: i32,
 ) -> PyResult<Layout> {
-    peek_capsule(py, index, cap, |view| {
-        let (dtype, device) = (view.dtype(), view.device());
-        tile_launch::check_device(index, device, ordinal)?;
-        Ok((
-            (dtype.code, dtype.bits, dtype.lanes),
-            (device.device_type.0 as i32, device.device_id),
-            view.data_ptr(),
-            view.shape().to_vec(),
-            view.strides().to_vec(),
-        ))
-    })?
-    .map_err(|e| launch_err(py, e, |_| None))
+    peek_capsule(py, index, cap, |view| layout_on(index, view, ordinal))?
+        .map_err(|e| launch_err(py, e, |_| None))
+}
+
+/// `view`'s [`Layout`], once its device is found usable by a launch on device `ordinal`
+/// ([`tile_launch::check_device`]).
+fn layout_on(
+    index: usize,
+    view: &tile_dlpack::TensorView<'_>,
+    ordinal: i32,
+) -> Result<Layout, tile_launch::Error> {
+    let (dtype, device) = (view.dtype(), view.device());
+    tile_launch::check_device(index, device, ordinal)?;
+    Ok((
+        (dtype.code, dtype.bits, dtype.lanes),
+        (device.device_type.0 as i32, device.device_id),
+        view.data_ptr(),
+        view.shape().to_vec(),
+        view.strides().to_vec(),
+    ))
 }
 
 /// Runs `f` on the validated view of the tensor in the DLPack capsule `cap` (argument `index`

@@ -20,7 +20,7 @@ from dlpack_ctypes import (
     make_exchange_producer_type,
 )
 
-from cpu_checks import check
+from cpu_checks import check, run_with_stub
 
 
 # ---- row 31: a capsule destructor that calls the deleter whatever the capsule's name ----------
@@ -110,14 +110,7 @@ def test_row32_exchange_export_of_host_memory_asks_no_stream(counters):
 
 
 def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, %r)
+    code = """
         from tile_py import _testing, In, Out
         from cpu_checks import CAI, check
         MANAGED, PINNED, DEVICE = 0x6D0000001000, 0x680000001000, 0x7F0000001000
@@ -133,11 +126,8 @@ def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
         else:
             raise AssertionError("device memory of device 0 was taken for a launch on device 1")
         print("ok")
-    """ % os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    """
+    assert run_with_stub(stub_driver, code).strip() == "ok"
 
 
 # Row 10's managed memory of any DLPack device id, released: the deleter runs, as every
@@ -148,14 +138,8 @@ def test_row33_cai_of_managed_or_pinned_memory_is_labelled_as_such(stub_driver):
 
 
 def test_row10_managed_memory_of_another_device_id_is_released_relaxed(stub_driver):
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import ctypes, os, sys
-        sys.path.insert(0, %r)
+    code = """
+        import ctypes, os
         import tile_py
         from tile_py import In, Scalar
         from dlpack_ctypes import kDLCUDA, kDLCUDAManaged, make_capsule
@@ -171,7 +155,7 @@ def test_row10_managed_memory_of_another_device_id_is_released_relaxed(stub_driv
             # cuThreadExchangeStreamCaptureMode calls come in pairs, an odd count inside one).
             def append(self, _thread):
                 n = stub.stub_driver_calls(b"cuThreadExchangeStreamCaptureMode")
-                super().append(n %% 2 == 1)
+                super().append(n % 2 == 1)
 
         seen = {}
         for device, data in [((kDLCUDA, 0), 0x7F0000001000),
@@ -183,12 +167,8 @@ def test_row10_managed_memory_of_another_device_id_is_released_relaxed(stub_driv
             tile_py.synchronize()
             seen[device] = (count.calls, list(count.threads))
         print(seen)
-    """ % os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    seen = eval(r.stdout)
+    """
+    seen = eval(run_with_stub(stub_driver, code))
     assert seen == {
         (kDLCUDA, 0): (1, [True]),
         (kDLCUDAManaged, 0): (1, [True]),
@@ -201,14 +181,8 @@ def test_row10_managed_memory_of_another_device_id_is_released_relaxed(stub_driv
 
 
 def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destructor(stub_driver):
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import ctypes, gc, os, sys
-        sys.path.insert(0, %r)
+    code = """
+        import ctypes, gc, os
         import tile_py
         from dlpack_ctypes import capsule_name, make_capsule
         STREAM = 0x5000
@@ -240,11 +214,8 @@ def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destruct
         gc.collect()
         assert count.calls == 1, count.calls
         print("ok")
-    """ % os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    """
+    assert run_with_stub(stub_driver, code).strip() == "ok"
 
 
 # ---- row 34: a __cuda_array_interface__ whose 'stream' is 0 ------------------------------------
@@ -258,14 +229,8 @@ def test_row31_hold_takes_over_a_consumed_capsule_with_an_unconditional_destruct
 
 
 def test_row34_cai_stream_0_is_the_legacy_default_stream(stub_driver):
-    import os
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import ctypes, os, sys
-        sys.path.insert(0, %r)
+    code = """
+        import ctypes, os
         import tile_py
         from tile_py import In, Scalar
         from cpu_checks import CAI
@@ -287,11 +252,8 @@ def test_row34_cai_stream_0_is_the_legacy_default_stream(stub_driver):
         assert waits(0, sync=False) == 0
         assert tile_py.stats()["leaked"] == 0
         print("ok")
-    """ % os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, TILE_LIBCUDA=stub_driver)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    """
+    assert run_with_stub(stub_driver, code).strip() == "ok"
 
 
 # ---- row 35: a __cuda_array_interface__ of version 0 or 1 --------------------------------------

@@ -652,7 +652,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
             return Ok(st.markers.len() - 1);
         }
         let marker = match st.spare_markers.pop() {
-            Some(spare) => Self::rerecord(st, spare, T::rerecord_at_launch, &self.timeline)?,
+            Some(spare) => self.rerecord(st, spare, T::rerecord_at_launch)?,
             None => Arc::new(self.timeline.record_at_launch()?),
         };
         Ok(Self::push_marker(st, marker))
@@ -660,7 +660,7 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
 
     fn record_fresh(&self, st: &mut State<T, G>) -> Result<usize, T::Error> {
         let marker = match st.spare_markers.pop() {
-            Some(spare) => Self::rerecord(st, spare, T::rerecord, &self.timeline)?,
+            Some(spare) => self.rerecord(st, spare, T::rerecord)?,
             None => Arc::new(self.timeline.record()?),
         };
         Ok(Self::push_marker(st, marker))
@@ -668,16 +668,16 @@ impl<T: Timeline, G: Send + 'static> Tracker<T, G> {
 
     /// Records a spare marker again with `rerecord`; on an error it stays a spare.
     fn rerecord(
+        &self,
         st: &mut State<T, G>,
         mut spare: Arc<T::Marker>,
         rerecord: fn(&T, &mut T::Marker) -> Result<(), T::Error>,
-        timeline: &T,
     ) -> Result<Arc<T::Marker>, T::Error> {
         // The spare is taken only once nothing else refers to it (`State::sweep_orphans`).
         let Some(marker) = Arc::get_mut(&mut spare) else {
             unreachable!("the spare marker is referred to elsewhere");
         };
-        match rerecord(timeline, marker) {
+        match rerecord(&self.timeline, marker) {
             Ok(()) => Ok(spare),
             Err(e) => {
                 st.spare_markers.push(spare);
